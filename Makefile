@@ -1,0 +1,36 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is installed first and pinned. Why: an unpinned `torch` resolves to the newest
+# release, which on Linux is a multi-GB CUDA build. Pinned, pip takes a local CPU wheel
+# where one exists (CI, dev boxes) and PyPI's CUDA build on a GPU machine, which is right
+# for GPU users. Override for another CUDA: make install TORCH_SPEC="torch==2.13.0 --index-url ..."
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test lint format bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_SPEC)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,s3]"
+	touch $@
+
+demo: install
+	$(VENV)/bin/iolib bench
+
+lint: install
+	$(VENV)/bin/ruff check iolib predictors benchmarks tests docs/examples
+	$(VENV)/bin/ruff format --check iolib predictors benchmarks tests docs/examples
+
+format: install
+	$(VENV)/bin/ruff format iolib predictors benchmarks tests docs/examples
+	$(VENV)/bin/ruff check --fix iolib predictors benchmarks tests docs/examples
+
+test: lint
+	$(VENV)/bin/python -m pytest -q -ra
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
