@@ -14,6 +14,7 @@ worker that dies is known by the batches it held, and is reported rather than wa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -315,12 +316,10 @@ class Engine:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        for proc, todo, retiring in self._procs:
+        for _proc, todo, retiring in self._procs:
             if not retiring:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     todo.put(None)
-                except (OSError, ValueError):
-                    pass
         for proc, todo, _ in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
@@ -334,7 +333,5 @@ class Engine:
         self._threads, self._procs = [], []
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nobody to report to
             self.close(timeout=1.0)
-        except Exception:  # interpreter shutdown: nothing left to report to
-            pass

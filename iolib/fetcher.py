@@ -184,7 +184,7 @@ class BatchFetcher:
 
     def _transform(self, rows: list[Any], indices: np.ndarray, task: BatchTask) -> list[Any]:
         out = []
-        for row, index in zip(rows, indices.tolist()):
+        for row, index in zip(rows, indices.tolist(), strict=True):
             try:
                 out.append(self.transform(row, sample_rng(self.seed, task.epoch, index)))
             except Exception as exc:
