@@ -281,6 +281,12 @@ class Engine:
             generation, number, result = self._done_q.get(timeout=_POLL_S)
         except queue.Empty:
             return
+        except (EOFError, ConnectionError, OSError) as exc:
+            # A result whose sender died cannot be unpickled (torch passes tensors by file
+            # descriptor through the sender); its batch stays held, so the liveness check
+            # reports the dead worker.
+            log.debug("lost a result from a dead worker: %s", exc)
+            return
         self._deliver(generation, number, result)
 
     def _check_processes(self) -> None:

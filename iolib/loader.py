@@ -17,7 +17,7 @@ import torch
 
 from iolib.distributed import resolve_rank
 from iolib.engine import Engine
-from iolib.errors import ConfigError, WorkerError, require_positive_int
+from iolib.errors import ConfigError, DataError, WorkerError, require_positive_int
 from iolib.fetcher import BatchFetcher, BatchTask, Failure
 from iolib.plan import RankSchedule, epoch_order, normalize_shuffle
 from iolib.sources.torchds import TorchDatasetSource, as_source
@@ -221,6 +221,11 @@ class DataLoader:
             batches = [np.asarray(list(b), dtype=np.int64) for b in self.batch_sampler]
             return [BatchTask(k, b, epoch) for k, b in enumerate(batches)][position:]
         order = self._order(epoch)
+        if len(order) == 0:
+            raise DataError(
+                f"{self.source.describe()} has no samples (or the sampler yields none): "
+                "there is nothing to load. Check the files and filters."
+            )
         schedule = RankSchedule(
             len(order), position, self.batch_size, self.world_size, self.rank, self.drop_last
         )

@@ -1,0 +1,65 @@
+"""Shared fixtures: small real datasets made at test time (Parquet, JPEG folders)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+
+def write_parquet_shards(
+    directory: Path, rows: int, *, shards: int = 3, row_group_size: int = 17, seq_len: int = 8
+) -> list[str]:
+    """Token-style shards: `id` (int64), `label` (int32), `tokens` (fixed-size int32 list)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, rows, shards + 1).astype(int)
+    paths = []
+    for s in range(shards):
+        ids = np.arange(bounds[s], bounds[s + 1], dtype=np.int64)
+        tokens = (ids[:, None] * 31 + np.arange(seq_len)).astype(np.int32) % 50_000
+        table = pa.table(
+            {
+                "id": ids,
+                "label": (ids % 7).astype(np.int32),
+                "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens.ravel()), seq_len),
+            }
+        )
+        path = directory / f"part-{s:03d}.parquet"
+        pq.write_table(table, path, row_group_size=row_group_size)
+        paths.append(str(path))
+    return paths
+
+
+def jpeg_bytes(seed: int, size: tuple[int, int] = (40, 32)) -> bytes:
+    """A small JPEG with content that depends on `seed`."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 255, size=(size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def write_image_folder(root: Path, classes: int = 3, per_class: int = 7) -> Path:
+    for c in range(classes):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            (folder / f"img_{i:03d}.jpg").write_bytes(jpeg_bytes(c * 1000 + i))
+    return root
+
+
+@pytest.fixture
+def token_dir(tmp_path: Path) -> Path:
+    """100 rows in 3 shards of row groups of 17."""
+    write_parquet_shards(tmp_path / "tokens", 100)
+    return tmp_path / "tokens"
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    return write_image_folder(tmp_path / "images")

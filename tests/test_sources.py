@@ -1,0 +1,173 @@
+"""Sources read real files through fsspec; bad input gets an error naming file and fix."""
+
+from __future__ import annotations
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from iolib import DataLoader
+from iolib.errors import ConfigError, DataError, StateError, WorkerError
+from iolib.sources import ImageFolderSource, ParquetSource, TorchDatasetSource
+from tests.conftest import jpeg_bytes, write_parquet_shards
+
+
+def test_parquet_directory_glob_list_and_file_agree(token_dir) -> None:
+    files = sorted(str(p) for p in token_dir.glob("*.parquet"))
+    by_dir = ParquetSource(str(token_dir))
+    by_glob = ParquetSource(str(token_dir / "*.parquet"))
+    by_list = ParquetSource(files)
+    assert len(by_dir) == len(by_glob) == len(by_list) == 100
+    assert by_dir.fingerprint() == by_glob.fingerprint() == by_list.fingerprint()
+    assert len(ParquetSource(files[0])) == 33
+    assert by_dir[42] == {
+        "id": 42,
+        "label": 0,
+        "tokens": [(42 * 31 + i) % 50_000 for i in range(8)],
+    }
+
+
+def test_parquet_reads_by_row_group_in_batch_order(token_dir) -> None:
+    source = ParquetSource(str(token_dir), columns=["id"])
+    indices = np.array([99, 0, 50, 17, 16, 51], dtype=np.int64)
+    table = source.read(indices)
+    assert table.column_names == ["id"]
+    assert table.column("id").to_pylist() == indices.tolist()
+    assert source.blocks()[:2] == (17, 16)  # 33 rows in groups of 17
+
+
+def test_parquet_column_projection_reads_fewer_bytes(token_dir) -> None:
+    def bytes_read(columns):
+        loader = DataLoader(ParquetSource(str(token_dir), columns=columns), batch_size=10)
+        list(loader)
+        return loader.stats()["bytes_read"]
+
+    assert 0 < bytes_read(["label"]) < bytes_read(None)
+
+
+def test_parquet_on_fsspec_memory_filesystem() -> None:
+    fs = fsspec.filesystem("memory")
+    table = pa.table({"x": np.arange(30)})
+    with fs.open("/mem-test/a.parquet", "wb") as handle:
+        pq.write_table(table, handle, row_group_size=8)
+    loader = DataLoader(ParquetSource("memory:///mem-test/a.parquet"), batch_size=7, num_workers=2)
+    assert np.concatenate([b["x"].numpy() for b in loader]).tolist() == list(range(30))
+
+
+def test_columnar_collate_gives_tensors_and_lists(token_dir, image_folder) -> None:
+    batch = next(iter(DataLoader(ParquetSource(str(token_dir)), batch_size=4)))
+    assert batch["tokens"].shape == (4, 8) and batch["tokens"].dtype.is_floating_point is False
+    images = next(iter(DataLoader(ImageFolderSource(str(image_folder)), batch_size=4)))
+    assert isinstance(images["image"][0], bytes) and images["label"].tolist() == [0, 0, 0, 0]
+    assert images["path"][0].endswith("class_0/img_000.jpg")
+
+
+def test_image_folder_labels_follow_sorted_classes(image_folder) -> None:
+    source = ImageFolderSource(str(image_folder))
+    assert source.classes == ["class_0", "class_1", "class_2"]
+    assert len(source) == 21 and source[20]["label"] == 2
+    assert source[8]["image"] == jpeg_bytes(1001)
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+def test_missing_file_names_it(tmp_path) -> None:
+    with pytest.raises(DataError, match="nope.parquet.*does not exist"):
+        len(ParquetSource(str(tmp_path / "nope.parquet")))
+
+
+def test_glob_matching_nothing(tmp_path) -> None:
+    with pytest.raises(DataError, match=r"No Parquet files match"):
+        len(ParquetSource(str(tmp_path / "*.parquet")))
+
+
+def test_missing_column_names_file_and_columns(token_dir) -> None:
+    with pytest.raises(DataError, match=r"part-000.parquet.*lacks column\(s\) \['pixels'\]"):
+        len(ParquetSource(str(token_dir), columns=["id", "pixels"]))
+
+
+def test_truncated_parquet_footer(tmp_path) -> None:
+    path = write_parquet_shards(tmp_path / "t", 40, shards=1)[0]
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    with pytest.raises(DataError, match=r"Parquet footer of .*part-000.parquet.*truncated"):
+        len(ParquetSource(path))
+
+
+def test_corrupt_row_group_names_file_and_group(tmp_path) -> None:
+    path = tmp_path / "c.parquet"
+    values = np.random.default_rng(0).integers(0, 2**62, 2000)
+    pq.write_table(pa.table({"x": values}), path, row_group_size=1000, compression="snappy")
+    meta = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    data = bytearray(path.read_bytes())
+    start = meta.dictionary_page_offset or meta.data_page_offset
+    end = start + meta.total_compressed_size // 2
+    data[start + 10 : end] = b"\xff" * (end - start - 10)  # garble row group 1's pages
+    path.write_bytes(bytes(data))
+    loader = DataLoader(ParquetSource(str(path)), batch_size=100, num_workers=2)
+    with pytest.raises(WorkerError, match=r"c.parquet.*row group 1") as info:
+        list(loader)
+    assert info.value.stage == "read"
+    assert "Original traceback" in str(info.value)
+
+
+def test_empty_dataset(tmp_path) -> None:
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"x": pa.array([], pa.int64())}), path)
+    with pytest.raises(DataError, match="no samples"):
+        list(DataLoader(ParquetSource(str(path)), batch_size=4))
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_non_positive_batch_size(token_dir, bad) -> None:
+    with pytest.raises(ConfigError, match="`batch_size` must be a positive integer"):
+        DataLoader(ParquetSource(str(token_dir)), batch_size=bad)
+
+
+def test_state_from_another_dataset_or_config(token_dir, tmp_path) -> None:
+    state = DataLoader(ParquetSource(str(token_dir)), batch_size=8, seed=1).state_dict()
+    other = write_parquet_shards(tmp_path / "other", 60)
+    with pytest.raises(StateError, match=r"dataset: state has .*num_samples: state has 100"):
+        DataLoader(ParquetSource(other), batch_size=8, seed=1).load_state_dict(state)
+    with pytest.raises(StateError, match=r"seed: state has 1, loader has 2.*batch_size"):
+        DataLoader(ParquetSource(str(token_dir)), batch_size=4, seed=2).load_state_dict(state)
+    with pytest.raises(StateError, match="lacks key"):
+        DataLoader(ParquetSource(str(token_dir)), batch_size=8).load_state_dict({"epoch": 0})
+
+
+def test_worker_exception_names_sample_and_keeps_traceback() -> None:
+    class Broken(torch_dataset_base()):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, index):
+            if index == 13:
+                raise KeyError("label missing")
+            return index
+
+    for workers, mode in ((0, "auto"), (2, "thread"), (2, "process")):
+        loader = DataLoader(Broken(), batch_size=4, num_workers=workers, worker_mode=mode)
+        with pytest.raises(WorkerError, match=r"sample\(s\) \[13\].*KeyError") as info:
+            list(loader)
+        assert info.value.samples == [13]
+        assert "__getitem__" in info.value.remote_traceback
+
+
+def test_iterable_dataset_is_refused_with_reason() -> None:
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield 1
+
+    with pytest.raises(ConfigError, match="IterableDataset"):
+        TorchDatasetSource(Stream())
+
+
+def torch_dataset_base():
+    from torch.utils.data import Dataset
+
+    return Dataset

@@ -1,0 +1,127 @@
+"""Drop-in compatibility with torch.utils.data.DataLoader's arguments."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, Dataset, DistributedSampler, SequentialSampler
+
+from iolib import DataLoader
+from iolib.errors import ConfigError
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_classifier.py"
+
+
+class Squares(Dataset):
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, index: int):
+        return torch.tensor(index), torch.tensor(index * index)
+
+
+def test_training_script_runs_with_only_the_import_line_changed(tmp_path) -> None:
+    source = SCRIPT.read_text()
+    swapped = source.replace(
+        "from torch.utils.data import DataLoader, Dataset",
+        "from iolib import DataLoader\nfrom torch.utils.data import Dataset",
+    )
+    assert swapped != source
+    (tmp_path / "train_iolib.py").write_text(swapped)
+    results = {}
+    for name, path in (("torch", SCRIPT), ("iolib", tmp_path / "train_iolib.py")):
+        run = subprocess.run(
+            [sys.executable, str(path)], capture_output=True, text=True, timeout=300, check=True
+        )
+        results[name] = re.findall(r"epoch (\d) batches (\d+) accuracy ([\d.]+)", run.stdout)
+    assert len(results["iolib"]) == 3
+    assert [r[:2] for r in results["iolib"]] == [r[:2] for r in results["torch"]]
+    assert float(results["iolib"][-1][2]) > 0.7, "the model must train on iolib's batches"
+
+
+def test_default_collate_matches_torch() -> None:
+    ours = list(DataLoader(Squares(), batch_size=7))
+    theirs = list(torch.utils.data.DataLoader(Squares(), batch_size=7))
+    assert len(ours) == len(theirs) == 5
+    for (a, b), (c, d) in zip(ours, theirs, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, d)
+
+
+def test_sampler_and_batch_sampler_are_honoured() -> None:
+    sampler = list(reversed(range(30)))
+    got = [x.tolist() for x, _ in DataLoader(Squares(), batch_size=10, sampler=sampler)]
+    assert got[0] == list(range(29, 19, -1))
+    batches = BatchSampler(SequentialSampler(range(30)), batch_size=4, drop_last=True)
+    got = [x.tolist() for x, _ in DataLoader(Squares(), batch_sampler=batches)]
+    assert len(got) == 7 and got[1] == [4, 5, 6, 7]
+
+
+def test_distributed_sampler_with_set_epoch() -> None:
+    def epoch_ids(rank: int, epoch: int) -> list[int]:
+        sampler = DistributedSampler(Squares(), num_replicas=2, rank=rank, shuffle=True, seed=3)
+        loader = DataLoader(Squares(), batch_size=5, sampler=sampler, rank=0, world_size=1)
+        loader.set_epoch(epoch)
+        return [i for x, _ in loader for i in x.tolist()]
+
+    assert sorted(epoch_ids(0, 0) + epoch_ids(1, 0)) == list(range(30))
+    assert epoch_ids(0, 0) != epoch_ids(0, 1)
+
+
+def test_generator_seeds_the_order() -> None:
+    def ids(seed: int) -> list[int]:
+        g = torch.Generator().manual_seed(seed)
+        return [
+            x.tolist() for x, _ in DataLoader(Squares(), batch_size=30, shuffle=True, generator=g)
+        ][0]
+
+    assert ids(1) == ids(1) != ids(2)
+
+
+def test_worker_init_fn_runs_in_every_worker() -> None:
+    seen = []
+    list(
+        DataLoader(
+            Squares(), batch_size=3, num_workers=3, worker_mode="thread", worker_init_fn=seen.append
+        )
+    )
+    assert sorted(seen) == [0, 1, 2]
+
+
+def test_pin_memory_without_cuda_warns_and_still_loads() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: pinning works")
+    with pytest.warns(UserWarning, match="no CUDA"):
+        batches = list(DataLoader(Squares(), batch_size=10, pin_memory=True))
+    assert len(batches) == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": None}, "unbatched"),
+        ({"shuffle": True, "sampler": [1, 2]}, "`shuffle` must be False with a `sampler`"),
+        ({"batch_sampler": [[0]], "batch_size": 4}, "mutually exclusive"),
+        ({"num_workers": -1}, "num_workers"),
+        ({"timeout": -1}, "timeout"),
+        ({"shuffle": "sometimes"}, "shuffle"),
+        ({"worker_mode": "fiber"}, "worker_mode"),
+        ({"sampler": [0, 1], "rank": 0, "world_size": 2}, "cannot shard"),
+        ({"rank": 1}, "both `rank` and `world_size`"),
+    ],
+)
+def test_unsupported_or_bad_arguments_say_why(kwargs, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        DataLoader(Squares(), **kwargs)
+
+
+def test_rank_from_torchrun_environment(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = DataLoader(Squares(), batch_size=2)
+    assert (loader.rank, loader.world_size) == (1, 3)
+    assert [x.tolist() for x, _ in loader][0] == [2, 3]
