@@ -39,7 +39,7 @@ def test_rank_slices_disjoint_complete_equal_counts(world: int, drop_last: bool)
 
 
 def test_tail_split_worked_example() -> None:
-    schedules, per_rank = rank_positions(10, 0, 2, 2, False)
+    _schedules, per_rank = rank_positions(10, 0, 2, 2, False)
     assert [p.tolist() for p in per_rank[0]] == [[0, 1], [4, 5], [8]]
     assert [p.tolist() for p in per_rank[1]] == [[2, 3], [6, 7], [9]]
     assert batches_per_epoch(10, 2, 2) == 3

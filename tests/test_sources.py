@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import fsspec
 import numpy as np
 import pyarrow as pa
@@ -75,7 +77,7 @@ def test_image_folder_labels_follow_sorted_classes(image_folder) -> None:
 
 
 def test_missing_file_names_it(tmp_path) -> None:
-    with pytest.raises(DataError, match="nope.parquet.*does not exist"):
+    with pytest.raises(DataError, match=r"nope\.parquet.*does not exist"):
         len(ParquetSource(str(tmp_path / "nope.parquet")))
 
 
@@ -91,8 +93,8 @@ def test_missing_column_names_file_and_columns(token_dir) -> None:
 
 def test_truncated_parquet_footer(tmp_path) -> None:
     path = write_parquet_shards(tmp_path / "t", 40, shards=1)[0]
-    data = open(path, "rb").read()
-    open(path, "wb").write(data[: len(data) // 2])
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])
     with pytest.raises(DataError, match=r"Parquet footer of .*part-000.parquet.*truncated"):
         len(ParquetSource(path))
 

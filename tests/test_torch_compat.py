@@ -75,9 +75,9 @@ def test_distributed_sampler_with_set_epoch() -> None:
 def test_generator_seeds_the_order() -> None:
     def ids(seed: int) -> list[int]:
         g = torch.Generator().manual_seed(seed)
-        return [
+        return next(
             x.tolist() for x, _ in DataLoader(Squares(), batch_size=30, shuffle=True, generator=g)
-        ][0]
+        )
 
     assert ids(1) == ids(1) != ids(2)
 
@@ -124,4 +124,4 @@ def test_rank_from_torchrun_environment(monkeypatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "3")
     loader = DataLoader(Squares(), batch_size=2)
     assert (loader.rank, loader.world_size) == (1, 3)
-    assert [x.tolist() for x, _ in loader][0] == [2, 3]
+    assert next(x.tolist() for x, _ in loader) == [2, 3]
