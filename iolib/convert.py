@@ -132,7 +132,8 @@ def _is_inside(path: str, root: str) -> bool:
     type=click.IntRange(min=1),
     default=8192,
     show_default=True,
-    help="Images per Parquet file. Keep files around 100 MB-1 GB for object stores.",
+    help="Images per Parquet file; keep files around 100 MB-1 GB for object stores. Row "
+    "groups never straddle files, so a shard's last group may be shorter.",
 )
 @click.option(
     "--compression",
@@ -173,11 +174,6 @@ def convert(
     from tqdm import tqdm
 
     options = parse_storage_options(storage_options)
-    if rows_per_shard < rows_per_group:
-        raise click.BadParameter(
-            f"must be at least --rows-per-group ({rows_per_group}). Found: {rows_per_shard}.",
-            param_hint="'--rows-per-shard'",
-        )
     source = ImageFolderSource(src, options)
     src_fs, src_root = open_filesystem(src, options)
     dst_fs, dst_root = open_filesystem(dst, options)
