@@ -1,0 +1,230 @@
+"""`iolib convert SRC DST`: an image folder to Parquet shards.
+
+Why convert: an image folder costs one storage request per image; Parquet shards hold
+thousands of images per file, read by row group, which suits remote storage and block
+shuffling (``shuffle="block"``). The shards hold the encoded bytes (``image``), the
+label (``label``, int64) and the image's path relative to SRC (``path``); ``_classes.json``
+lists the class names in label order.
+
+Only names convert chooses are written (``part-00000.parquet``, ``_classes.json``), so
+no file or directory name found under SRC can make it write outside DST.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterator
+from typing import Any
+
+import click
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from iolib._cli_common import STORAGE_OPTION, parse_storage_options
+from iolib.errors import DataError
+from iolib.rng import order_rng
+from iolib.sources.files import SCHEMA, ImageFolderSource
+from iolib.storage import open_filesystem
+
+SHARD_NAME = "part-{:05d}.parquet"
+CLASSES_FILE = "_classes.json"
+COMPRESSIONS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
+
+
+def relative_path(path: str, root: str) -> str:
+    """`path` relative to `root`, made safe: never absolute, never a ``..`` or ``.``
+    component (percent-encoded as ``%2E``), backslashes encoded as ``%5C``.
+
+    >>> relative_path("/data/src/../../etc/x.jpg", "/data/src")
+    '%2E%2E/%2E%2E/etc/x.jpg'
+    """
+    prefix = root.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        raise DataError(f"Image {path!r} lies outside the folder {root!r} being converted.")
+    parts = []
+    for part in path[len(prefix) :].split("/"):
+        if part in ("", "."):
+            continue  # "a//b" and "a/./b" name "a/b"
+        part = part.replace("\\", "%5C")
+        parts.append("%2E%2E" if part == ".." else part)
+    return "/".join(parts)
+
+
+def shard_plan(total: int, rows_per_group: int, rows_per_shard: int) -> Iterator[list[int]]:
+    """For each shard, the sizes of its row groups: full groups, then a shorter one where
+    a shard (or the dataset) ends. Row groups never straddle shards.
+
+    >>> list(shard_plan(10, 3, 5))
+    [[3, 2], [3, 2]]
+    """
+    for start in range(0, total, rows_per_shard):
+        rows = min(rows_per_shard, total - start)
+        full, rest = divmod(rows, rows_per_group)
+        yield [rows_per_group] * full + ([rest] if rest else [])
+
+
+def _check_destination(fs: Any, path: str, url: str, overwrite: bool) -> None:
+    """DST must be absent or empty; with --overwrite, remove an earlier conversion."""
+    if not fs.exists(path):
+        return
+    if not fs.isdir(path):
+        raise DataError(f"DST {url!r} is a file; give a directory for the Parquet shards.")
+    entries = [posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)]
+    if not entries:
+        return
+    if not overwrite:
+        raise DataError(
+            f"DST {url!r} is not empty ({len(entries)} entries, e.g. {sorted(entries)[0]!r}). "
+            "Choose an empty or new directory, or pass --overwrite to replace an earlier "
+            "conversion there."
+        )
+    ours = [e for e in entries if _written_by_convert(e)]
+    foreign = [e for e in entries if e.endswith((".parquet", ".pq")) and e not in ours]
+    if foreign:
+        raise DataError(
+            f"DST {url!r} holds Parquet files convert did not write ({sorted(foreign)[:3]}); "
+            "they would mix into the dataset. Choose another directory or remove them."
+        )
+    for name in ours:
+        fs.rm(posixpath.join(path, name))
+
+
+def _written_by_convert(name: str) -> bool:
+    if name == CLASSES_FILE or name.startswith(".tmp-"):
+        return True
+    stem = name.removeprefix("part-").removesuffix(".parquet")
+    return name.startswith("part-") and name.endswith(".parquet") and stem.isdigit()
+
+
+def _write_atomically(fs: Any, directory: str, name: str, write: Any) -> None:
+    """Write through a temporary name in `directory`, then rename: a reader never sees a
+    half-written file, and a crash leaves only a ``.tmp-*`` file behind."""
+    temp = posixpath.join(directory, f".tmp-{name}")
+    try:
+        with fs.open(temp, "wb") as handle:
+            write(handle)
+        fs.mv(temp, posixpath.join(directory, name))
+    except BaseException:
+        if fs.exists(temp):
+            fs.rm(temp)
+        raise
+
+
+def _is_inside(path: str, root: str) -> bool:
+    return path.rstrip("/") == root.rstrip("/") or path.startswith(root.rstrip("/") + "/")
+
+
+@click.command("convert")
+@click.argument("src")
+@click.argument("dst")
+@click.option(
+    "--rows-per-group",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Images per Parquet row group: the unit of a read. Larger groups mean fewer "
+    "requests but more memory per read and coarser block shuffling.",
+)
+@click.option(
+    "--rows-per-shard",
+    type=click.IntRange(min=1),
+    default=8192,
+    show_default=True,
+    help="Images per Parquet file; keep files around 100 MB-1 GB for object stores. Row "
+    "groups never straddle files, so a shard's last group may be shorter.",
+)
+@click.option(
+    "--compression",
+    type=click.Choice(COMPRESSIONS),
+    default="none",
+    show_default=True,
+    help="Parquet codec. Default none: JPEG/PNG bytes are already compressed. Measured on "
+    "300 synthetic 256x256 JPEGs: snappy saved 0.3%, zstd 6% at about 3x the read CPU. "
+    "Use zstd where storage bytes cost more than CPU.",
+)
+@click.option(
+    "--shuffle-seed",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Write the images in an order shuffled by this seed (default: class, then file "
+    "name). A shuffled layout makes shuffle='block' mix classes within a row group.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an earlier conversion in DST.")
+@STORAGE_OPTION
+def convert(
+    src: str,
+    dst: str,
+    rows_per_group: int,
+    rows_per_shard: int,
+    compression: str,
+    shuffle_seed: int | None,
+    overwrite: bool,
+    storage_options: tuple[str, ...],
+) -> None:
+    """Convert an image folder SRC (SRC/<class>/<file>) to Parquet shards in DST.
+
+    SRC and DST are paths or fsspec URLs (s3://..., memory://...). Columns: image
+    (encoded bytes), label (int64, the class's index in sorted class names) and path
+    (relative to SRC). DST/_classes.json lists the class names in label order.
+
+    Example: iolib convert data/train data/train-parquet --rows-per-group 512
+    """
+    from tqdm import tqdm
+
+    options = parse_storage_options(storage_options)
+    source = ImageFolderSource(src, options)
+    src_fs, src_root = open_filesystem(src, options)
+    dst_fs, dst_root = open_filesystem(dst, options)
+    if not src_fs.exists(src_root):
+        raise DataError(f"SRC {src!r} does not exist. Give the image folder (SRC/<class>/<file>).")
+    if type(src_fs) is type(dst_fs) and _is_inside(dst_root, src_root):
+        raise DataError(
+            f"DST {dst!r} lies inside SRC {src!r}: it would become a class of its own. "
+            "Write the shards outside the image folder."
+        )
+    total = len(source)  # lists SRC; raises DataError naming the layout if it is empty
+    _check_destination(dst_fs, dst_root, dst, overwrite)
+    dst_fs.makedirs(dst_root, exist_ok=True)
+
+    order = (
+        np.arange(total, dtype=np.int64)
+        if shuffle_seed is None
+        else order_rng(shuffle_seed, 0).permutation(total).astype(np.int64)
+    )
+    sizes = list(shard_plan(total, rows_per_group, rows_per_shard))
+    done = 0
+    with tqdm(total=total, unit="img", desc="convert", disable=None) as bar:
+        for number, groups in enumerate(sizes):
+
+            def write(handle: Any, groups: list[int] = groups, first: int = done) -> None:
+                with pq.ParquetWriter(
+                    handle,
+                    SCHEMA,
+                    compression=compression,
+                    use_dictionary=["label"],  # unique bytes and paths gain nothing
+                    write_statistics=["label"],  # min/max of image bytes would bloat footers
+                ) as writer:
+                    at = first
+                    for rows in groups:
+                        writer.write_table(_read_group(source, order[at : at + rows], src_root))
+                        at += rows
+                        bar.update(rows)
+
+            _write_atomically(dst_fs, dst_root, SHARD_NAME.format(number), write)
+            done += sum(groups)
+
+    classes = json.dumps(source.classes, indent=1).encode()
+    _write_atomically(dst_fs, dst_root, CLASSES_FILE, lambda handle: handle.write(classes))
+    click.echo(
+        f"Wrote {total} images of {len(source.classes)} classes to {len(sizes)} shard(s) "
+        f"in {dst} ({sum(len(g) for g in sizes)} row groups)."
+    )
+
+
+def _read_group(source: ImageFolderSource, indices: np.ndarray, root: str) -> pa.Table:
+    """One row group's rows, read in one batched request, with safe relative paths."""
+    table = source.read(indices)
+    paths = [relative_path(p, root) for p in table.column("path").to_pylist()]
+    return table.set_column(2, "path", pa.array(paths, pa.string()))
