@@ -5,7 +5,6 @@ Real DALI pipelines (CPU) on real JPEG/PNG bytes made here with Pillow; no mocks
 
 from __future__ import annotations
 
-import io
 import logging
 import pickle
 from concurrent.futures import ThreadPoolExecutor
@@ -15,11 +14,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
 
 from iolib.decode import geometry as geo
 from iolib.errors import ConfigError, DataError
 from iolib.images import ImagePipeline
+from tests.image_samples import bad_blob, encode, make_batch, make_image
 
 dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")
 
@@ -34,47 +33,17 @@ UINT8_MAX_DIFF = 1
 UINT8_MEAN_DIFF = 0.25
 
 
-def _image(i: int) -> np.ndarray:
-    rng = np.random.default_rng(i)
-    h, w = (96, 128) if i % 4 else (128, 96)  # some portrait images
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack(
-        [(x * (1 + i % 3) + 7 * i) % 256, (y * 3 + i) % 256, ((x + y) * (i % 5 + 1)) % 256], -1
-    )
-    noise = rng.integers(-25, 25, base.shape)
-    return np.clip(base + noise, 0, 255).astype(np.uint8)
-
-
-def _encode(array: np.ndarray, fmt: str, mode: str | None = None) -> bytes:
-    img = Image.fromarray(array)
-    if mode:
-        img = img.convert(mode)
-    buf = io.BytesIO()
-    img.save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def blobs() -> list[bytes]:
     out = []
     for i in range(N):
         fmt = "PNG" if i % 8 == 5 else "JPEG"
-        out.append(_encode(_image(i), fmt, mode="L" if i % 16 == 3 else None))
+        out.append(encode(make_image(i), fmt, mode="L" if i % 16 == 3 else None))
     return out
 
 
-def _batch(blobs: list[bytes], start: int = 0) -> dict:
-    n = len(blobs)
-    return {
-        "image": list(blobs),
-        "label": torch.arange(start, start + n),
-        "path": [f"img/{start + i}.jpg" for i in range(n)],
-        "weight": np.arange(start, start + n, dtype=np.float32),
-    }
-
-
 def _run(pipe: ImagePipeline, blobs: list[bytes], indices, seed=0, epoch=0):
-    return pipe(_batch(blobs), np.asarray(indices, dtype=np.int64), seed=seed, epoch=epoch)
+    return pipe(make_batch(blobs), np.asarray(indices, dtype=np.int64), seed=seed, epoch=epoch)
 
 
 def _dali(**kw) -> ImagePipeline:
@@ -264,23 +233,6 @@ def test_auto_prefers_dali_when_installed(monkeypatch):
 LIMIT = 200 * 200  # max_image_pixels in these tests; the good images have 12,288
 
 
-def _bad_blob(kind: str, good: bytes) -> bytes:
-    if kind == "truncated":
-        return good[: len(good) // 2]
-    if kind == "not-an-image":
-        return b"this is a text file, not an image\n" * 4
-    if kind == "zero-bytes":
-        return b""
-    if kind == "too-large":
-        return _encode(np.zeros((300, 300, 3), np.uint8), "JPEG")
-    if kind == "corrupt":  # the header parses; the Huffman table is bogus (decoder fails)
-        at = good.find(b"\xff\xc4")
-        broken = bytearray(good)
-        broken[at + 5 : at + 21] = b"\xff" * 16
-        return bytes(broken)
-    raise AssertionError(kind)
-
-
 BAD_KINDS = ["truncated", "not-an-image", "zero-bytes", "too-large", "corrupt"]
 REASONS = {
     "truncated": "truncated",
@@ -298,7 +250,7 @@ def test_bad_input_raises_naming_the_sample(blobs, backend, kind):
         size=SIZE, backend=backend, device="cpu", threads=1, max_image_pixels=LIMIT
     )
     images = list(blobs[:6])
-    images[4] = _bad_blob(kind, blobs[4])
+    images[4] = bad_blob(kind, blobs[4])
     with pytest.raises(DataError) as info:
         _run(pipe, images, np.arange(500, 506))
     text = str(info.value)
@@ -313,30 +265,30 @@ def test_bad_input_skipped_from_every_column(blobs, backend, kind):
     kw = {"size": SIZE, "backend": backend, "device": "cpu", "threads": 1}
     pipe = ImagePipeline(on_error="skip", max_image_pixels=LIMIT, **kw)
     images = list(blobs[:8])
-    images[2] = _bad_blob(kind, blobs[2])
-    images[5] = _bad_blob("zero-bytes", blobs[5])
+    images[2] = bad_blob(kind, blobs[2])
+    images[5] = bad_blob("zero-bytes", blobs[5])
     idx = np.arange(300, 308)
-    out, skipped = pipe(_batch(images), idx, seed=4, epoch=0)
+    out, skipped = pipe(make_batch(images), idx, seed=4, epoch=0)
     assert skipped == [302, 305]
     keep = [0, 1, 3, 4, 6, 7]
     assert out["label"].tolist() == keep
     assert out["path"] == [f"img/{i}.jpg" for i in keep]
     assert out["weight"].tolist() == keep
     # The survivors are exactly what a clean batch of them gives: same order, same draws.
-    clean, none = pipe(_batch([blobs[i] for i in keep]), idx[keep], seed=4, epoch=0)
+    clean, none = pipe(make_batch([blobs[i] for i in keep]), idx[keep], seed=4, epoch=0)
     assert none == [] and torch.equal(out["image"], clean["image"])
 
 
 def test_all_samples_skipped_gives_empty_tensor():
     pipe = _dali(on_error="skip", layout="NHWC")
-    out, skipped = pipe(_batch([b"", b"junk"]), np.array([3, 9]), seed=0, epoch=0)
+    out, skipped = pipe(make_batch([b"", b"junk"]), np.array([3, 9]), seed=0, epoch=0)
     assert skipped == [3, 9]
     assert out["image"].shape == (0, SIZE, SIZE, 3) and out["label"].numel() == 0
 
 
 def test_missing_image_column_is_a_config_error(blobs):
     with pytest.raises(ConfigError, match="image_column"):
-        _dali(image_column="jpeg")(_batch(blobs[:2]), np.arange(2), seed=0, epoch=0)
+        _dali(image_column="jpeg")(make_batch(blobs[:2]), np.arange(2), seed=0, epoch=0)
 
 
 def test_uint8_and_float16_outputs(blobs):
