@@ -5,6 +5,7 @@ Real DALI pipelines (CPU) on real JPEG/PNG bytes made here with Pillow; no mocks
 
 from __future__ import annotations
 
+import io
 import logging
 import pickle
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from iolib.decode import geometry as geo
 from iolib.errors import ConfigError, DataError
@@ -88,6 +90,17 @@ def test_plan_draws_window_then_flip_from_sample_rng():
         assert tuple(windows[row]) == geo.random_resized_crop(rng, 128, 96)
         assert flips[row] == geo.draw_flip(rng)
     assert flips.any() or not flips.all()
+
+
+def test_jpeg_header_fast_path_agrees_with_pillow(blobs):
+    from iolib.decode.probe import probe
+
+    progressive = io.BytesIO()
+    Image.fromarray(make_image(3)).save(progressive, "JPEG", progressive=True)
+    for blob in [*blobs, progressive.getvalue()]:
+        with Image.open(io.BytesIO(blob)) as img:
+            expected = (img.format, *img.size)
+        assert tuple(probe(blob, 10**9)) == expected
 
 
 # --- configuration ---------------------------------------------------------------------
