@@ -1,0 +1,132 @@
+"""DALI backend: encoded bytes plus crop windows and flips in, tensors out.
+
+Why ``external_source`` for everything: the windows and flips are drawn by iolib from
+``sample_rng(seed, epoch, index)`` and fed as per-sample inputs, so DALI's own random
+state is never used and the output is a pure function of the bytes and the draws, the
+same for any worker count, batch split or resume.
+
+The graph, per sample: ``decoders.image_slice`` decodes only the window (region-of-
+interest decoding; ``device="mixed"`` on a GPU, ``"cpu"`` otherwise) -> ``resize`` to
+``size x size`` (bilinear, antialiased) -> ``crop_mirror_normalize`` (flip, normalize,
+layout, dtype).
+
+A DALI pipeline is not thread-safe and is invalid after any error, so each thread
+builds its own lazily (about 10 ms) and drops it when a run fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from iolib.decode import OutputSpec
+from iolib.decode.probe import as_buffer
+
+# Synchronous execution: run() returns when the batch is done, so the encoded bytes
+# fed without a copy (no_copy=True) stay valid, and the loader's prefetch depth, not
+# DALI's queue, bounds memory in flight.
+_EXEC = {"prefetch_queue_depth": 1, "exec_async": False, "exec_pipelined": False}
+
+
+def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
+    from nvidia.dali import fn, pipeline_def, types
+
+    on_gpu = device_id is not None
+    mean = [255.0 * m for m in spec.mean] if spec.normalize else [0.0, 0.0, 0.0]
+    std = [255.0 * s for s in spec.std] if spec.normalize else [1.0, 1.0, 1.0]
+    dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}
+
+    @pipeline_def
+    def graph() -> Any:
+        enc = fn.external_source(name="enc", batch=True, dtype=types.UINT8, no_copy=True)
+        anchor = fn.external_source(name="anchor", batch=True, dtype=types.INT32)
+        shape = fn.external_source(name="shape", batch=True, dtype=types.INT32)
+        flip = fn.external_source(name="flip", batch=True, dtype=types.INT32)
+        img = fn.decoders.image_slice(
+            enc,
+            anchor,
+            shape,
+            device="mixed" if on_gpu else "cpu",
+            axis_names="WH",
+            normalized_anchor=False,
+            normalized_shape=False,
+            output_type=types.RGB,
+            # Geometry was drawn from the header size; EXIF rotation would change it.
+            adjust_orientation=False,
+            # The GPU decoder upsamples chroma like libjpeg-turbo (and Pillow) do.
+            jpeg_fancy_upsampling=True,
+        )
+        img = fn.resize(
+            img, size=[spec.size, spec.size], interp_type=types.INTERP_LINEAR, antialias=True
+        )
+        return fn.crop_mirror_normalize(
+            img,
+            mirror=flip,
+            mean=mean,
+            std=std,
+            dtype=dtype[spec.dtype],
+            output_layout="CHW" if spec.layout == "NCHW" else "HWC",
+        )
+
+    pipe = graph(
+        batch_size=batch_size, num_threads=spec.threads, device_id=device_id, seed=0, **_EXEC
+    )
+    pipe.build()
+    return pipe
+
+
+class DaliBackend:
+    """One DALI pipeline per calling thread, rebuilt for a larger batch or after an error."""
+
+    def __init__(self, spec: OutputSpec) -> None:
+        self.spec = spec
+        self._local = threading.local()
+        self._device_id: int | None = None
+        if spec.on_gpu:
+            device = torch.device(spec.device)
+            index = device.index
+            self._device_id = index if index is not None else torch.cuda.current_device()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["spec"])  # type: ignore[misc]
+
+    def _pipeline(self, n: int) -> Any:
+        pipe = getattr(self._local, "pipe", None)
+        if pipe is None or self._local.capacity < n:
+            self._local.pipe = pipe = _build(self.spec, n, self._device_id)
+            self._local.capacity = n
+        return pipe
+
+    def decode(self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray) -> torch.Tensor:
+        """Run one batch through this thread's pipeline; drop the pipeline on failure."""
+        pipe = self._pipeline(len(blobs))
+        inputs = {
+            "enc": [np.frombuffer(as_buffer(b), dtype=np.uint8) for b in blobs],
+            "anchor": [np.ascontiguousarray(w[:2], dtype=np.int32) for w in windows],
+            "shape": [np.ascontiguousarray(w[2:], dtype=np.int32) for w in windows],
+            "flip": [np.array(int(f), dtype=np.int32) for f in flips],
+        }
+        try:
+            (out,) = pipe.run(**inputs)
+            return self._to_torch(out)
+        except Exception:
+            self._local.pipe = None  # DALI marks a pipeline invalid after an error
+            raise
+
+    def _to_torch(self, out: Any) -> torch.Tensor:
+        if not self.spec.on_gpu:
+            return torch.from_numpy(out.as_array())  # as_array copies out of DALI's buffer
+        # DLPack hands torch a view of DALI's output buffer (no host copy). DALI reuses
+        # that buffer on this thread's next run, so clone on the GPU and wait for the
+        # clone before returning: the batch may sit in the loader's queue for a while.
+        with torch.cuda.device(self._device_id):
+            view = torch.from_dlpack(out.as_tensor())
+            result = view.clone()
+            torch.cuda.current_stream().synchronize()
+        return result

@@ -1,0 +1,208 @@
+"""Training-ready image batches: decode, random-resized crop, flip, normalize, layout.
+
+``ImagePipeline`` is what a training script passes to ``iolib.DataLoader(decode=...)``.
+It is a frozen, picklable description; the decoders it drives (DALI pipelines, one per
+loader thread) are built on first use. Each sample's crop window and flip come from
+``iolib.rng.sample_rng(seed, epoch, index)``, so a batch is a pure function of its
+bytes and indices: the same for any worker count, prefetch depth or resume, and the
+same crop windows on every backend (pixels may differ by rounding between backends).
+
+Example::
+
+    from iolib import DataLoader
+    from iolib.images import ImagePipeline
+    from iolib.sources import ParquetSource
+
+    loader = DataLoader(
+        ParquetSource("s3://bucket/imagenet/train/"), batch_size=256, shuffle="block",
+        num_workers=4, seed=0, decode=ImagePipeline(size=224, train=True),
+    )
+    for batch in loader:  # batch["image"]: float32 [256, 3, 224, 224] on the GPU
+        ...
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from iolib.decode import BACKENDS, Backend, OutputSpec, dali_available, dali_package
+from iolib.decode import geometry as geo
+from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS
+from iolib.errors import ConfigError, require_positive_int
+from iolib.rng import sample_rng
+
+__all__ = ["ImagePipeline"]
+
+log = logging.getLogger("iolib.images")
+_notice_logged = False
+_LAYOUT_DTYPES = {"NCHW": "float32", "NHWC": "uint8"}
+_DTYPES = ("float16", "float32", "uint8")
+
+
+@dataclass(frozen=True)
+class ImagePipeline:
+    """Decode encoded images (JPEG, PNG, ...) of one column into a tensor batch.
+
+    size: output side in pixels (crops are size x size).
+    train: random-resized crop + flip (True) or the eval center crop (False).
+    mean, std: per-channel normalization on the 0–1 scale (ignored for uint8 output).
+    layout: "NCHW" or "NHWC". dtype: "float32"/"float16" (normalized) or "uint8"
+        (raw pixels); default float32 for NCHW, uint8 for NHWC.
+    backend: "auto" (DALI where installed, else Pillow), "dali", "pil" or "nvjpeg".
+    device: "cpu", "cuda" or "cuda:N"; default "cuda" when available.
+    on_error: "raise" a DataError naming the sample, or "skip" it (the loader counts it).
+    max_image_pixels: images with more pixels (from the header) are bad input.
+    scale, ratio: RandomResizedCrop's area-fraction and aspect-ratio ranges.
+    crop_fraction: eval crop size / resize size (0.875: 224 of 256).
+    threads: decode threads per DALI pipeline (one pipeline per loader worker);
+        default: all cores. Raising it past the free cores only adds contention.
+    """
+
+    size: int = 224
+    train: bool = True
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    layout: str = "NCHW"
+    dtype: str | None = None
+    backend: str = "auto"
+    device: str | None = None
+    image_column: str = "image"
+    on_error: str = "raise"
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    scale: tuple[float, float] = geo.DEFAULT_SCALE
+    ratio: tuple[float, float] = geo.DEFAULT_RATIO
+    crop_fraction: float = geo.EVAL_CROP_FRACTION
+    threads: int | None = None
+    _runtime: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        require_positive_int("size", self.size)
+        require_positive_int("max_image_pixels", self.max_image_pixels)
+        if self.threads is not None:
+            require_positive_int("threads", self.threads)
+        _require_choice("layout", self.layout, tuple(_LAYOUT_DTYPES))
+        _require_choice("backend", self.backend, ("auto", *BACKENDS))
+        _require_choice("on_error", self.on_error, ("raise", "skip"))
+        if self.dtype is not None:
+            _require_choice("dtype", self.dtype, _DTYPES)
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            if len(value) != 3 or not all(isinstance(v, (int, float)) for v in value):
+                raise ConfigError(f"`{name}` must be 3 numbers (R, G, B). Found: {value!r}.")
+            object.__setattr__(self, name, tuple(float(v) for v in value))
+        if any(s <= 0 for s in self.std):
+            raise ConfigError(f"`std` must be positive. Found: {self.std!r}.")
+        for name in ("scale", "ratio"):
+            lo, hi = getattr(self, name)
+            if not 0 < lo <= hi:
+                raise ConfigError(f"`{name}` must satisfy 0 < low <= high. Found: ({lo}, {hi}).")
+        if self.scale[1] > 1:
+            raise ConfigError(f"`scale` must be within (0, 1]. Found: {self.scale!r}.")
+        if not 0 < self.crop_fraction <= 1:
+            raise ConfigError(f"`crop_fraction` must be in (0, 1]. Found: {self.crop_fraction}.")
+        if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(
+                f"`device` must be 'cpu', 'cuda' or 'cuda:N'. Found: {self.device!r}."
+            )
+
+    # Pickling: the description travels; decoders (DALI pipelines) are rebuilt where used.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_runtime"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The batch columns this decoder consumes (a stage without them skips decoding)."""
+        return (self.image_column,)
+
+    def output_spec(self) -> OutputSpec:
+        """The resolved output: device, dtype and thread count filled in."""
+        return OutputSpec(
+            size=self.size,
+            layout=self.layout,
+            dtype=self.dtype or _LAYOUT_DTYPES[self.layout],
+            mean=self.mean,
+            std=self.std,
+            device=self.device or _default_device(),
+            threads=self.threads or os.cpu_count() or 1,
+        )
+
+    def resolved_backend(self) -> str:
+        """The backend that runs: "auto" becomes "dali" where DALI imports, else "pil"."""
+        if self.backend == "auto":
+            return "dali" if dali_available() else _fallback_notice(self.output_spec())
+        if self.backend == "dali" and not dali_available():
+            raise ConfigError(
+                f"backend='dali' but NVIDIA DALI is not importable (or {_disable_env()} is set). "
+                f"Install it: pip install {dali_package()}; or pass backend='pil'."
+            )
+        return self.backend
+
+    def _decoder(self) -> Backend:
+        backend = self._runtime.get("backend")
+        if backend is None:
+            from iolib.decode import make_backend
+
+            backend = make_backend(self.resolved_backend(), self.output_spec())
+            self._runtime["backend"] = backend  # a racing thread builds an equal one
+        return backend
+
+    def __call__(
+        self, batch: dict[str, Any], indices: np.ndarray, *, seed: int, epoch: int
+    ) -> tuple[dict[str, Any], list[int]]:
+        """Replace the image column of a collated batch by a tensor on the device.
+
+        Returns the new batch and the global indices of skipped samples; skipped rows are
+        removed from every column, the others keep their order."""
+        from iolib.decode.batch import decode_batch
+
+        return decode_batch(self, self._decoder(), batch, indices, seed=seed, epoch=epoch)
+
+    def plan(
+        self, sizes: list[tuple[int, int]], indices: np.ndarray, *, seed: int, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Crop windows ``[N, 4]`` (x, y, w, h) and flips ``[N]`` for images of the given
+        (width, height): window first, then flip, from each sample's own generator."""
+        if not self.train:
+            windows = [geo.center_crop(w, h, self.size, self.crop_fraction) for w, h in sizes]
+            return np.array(windows, dtype=np.int32).reshape(-1, 4), np.zeros(len(sizes), bool)
+        rngs = [sample_rng(seed, epoch, int(i)) for i in indices]
+        return geo.plan_batch(sizes, rngs, size=self.size, scale=self.scale, ratio=self.ratio)
+
+
+def _require_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"`{name}` must be one of {choices}. Found: {value!r}.")
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _disable_env() -> str:
+    from iolib.decode import DISABLE_DALI_ENV
+
+    return f"{DISABLE_DALI_ENV}=1"
+
+
+def _fallback_notice(spec: OutputSpec) -> str:
+    """Log once per process that Pillow replaces DALI, and what to install on a GPU box."""
+    global _notice_logged
+    if not _notice_logged:
+        _notice_logged = True
+        hint = f"pip install {dali_package()} for DALI decoding"
+        if spec.on_gpu:
+            hint += " on the GPU (or pass backend='nvjpeg' if torchvision has CUDA)"
+        log.warning("iolib.images: NVIDIA DALI is not available; decoding with Pillow (%s).", hint)
+    return "pil"
