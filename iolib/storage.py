@@ -106,12 +106,40 @@ def call_with_retries(
                     f"{what}: failed after {attempt} attempts; last error: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
+            _counters().retries += 1
             if on_retry is not None:
                 on_retry(exc)
             delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
             log.debug("retrying %s after %s (attempt %d)", what, exc, attempt)
             time.sleep(jitter.uniform(0, delay))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class IOCounters(threading.local):
+    """Per-thread I/O counts: a worker takes them after each batch, so the figures reach
+    the consumer exactly, from threads and processes alike."""
+
+    bytes_read: int = 0
+    retries: int = 0
+
+
+_COUNTERS = IOCounters()
+
+
+def _counters() -> IOCounters:
+    return _COUNTERS
+
+
+def count_bytes(n: int) -> None:
+    """Record `n` bytes read from storage by the current thread."""
+    _COUNTERS.bytes_read += n
+
+
+def take_counters() -> tuple[int, int]:
+    """(bytes read, retries) by the current thread since the last call; resets them."""
+    taken = (_COUNTERS.bytes_read, _COUNTERS.retries)
+    _COUNTERS.bytes_read = _COUNTERS.retries = 0
+    return taken
 
 
 # --------------------------------------------------------------------------------------

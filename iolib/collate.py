@@ -1,0 +1,76 @@
+"""Turning what a source read into a batch.
+
+Columnar sources (Parquet, image folders) are collated column by column straight from
+Arrow: a fixed-size list of int32 becomes one [batch, length] tensor with one copy and
+no Python per sample. Row sources go through torch's ``default_collate`` (or the
+user's ``collate_fn``), as in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import default_collate
+
+
+def _column_to_value(column: pa.ChunkedArray) -> Any:
+    kind = column.type
+    if column.null_count == 0:
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+            return torch.from_numpy(np.array(column.to_numpy()))  # owned, writable
+        if pa.types.is_fixed_size_list(kind) and (
+            pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
+        ):
+            flat = pa.concat_arrays([c.flatten() for c in column.chunks]) if column.chunks else None
+            values = flat.to_numpy() if flat is not None else np.zeros(0)
+            return torch.from_numpy(np.array(values).reshape(len(column), kind.list_size))
+    return column.to_pylist()  # binary -> bytes, string -> str, nested -> lists
+
+
+def collate_table(table: pa.Table) -> dict[str, Any]:
+    """A dict of column name -> tensor (numbers, fixed-size lists) or list (anything else)."""
+    return {name: _column_to_value(table.column(name)) for name in table.column_names}
+
+
+def table_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """Rows as dicts, for per-sample transforms and user collate functions."""
+    return table.to_pylist()
+
+
+def collate_rows(rows: list[Any], collate_fn: Any = None) -> Any:
+    """Rows into a batch with the user's collate_fn, else torch's default_collate; dict
+    rows holding values torch cannot stack (bytes) keep those columns as lists."""
+    if collate_fn is not None:
+        return collate_fn(rows)
+    if rows and isinstance(rows[0], dict):
+        return {key: _collate_column([row[key] for row in rows]) for key in rows[0]}
+    return default_collate(rows)
+
+
+def _collate_column(values: list[Any]) -> Any:
+    if values and isinstance(values[0], (bytes, bytearray, str, type(None))):
+        return values
+    try:
+        return default_collate(values)
+    except (TypeError, RuntimeError):
+        return values
+
+
+def batch_nbytes(batch: Any) -> int:
+    """Bytes a batch holds (tensors, bytes, arrays; containers walked), for memory accounting."""
+    if isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    if isinstance(batch, (bytes, bytearray, memoryview)):
+        return len(batch)
+    if isinstance(batch, np.ndarray):
+        return batch.nbytes
+    if isinstance(batch, dict):
+        return sum(batch_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        if batch and isinstance(batch[0], (str, int, float)):
+            return 8 * len(batch)
+        return sum(batch_nbytes(v) for v in batch)
+    return 0

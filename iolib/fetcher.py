@@ -1,0 +1,193 @@
+"""The work a worker does for one batch: read, transform, collate, decode.
+
+A `BatchFetcher` is picklable (process workers get a copy) and never raises: it returns
+either the batch or a `Failure` that names the stage, the samples and the traceback, so
+threads and processes report errors the same way and the consumer re-raises them.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from iolib.collate import batch_nbytes, collate_rows, collate_table, table_rows
+from iolib.errors import ConfigError
+from iolib.rng import sample_rng
+from iolib.sources.base import Source
+from iolib.sources.torchds import TorchDatasetSource
+from iolib.storage import take_counters
+
+OnError = Literal["raise", "skip"]
+
+
+@dataclass(frozen=True)
+class BatchTask:
+    """Batch ``number`` of an epoch: the global sample indices, in batch order."""
+
+    number: int
+    indices: np.ndarray
+    epoch: int
+
+
+@dataclass
+class BatchMeta:
+    """What a worker measured while making one batch."""
+
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    nbytes: int = 0
+    bytes_read: int = 0
+    retries: int = 0
+    skipped: list[int] = field(default_factory=list)
+    samples: int = 0
+
+
+@dataclass
+class Failure:
+    """A batch that failed: enough context to raise a useful error in the consumer."""
+
+    stage: str
+    message: str
+    traceback: str
+    samples: list[int]
+    exception: BaseException | None = None  # kept in thread mode; dropped across processes
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "exception": None}
+
+
+class _StageError(Exception):
+    def __init__(self, stage: str, samples: list[int], cause: BaseException) -> None:
+        super().__init__(stage)
+        self.stage, self.samples, self.cause = stage, samples, cause
+
+
+class BatchFetcher:
+    """Makes one batch from a task. Holds only picklable configuration."""
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        seed: int,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        transform: Callable[[Any, np.random.Generator], Any] | None = None,
+        decode: Any = None,
+        on_error: OnError = "raise",
+    ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"`on_error` must be 'raise' or 'skip'. Found: {on_error!r}.")
+        self.source = source
+        self.seed = seed
+        self.collate_fn = collate_fn
+        self.transform = transform
+        self.decode = decode
+        self.on_error = on_error
+
+    def __call__(self, task: BatchTask) -> tuple[Any, BatchMeta] | Failure:
+        meta = BatchMeta()
+        take_counters()  # start this batch's I/O counts from zero
+        try:
+            batch = self._make(task, meta)
+        except _StageError as exc:
+            return self._failure(exc.stage, exc.samples, exc.cause)
+        except Exception as exc:  # a bug in our own glue: still report, never hang
+            return self._failure("fetch", task.indices.tolist(), exc)
+        meta.bytes_read, meta.retries = take_counters()
+        meta.nbytes = batch_nbytes(batch)
+        return batch, meta
+
+    def _failure(self, stage: str, samples: list[int], exc: BaseException) -> Failure:
+        where = self.source.locate(samples[0]) if len(samples) == 1 else self.source.describe()
+        text = f"{type(exc).__name__}: {exc} [{where}]"
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return Failure(stage, text, tb, samples, exc)
+
+    def _timed(self, meta: BatchMeta, stage: str, samples: list[int], fn: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn()
+        except Exception as exc:
+            culprit = getattr(exc, "iolib_sample", None)
+            raise _StageError(stage, [culprit] if culprit is not None else samples, exc) from exc
+        finally:
+            meta.stage_ms[stage] = meta.stage_ms.get(stage, 0.0) + 1e3 * (
+                time.perf_counter() - start
+            )
+
+    def _read(self, indices: np.ndarray, epoch: int) -> Any:
+        if isinstance(self.source, TorchDatasetSource):
+            return self.source.read(indices, seed=self.seed, epoch=epoch)
+        return self.source.read(indices)
+
+    def _read_skipping(self, indices: np.ndarray, epoch: int, meta: BatchMeta) -> Any:
+        """Read a batch; under on_error="skip", retry sample by sample and leave out those
+        that fail (counted), keeping the others in order."""
+        try:
+            return self._read(indices, epoch), indices
+        except Exception:
+            if self.on_error == "raise":
+                raise
+        kept, parts = [], []
+        for index in indices.tolist():
+            try:
+                parts.append(self._read(np.array([index], dtype=np.int64), epoch))
+                kept.append(index)
+            except Exception:
+                meta.skipped.append(index)
+        if not parts:
+            return None, np.zeros(0, dtype=np.int64)
+        if self.source.columnar:
+            import pyarrow as pa
+
+            return pa.concat_tables(parts), np.array(kept, dtype=np.int64)
+        return [s for part in parts for s in part], np.array(kept, dtype=np.int64)
+
+    def _make(self, task: BatchTask, meta: BatchMeta) -> Any:
+        samples = task.indices.tolist()
+        data, indices = self._timed(
+            meta, "read", samples, lambda: self._read_skipping(task.indices, task.epoch, meta)
+        )
+        if data is None:
+            meta.samples = 0
+            return None
+        if self.transform is not None:
+            rows = table_rows(data) if self.source.columnar else data
+            data = self._timed(
+                meta, "transform", samples, lambda: self._transform(rows, indices, task)
+            )
+            batch = self._timed(
+                meta, "collate", samples, lambda: collate_rows(data, self.collate_fn)
+            )
+        elif self.source.columnar and self.collate_fn is None:
+            batch = self._timed(meta, "collate", samples, lambda: collate_table(data))
+        else:
+            rows = table_rows(data) if self.source.columnar else data
+            batch = self._timed(
+                meta, "collate", samples, lambda: collate_rows(rows, self.collate_fn)
+            )
+        meta.samples = len(indices)
+        if self.decode is not None:
+            batch, skipped = self._timed(
+                meta,
+                "decode",
+                samples,
+                lambda: self.decode(batch, indices, seed=self.seed, epoch=task.epoch),
+            )
+            meta.skipped.extend(int(i) for i in skipped)
+            meta.samples -= len(skipped)
+        return batch
+
+    def _transform(self, rows: list[Any], indices: np.ndarray, task: BatchTask) -> list[Any]:
+        out = []
+        for row, index in zip(rows, indices.tolist(), strict=True):
+            try:
+                out.append(self.transform(row, sample_rng(self.seed, task.epoch, index)))
+            except Exception as exc:
+                exc.iolib_sample = index  # type: ignore[attr-defined]
+                raise
+        return out

@@ -1,0 +1,407 @@
+"""DataLoader: torch's signature, iolib's guarantees.
+
+It composes the pieces: a source (what), a plan (which samples, in which order, on
+which rank), a fetcher (read, transform, collate, decode) and an engine (how fast).
+The loader itself holds only a cursor: (epoch, global samples consumed).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from iolib.distributed import resolve_rank
+from iolib.engine import Engine
+from iolib.errors import ConfigError, WorkerError, require_positive_int
+from iolib.fetcher import BatchFetcher, BatchTask, Failure
+from iolib.plan import RankSchedule, epoch_order, normalize_shuffle
+from iolib.sources.torchds import TorchDatasetSource, as_source
+from iolib.state import LoaderState, check_state
+from iolib.telemetry import Telemetry
+
+
+class _EpochTasks:
+    """Batch k of one epoch for this rank, computed on demand (a lazy Sequence)."""
+
+    def __init__(self, order: np.ndarray, schedule: RankSchedule, epoch: int) -> None:
+        self.order, self.schedule, self.epoch = order, schedule, epoch
+
+    def __len__(self) -> int:
+        return len(self.schedule)
+
+    def __getitem__(self, k: int) -> BatchTask:
+        return BatchTask(k, self.order[self.schedule.positions(k)], self.epoch)
+
+
+class DataLoader:
+    """A drop-in replacement for ``torch.utils.data.DataLoader`` with deterministic,
+    resumable, sharded batches.
+
+    Example::
+
+        from iolib import DataLoader
+        from iolib.sources import ParquetSource
+
+        loader = DataLoader(ParquetSource("data/*.parquet"), batch_size=64, shuffle="block",
+                            num_workers=4, seed=0)
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                ...
+            torch.save(loader.state_dict(), "loader.pt")
+
+    The batches on a rank are a pure function of the dataset, ``seed``, the epoch,
+    ``batch_size``, ``drop_last``, the shuffle mode, ``rank`` and ``world_size``; never of
+    ``num_workers``, the prefetch depth or timing (docs/determinism.md). Arguments beyond
+    torch's: ``seed`` (default 0: reproducible by default), ``rank``/``world_size``
+    (default: from torch.distributed or torchrun), ``shuffle="block"`` with
+    ``shuffle_window`` row groups, ``transform(sample, rng)``, ``decode`` (e.g.
+    ``iolib.images.ImagePipeline``), ``worker_mode`` ("auto", "thread", "process"),
+    ``prefetch`` (batches in flight or ready), ``on_error`` ("raise" or "skip").
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | str | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        seed: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        shuffle_window: int = 8,
+        transform: Callable[[Any, np.random.Generator], Any] | None = None,
+        decode: Any = None,
+        worker_mode: str = "auto",
+        prefetch: int | None = None,
+        on_error: str = "raise",
+    ) -> None:
+        self.source = as_source(dataset)
+        self.shuffle = normalize_shuffle(shuffle)
+        self._check_samplers(sampler, batch_sampler, batch_size, drop_last, self.shuffle)
+        self.sampler, self.batch_sampler = sampler, batch_sampler
+        self.batch_size = batch_size if batch_sampler is None else None
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        if timeout < 0:
+            raise ConfigError(f"`timeout` must be >= 0 seconds. Found: {timeout!r}.")
+        self.timeout = timeout
+        self.seed = self._resolve_seed(seed, generator)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        if (sampler is not None or batch_sampler is not None) and self.world_size > 1:
+            raise ConfigError(
+                "A `sampler`/`batch_sampler` decides the order itself, so iolib cannot shard it "
+                f"across {self.world_size} ranks. Drop the sampler (iolib shards by rank), or "
+                "pass rank=0, world_size=1 and shard in the sampler (DistributedSampler)."
+            )
+        self.shuffle_window = require_positive_int("shuffle_window", shuffle_window)
+        self.worker_mode = self._resolve_mode(worker_mode)
+        self.depth = self._resolve_depth(prefetch, prefetch_factor, num_workers)
+        self.persistent_workers = persistent_workers
+        self.pin_memory, self.pin_memory_device = pin_memory, pin_memory_device
+        self.in_order = in_order  # iolib always delivers in order; in_order=False allows no more
+        self.multiprocessing_context = multiprocessing_context
+        self.worker_init_fn = worker_init_fn
+        if isinstance(self.source, TorchDatasetSource):
+            # Global RNG state is private inline and in process workers: seed it per sample.
+            self.source.seed_globals = num_workers == 0 or self.worker_mode == "process"
+        self.fetcher = BatchFetcher(
+            self.source,
+            seed=self.seed,
+            collate_fn=collate_fn,
+            transform=transform,
+            decode=decode,
+            on_error=on_error,  # type: ignore[arg-type]
+        )
+        self.collate_fn, self.transform, self.decode = collate_fn, transform, decode
+        self.telemetry = Telemetry()
+        self._engine: Engine | None = None
+        self._epoch, self._position = 0, 0
+        self._resume_pending = False
+        self._iteration = 0  # identifies the live iterator; older ones are superseded
+        self._orders: dict[int, np.ndarray] = {}
+
+    # -- argument checks -----------------------------------------------------------------
+    @staticmethod
+    def _check_samplers(
+        sampler: Any, batch_sampler: Any, batch_size: Any, drop_last: bool, shuffle: str
+    ) -> None:
+        if (sampler is not None or batch_sampler is not None) and shuffle != "none":
+            raise ConfigError(
+                "`shuffle` must be False with a `sampler` or `batch_sampler` (as in torch): "
+                "the sampler decides the order."
+            )
+        if batch_sampler is not None:
+            if sampler is not None or drop_last or batch_size not in (1, None):
+                raise ConfigError(
+                    "`batch_sampler` is mutually exclusive with batch_size, shuffle, sampler "
+                    "and drop_last (as in torch): leave those at their defaults."
+                )
+            return
+        if batch_size is None:
+            raise ConfigError(
+                "`batch_size=None` (unbatched samples) is not supported: iolib plans whole "
+                "batches. Use batch_size=1 and index [0], or torch's DataLoader."
+            )
+        require_positive_int("batch_size", batch_size)
+
+    def _resolve_seed(self, seed: int | None, generator: torch.Generator | None) -> int:
+        if seed is None:
+            seed = generator.initial_seed() if generator is not None else 0
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"`seed` must be a non-negative integer. Found: {seed!r}.")
+        return seed
+
+    def _resolve_mode(self, mode: str) -> str:
+        if mode == "auto":
+            return "process" if isinstance(self.source, TorchDatasetSource) else "thread"
+        if mode not in ("thread", "process"):
+            raise ConfigError(
+                f"`worker_mode` must be 'auto', 'thread' or 'process'. Found: {mode!r}."
+            )
+        return mode
+
+    @staticmethod
+    def _resolve_depth(prefetch: Any, prefetch_factor: int | None, workers: int) -> int:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ConfigError(f"`num_workers` must be a non-negative integer. Found: {workers!r}.")
+        if prefetch == "auto":
+            raise ConfigError(
+                "prefetch='auto' needs the learned tuner, which this version does not include "
+                "yet. Pass an integer depth (batches in flight or ready)."
+            )
+        if prefetch is not None:
+            return require_positive_int("prefetch", prefetch)
+        if prefetch_factor is not None:
+            require_positive_int("prefetch_factor", prefetch_factor)
+        return (prefetch_factor or 2) * max(workers, 1)
+
+    # -- plan ----------------------------------------------------------------------------
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            if self.sampler is not None:
+                if hasattr(self.sampler, "set_epoch"):
+                    self.sampler.set_epoch(epoch)
+                order = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+            else:
+                order = epoch_order(
+                    len(self.source),
+                    seed=self.seed,
+                    epoch=epoch,
+                    shuffle=self.shuffle,
+                    blocks=self.source.blocks() if self.shuffle == "block" else (),
+                    window=self.shuffle_window,
+                )
+            self._orders = {epoch: order}  # keep one epoch's order only
+        return self._orders[epoch]
+
+    def _tasks(self, epoch: int, position: int) -> Any:
+        if self.batch_sampler is not None:
+            if hasattr(self.batch_sampler, "set_epoch"):
+                self.batch_sampler.set_epoch(epoch)
+            batches = [np.asarray(list(b), dtype=np.int64) for b in self.batch_sampler]
+            return [BatchTask(k, b, epoch) for k, b in enumerate(batches)][position:]
+        order = self._order(epoch)
+        schedule = RankSchedule(
+            len(order), position, self.batch_size, self.world_size, self.rank, self.drop_last
+        )
+        return _EpochTasks(order, schedule, epoch)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        total = len(self.sampler) if self.sampler is not None else len(self.source)
+        return len(
+            RankSchedule(total, 0, self.batch_size, self.world_size, self.rank, self.drop_last)
+        )
+
+    # -- iteration -----------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (its shuffle). Setting the current epoch keeps the cursor, so a
+        restored state followed by set_epoch(same epoch) resumes mid-epoch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"`epoch` must be a non-negative integer. Found: {epoch!r}.")
+        if epoch != self._epoch:
+            self._epoch, self._position, self._resume_pending = epoch, 0, False
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self._resume_pending:
+            self._position = 0  # a new pass over the current epoch (torch semantics)
+        self._resume_pending = False
+        self._iteration += 1
+        return self._iterate(self._iteration, self._epoch, self._position)
+
+    def _engine_for(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(
+                self.fetcher,
+                workers=self.num_workers,
+                depth=self.depth,
+                mode=self.worker_mode,  # type: ignore[arg-type]
+                mp_context=self.multiprocessing_context,
+                timeout=self.timeout,
+                worker_init_fn=self.worker_init_fn,
+                sizeof=lambda r: r[1].nbytes if isinstance(r, tuple) else 0,
+            )
+        return self._engine
+
+    def _iterate(self, iteration: int, epoch: int, position: int) -> Iterator[Any]:
+        tasks = self._tasks(epoch, position)
+        engine = self._engine_for()
+        engine.start(tasks)
+        self.telemetry.start_epoch()
+        finished = False
+        try:
+            for k in range(len(tasks)):
+                if iteration != self._iteration:
+                    raise RuntimeError(
+                        "This iterator was superseded by a newer iter(loader); iterate one at "
+                        "a time (as with torch's persistent workers)."
+                    )
+                self.telemetry.on_request(time.perf_counter())
+                result, waited = engine.next()
+                batch = self._unwrap(result, tasks[k])
+                self.telemetry.on_memory(engine.bytes_in_flight() + result[1].nbytes)
+                self.telemetry.on_batch(waited, result[1])
+                self._position = self._advance(tasks, position, k + 1)
+                if batch is None:  # every sample of it skipped (on_error="skip"); counted
+                    continue
+                yield self._pin(batch)
+            finished = True
+            self._epoch, self._position = epoch + 1, 0
+        finally:
+            if not finished or not self.persistent_workers:
+                self._close_engine(force=not finished)
+
+    def _advance(self, tasks: Any, position: int, delivered: int) -> int:
+        if isinstance(tasks, _EpochTasks):
+            return tasks.schedule.position_after(delivered)
+        return position + delivered  # batch_sampler: the cursor counts batches
+
+    def _unwrap(self, result: Any, task: BatchTask) -> Any:
+        if isinstance(result, Failure):
+            shown = result.samples[:8]
+            more = f" (+{len(result.samples) - 8} more)" if len(result.samples) > 8 else ""
+            raise WorkerError(
+                f"Batch {task.number} of epoch {task.epoch} failed in stage '{result.stage}' "
+                f"for sample(s) {shown}{more}: {result.message}",
+                stage=result.stage,
+                batch=task.number,
+                samples=result.samples,
+                remote_traceback=result.traceback,
+            ) from result.exception
+        return result[0]
+
+    def _pin(self, batch: Any) -> Any:
+        if not self.pin_memory:
+            return batch
+        if not torch.cuda.is_available():
+            if not getattr(self, "_pin_warned", False):
+                warnings.warn("pin_memory=True but no CUDA device: not pinning.", stacklevel=3)
+                self._pin_warned = True
+            return batch
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return pin_memory(batch, self.pin_memory_device or None)
+
+    def _close_engine(self, force: bool = False) -> None:
+        if self._engine is not None and (force or not self.persistent_workers):
+            self._engine.close()
+            self._engine = None
+
+    def close(self) -> None:
+        """Stop workers now (they also stop at the epoch's end unless persistent)."""
+        self._close_engine(force=True)
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.close(timeout=1.0)
+
+    # -- state ---------------------------------------------------------------------------
+    def _fingerprint(self) -> str:
+        extra = ""
+        if self.sampler is not None or self.batch_sampler is not None:
+            kind = type(self.sampler or self.batch_sampler)
+            extra = f"+{kind.__qualname__}"
+        return self.source.fingerprint() + extra
+
+    def _describe_state(self) -> LoaderState:
+        return LoaderState(
+            epoch=self._epoch,
+            position=self._position,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            shuffle=self.shuffle,
+            shuffle_window=self.shuffle_window,
+            dataset=self._fingerprint(),
+            num_samples=len(self.source),
+            world_size=self.world_size,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-able cursor: restore it with load_state_dict in any process, with any
+        worker count, prefetch depth or world size."""
+        return self._describe_state().to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from `state` on the next iter(); raises StateError naming what differs."""
+        restored = check_state(state, self._describe_state())
+        self._epoch, self._position = restored.epoch, restored.position
+        self._resume_pending = True
+
+    # -- observability -------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Throughput, consumer stall, stage times, memory in flight, workers and depth."""
+        engine = self._engine
+        snapshot = self.telemetry.snapshot()
+        snapshot.update(
+            epoch=self._epoch,
+            position=self._position,
+            workers=engine.workers if engine else self.num_workers,
+            depth=engine.depth if engine else self.depth,
+            worker_mode=self.worker_mode if self.num_workers else "inline",
+            batches_ready=engine.batches_ready() if engine else 0,
+            bytes_in_flight=engine.bytes_in_flight() if engine else 0,
+        )
+        return snapshot
+
+    def set_prefetch(self, depth: int | None = None, workers: int | None = None) -> None:
+        """Change the depth and/or worker count, also mid-epoch: pace and memory change,
+        batch content does not."""
+        if depth is not None:
+            self.depth = require_positive_int("depth", depth)
+            if self._engine:
+                self._engine.set_depth(depth)
+        if workers is not None:
+            require_positive_int("workers", workers)
+            if self.num_workers == 0:
+                raise ConfigError("Cannot add workers to a loader built with num_workers=0.")
+            self.num_workers = workers
+            if self._engine:
+                self._engine.set_workers(workers)

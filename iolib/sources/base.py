@@ -1,0 +1,60 @@
+"""The protocol every source follows: a length, a fingerprint and batched reads.
+
+Why batched: reading one sample at a time costs one Python call (and often one storage
+request) per sample; sources read a whole batch of indices at once, so Parquet can
+slice row groups in Arrow instead of building per-sample objects.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+
+class Source(ABC):
+    """An immutable, picklable description of a dataset that can read batches.
+
+    Construction must be cheap: list files and read footers on first use, and never keep
+    open files across pickling (workers reopen from the URL and options).
+    """
+
+    #: True when `read` returns a pyarrow Table (collated column by column).
+    columnar: bool = False
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of samples."""
+
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """A short hash of what defines the sample order (files, row counts), for
+        validating a restored state."""
+
+    @abstractmethod
+    def read(self, indices: np.ndarray) -> Any:
+        """Read the samples at `indices` (int64, batch order): a pyarrow Table with rows in
+        that order for columnar sources, else a list of samples."""
+
+    def blocks(self) -> tuple[int, ...]:
+        """Contiguous blocks (row groups) in sample order, for block shuffling; () if none."""
+        return ()
+
+    def locate(self, index: int) -> str:
+        """Where sample `index` lives, for error messages."""
+        return f"sample {index}"
+
+    def describe(self) -> str:
+        """One line naming the dataset, for error messages and reports."""
+        return type(self).__name__
+
+    def __getitem__(self, index: int) -> Any:
+        """One sample, so a source also works as a map-style torch Dataset."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        index = index % len(self)
+        batch = self.read(np.array([index], dtype=np.int64))
+        if self.columnar:
+            return {name: values[0] for name, values in batch.to_pydict().items()}
+        return batch[0]

@@ -1,0 +1,253 @@
+"""Parquet shards through fsspec and pyarrow, read by row group.
+
+A batch's indices are grouped by row group; each row group is read once (with column
+projection) and cached in a small per-process LRU, so a block-shuffled epoch reads each
+row group about once. Rows are taken from the Arrow tables without Python per-row work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from cachetools import LRUCache
+
+from iolib.errors import ConfigError, DataError
+from iolib.sources.base import Source
+from iolib.storage import call_with_retries, count_bytes, open_filesystem
+
+_GLOB_CHARS = "*?["
+DEFAULT_CACHE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class _FileMeta:
+    url: str  # protocol-qualified path, for messages
+    path: str  # path within the filesystem
+    row_groups: tuple[int, ...]  # rows per row group
+    size: int  # bytes
+    schema: pa.Schema
+    root: int  # which of the source's URLs it came from (for its filesystem)
+    column_bytes: tuple[dict[str, int], ...]  # compressed bytes per column, per row group
+
+
+class ParquetSource(Source):
+    """One or many Parquet files (a file, a list, a directory or a glob; any fsspec URL).
+
+    Example::
+
+        src = ParquetSource("s3://bucket/train/*.parquet", columns=["image", "label"],
+                            storage_options={"anon": False})
+        len(src), src[0]["label"]
+
+    columns: the columns to read (None: all). Reading fewer columns reads fewer bytes.
+    cache_bytes: bound on decoded row groups kept per process (default 256 MiB); raise it
+        when a shuffle window's row groups do not fit, lower it to save memory.
+    """
+
+    columnar = True
+
+    def __init__(
+        self,
+        urls: str | list[str],
+        columns: list[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> None:
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise ConfigError("`urls` is empty: give a Parquet file, directory, glob or list.")
+        self.columns = list(columns) if columns is not None else None
+        self.storage_options = dict(storage_options or {})
+        self.cache_bytes = cache_bytes
+        self._files: list[_FileMeta] | None = None
+        self._init_runtime()
+
+    # -- pickling: drop open handles and caches, keep the description and footers --------
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: LRUCache = LRUCache(maxsize=self.cache_bytes, getsizeof=lambda t: t.nbytes)
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("urls", "columns", "storage_options", "cache_bytes", "_files", "_starts", "_groups")
+        return {k: v for k, v in self.__dict__.items() if k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def with_columns(self, columns: list[str] | None) -> ParquetSource:
+        """The same files with another column projection (footers are not re-read)."""
+        clone = ParquetSource(
+            self.urls, columns, self.storage_options, cache_bytes=self.cache_bytes
+        )
+        if self._files is not None:
+            clone._files, clone._starts, clone._groups = self._files, self._starts, self._groups
+            clone._check_columns()
+        return clone
+
+    # -- metadata ------------------------------------------------------------------------
+    @property
+    def files(self) -> list[_FileMeta]:
+        """The files, their row groups and schemas (listed and read on first use)."""
+        if self._files is None:
+            paths = [p for root, url in enumerate(self.urls) for p in self._expand(root, url)]
+            with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
+                files = list(pool.map(self._read_footer, paths))
+            self._starts = np.cumsum([0] + [n for f in files for n in f.row_groups])
+            self._groups = [(f, i) for f in files for i in range(len(f.row_groups))]
+            self._files = files
+            self._check_columns()
+        return self._files
+
+    def _expand(self, root: int, url: str) -> list[tuple[str, str, int]]:
+        fs, path = open_filesystem(url, self.storage_options)
+        protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
+        if any(c in path for c in _GLOB_CHARS):
+            found = sorted(fs.glob(path))
+            if not found:
+                raise DataError(f"No Parquet files match {url!r}. Check the pattern and bucket.")
+        elif not fs.exists(path):
+            raise DataError(
+                f"Parquet source {url!r} does not exist. Check the path (and credentials "
+                "in storage_options for remote storage)."
+            )
+        elif fs.isdir(path):
+            found = sorted(p for p in fs.find(path) if p.endswith((".parquet", ".pq")))
+            if not found:
+                raise DataError(f"Directory {url!r} holds no *.parquet files.")
+        else:
+            found = [path]
+        return [(url if p == path else protocol + p, p, root) for p in found]
+
+    def _read_footer(self, where: tuple[str, str, int]) -> _FileMeta:
+        url, path, root = where
+        fs, _ = open_filesystem(self.urls[root], self.storage_options)
+        try:
+            with fs.open(path, "rb") as handle:
+                meta = pq.ParquetFile(handle).metadata
+                schema = meta.schema.to_arrow_schema()
+                size = fs.size(path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(
+                f"Cannot read the Parquet footer of {url!r}: {exc}. The file is truncated, "
+                "corrupt or not Parquet; rewrite it or leave it out of `urls`."
+            ) from exc
+        groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        column_bytes = tuple(
+            {
+                meta.row_group(i).column(j).path_in_schema.split(".")[0]: meta.row_group(i)
+                .column(j)
+                .total_compressed_size
+                for j in range(meta.num_columns)
+            }
+            for i in range(meta.num_row_groups)
+        )
+        return _FileMeta(url, path, groups, size, schema, root, column_bytes)
+
+    def _check_columns(self) -> None:
+        if self.columns is None:
+            return
+        for meta in self._files or []:
+            missing = [c for c in self.columns if c not in meta.schema.names]
+            if missing:
+                raise DataError(
+                    f"Parquet file {meta.url!r} lacks column(s) {missing}; it has "
+                    f"{meta.schema.names}. Fix `columns` or the file."
+                )
+
+    def __len__(self) -> int:
+        return int(self._rg_starts[-1])
+
+    @property
+    def _rg_starts(self) -> np.ndarray:
+        self.files  # noqa: B018 - loads metadata
+        return self._starts
+
+    def blocks(self) -> tuple[int, ...]:
+        return tuple(n for f in self.files for n in f.row_groups)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the first file, projected to `columns`."""
+        schema = self.files[0].schema
+        return pa.schema([schema.field(c) for c in self.columns]) if self.columns else schema
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for f in self.files:
+            digest.update(f"{f.path}|{','.join(map(str, f.row_groups))}\n".encode())
+        return digest.hexdigest()[:16]
+
+    def describe(self) -> str:
+        n = len(self.files)
+        return f"ParquetSource({self.urls[0]!r}{f' +{n - 1} files' if n > 1 else ''})"
+
+    def locate(self, index: int) -> str:
+        group = int(np.searchsorted(self._rg_starts, index, side="right") - 1)
+        meta, local = self._groups[group]
+        return f"{meta.url!r} row group {local} (sample {index})"
+
+    # -- reads ---------------------------------------------------------------------------
+    def read(self, indices: np.ndarray) -> pa.Table:
+        """Rows at `indices`, in that order, as one Arrow table."""
+        indices = np.asarray(indices, dtype=np.int64)
+        starts = self._rg_starts
+        if indices.size and (indices.min() < 0 or indices.max() >= starts[-1]):
+            raise IndexError(f"sample indices outside 0..{starts[-1] - 1}")
+        groups = np.searchsorted(starts, indices, side="right") - 1
+        order = np.argsort(groups, kind="stable")
+        pieces, boundaries = [], np.flatnonzero(np.diff(groups[order])) + 1
+        for chunk in np.split(order, boundaries) if indices.size else []:
+            group = int(groups[chunk[0]])
+            table = self._row_group(group)
+            pieces.append(table.take(pa.array(indices[chunk] - starts[group])))
+        if not pieces:
+            return self.schema.empty_table()
+        batch = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return batch.take(pa.array(inverse))
+
+    def _row_group(self, group: int) -> pa.Table:
+        with self._lock:
+            cached = self._cache.get(group)
+        if cached is not None:
+            return cached
+        meta, local = self._groups[group]
+        what = f"reading {meta.url!r} row group {local}"
+        table = call_with_retries(lambda: self._read_row_group(meta, local), what=what)
+        sizes = meta.column_bytes[local]
+        read = sum(sizes[c] for c in (self.columns or sizes) if c in sizes)
+        count_bytes(read)
+        with self._lock:
+            if table.nbytes <= self.cache_bytes:
+                self._cache[group] = table
+        return table
+
+    def _read_row_group(self, meta: _FileMeta, local: int) -> pa.Table:
+        handles = self._local.__dict__.setdefault("handles", {})
+        reader = handles.get(meta.path)
+        try:
+            if reader is None:
+                fs, _ = open_filesystem(self.urls[meta.root], self.storage_options)
+                reader = pq.ParquetFile(fs.open(meta.path, "rb"))
+                handles[meta.path] = reader
+            return reader.read_row_group(local, columns=self.columns, use_threads=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            handles.pop(meta.path, None)
+            raise DataError(
+                f"Parquet file {meta.url!r} row group {local} is corrupt or unreadable: {exc}. "
+                "Rewrite the file or leave it out."
+            ) from exc
+        except Exception:
+            handles.pop(meta.path, None)  # reopen on the next attempt
+            raise
