@@ -70,17 +70,14 @@ class BenchSpec:
     seed: int = 0
     data_dir: str | None = None
     command: str = ""
-    sweep_minutes: float | None = None  # time-bounded, seeded random order of the grid
+    sweep_minutes: float | None = None  # time-bounded; the grid runs in a seeded random order
 
     def configs(self) -> list[Config]:
         grid = itertools.product(
             self.batch_sizes, self.step_ms, self.shuffles, self.caches, self.workers,
             self.depths, self.loaders,
         )  # fmt: skip
-        out = [Config(lo, w, d, sh, b, s, c) for b, s, sh, c, w, d, lo in grid]
-        if self.sweep_minutes is not None:
-            random.Random(self.seed).shuffle(out)
-        return out
+        return [Config(lo, w, d, sh, b, s, c) for b, s, sh, c, w, d, lo in grid]
 
 
 @dataclass
@@ -221,24 +218,27 @@ def run_bench(
         base = spec.data_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="iolib-"))
         s3_options = stack.enter_context(_s3_if_needed(spec))
         try:
-            for prep in _prepared(spec, base, s3_options):
-                for i, cfg in enumerate(configs):
-                    if deadline is not None and time.monotonic() > deadline:
-                        return rows, False
-                    config_id = f"{prep.workload.name}/{prep.storage.name}/{i}"
-                    for repeat in range(spec.repeats):
-                        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-                        row = run_one(cfg, prep, spec)
-                        row.update(meta, workload=prep.workload.name, loader=cfg.loader,
-                                   storage_profile=prep.storage.name, config_id=config_id,
-                                   repeat=repeat, timestamp=started)  # fmt: skip
-                        rows.append(row)
-                        if on_row:
-                            on_row(row)
-                        if bar is not None:
-                            bar.update(1)
-                        if not row["complete"]:
-                            return rows, True
+            preps = list(_prepared(spec, base, s3_options))
+            work = [(p, i, c) for p in preps for i, c in enumerate(configs)]
+            if spec.sweep_minutes is not None:  # interleave profiles and workloads
+                random.Random(spec.seed).shuffle(work)
+            for prep, i, cfg in work:
+                if deadline is not None and time.monotonic() > deadline:
+                    return rows, False
+                config_id = f"{prep.workload.name}/{prep.storage.name}/{i}"
+                for repeat in range(spec.repeats):
+                    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+                    row = run_one(cfg, prep, spec)
+                    row.update(meta, workload=prep.workload.name, loader=cfg.loader,
+                               storage_profile=prep.storage.name, config_id=config_id,
+                               repeat=repeat, timestamp=started)  # fmt: skip
+                    rows.append(row)
+                    if on_row:
+                        on_row(row)
+                    if bar is not None:
+                        bar.update(1)
+                    if not row["complete"]:
+                        return rows, True
         except KeyboardInterrupt:
             return rows, True
         finally:
