@@ -254,7 +254,7 @@ class _WrapperFileSystem(ChainedFileSystem):
     def cat_file(self, path, start=None, end=None, **kwargs):
         path = self._strip(path)
         return self._call(
-            "read", path, lambda: self.fs.cat_file(path, start, end, **kwargs), start, end
+            "read", path, lambda: self.fs.cat_file(path, start=start, end=end, **kwargs), start, end
         )
 
     def info(self, path, **kwargs):
@@ -320,7 +320,7 @@ class _WrappedFile(AbstractBufferedFile):
     """A buffered read-only file: each block fetch is one request of the wrapper."""
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path, start, end)
+        return self.fs.cat_file(self.path, start=start, end=end)
 
 
 class ThrottledFileSystem(_WrapperFileSystem):

@@ -46,7 +46,8 @@ def _grid(kind: type, choices: tuple[str, ...] | None = None):
                 out.append(kind(item))
             except ValueError:
                 raise click.BadParameter(
-                    f"{item!r} is not a {kind.__name__}; give a comma-separated list, e.g. 1,2,4.",
+                    f"{item!r} is not {'an integer' if kind is int else 'a number'}; "
+                    "give a comma-separated list, e.g. 1,2,4.",
                     param=param,
                 ) from None
             if kind in (int, float) and out[-1] < 0:

@@ -65,7 +65,7 @@ class TokenRangeDataset(_Lazy):
     def __getitem__(self, i: int) -> dict:
         fs, base = self._open()
         n = self.seq_len * 4
-        data = fs.cat_file(f"{base}/{self.file}", i * n, (i + 1) * n)
+        data = fs.cat_file(f"{base}/{self.file}", start=i * n, end=(i + 1) * n)
         return {"tokens": np.frombuffer(data, dtype=np.int32)}
 
 

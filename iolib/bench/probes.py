@@ -29,7 +29,7 @@ def probe_storage(
     for k in range(reads):
         start = min(k * step, max(size - small, 0))
         t0 = time.perf_counter()
-        fs.cat_file(path, start, start + small)
+        fs.cat_file(path, start=start, end=start + small)
         times.append(time.perf_counter() - t0)
     latency = statistics.median(times)
     nbytes = min(size, large)
@@ -37,7 +37,7 @@ def probe_storage(
     for k in range(large_reads):
         start = (k * nbytes) % max(size - nbytes + 1, 1)
         t0 = time.perf_counter()
-        fs.cat_file(path, start, start + nbytes)
+        fs.cat_file(path, start=start, end=start + nbytes)
         spans.append(time.perf_counter() - t0)
     elapsed = statistics.median(spans)
     transfer = elapsed - latency if elapsed > 2 * latency else elapsed

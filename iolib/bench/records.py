@@ -103,11 +103,18 @@ def versions() -> str:
     )
 
 
+def arrow_type(name: str):
+    """The pyarrow type of a SCHEMA type name ("bool" is pyarrow's bool_)."""
+    import pyarrow as pa
+
+    return pa.bool_() if name == "bool" else getattr(pa, name)()
+
+
 def to_table(rows: list[dict[str, Any]]):
     """Rows -> pyarrow Table with exactly SCHEMA's columns and types (missing -> null)."""
     import pyarrow as pa
 
-    fields = [pa.field(name, getattr(pa, typ)()) for name, (typ, _) in SCHEMA.items()]
+    fields = [pa.field(name, arrow_type(typ)) for name, (typ, _) in SCHEMA.items()]
     schema = pa.schema(fields, metadata={"iolib.schema_version": str(SCHEMA_VERSION)})
     columns = {name: [row.get(name) for row in rows] for name in SCHEMA}
     return pa.table(columns, schema=schema)
