@@ -249,6 +249,9 @@ def _spec(kw: dict[str, Any]) -> BenchSpec:
                           ("batch_sizes", "batch_size"), ("shuffles", "shuffle")):  # fmt: skip
             if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT:
                 grid[key] = SWEEP[key]
+        for name, value in (("batches", 40), ("max_seconds", 8.0)):  # many short runs
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT:
+                kw[name] = value
     return BenchSpec(
         **grid, data=kw["data"], data_options=options, samples=kw["samples"],
         image_size=kw["image_size"], seq_len=kw["seq_len"], rows_per_group=kw["rows_per_group"],
