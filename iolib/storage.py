@@ -8,15 +8,25 @@ and open their own.
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+import hashlib
 import logging
+import math
+import os
 import random
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+from typing import Any, ClassVar, TypeVar
 
 import fsspec
+from fsspec.implementations.cached import SimpleCacheFileSystem
+from fsspec.implementations.chained import ChainedFileSystem
+from fsspec.spec import AbstractBufferedFile
 
 from iolib.errors import ConfigError
 
@@ -130,3 +140,445 @@ def take_counters() -> tuple[int, int]:
     taken = (_COUNTERS.bytes_read, _COUNTERS.retries)
     _COUNTERS.bytes_read = _COUNTERS.retries = 0
     return taken
+
+
+# --------------------------------------------------------------------------------------
+# Wrappers for benchmarks and tests: throttled (latency, bandwidth, jitter) and faulty.
+# Both are fsspec filesystems reachable from a chained URL plus storage_options, so a
+# worker that opens (url, storage_options) gets them with no other change:
+#   open_filesystem("throttled::file:///data/x.parquet",
+#                   {"throttled": {"profile": "object-store", "seed": 0}})
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThrottleProfile:
+    """What one simulated storage request costs.
+
+    latency_ms: median time to first byte of every request (reads, info, ls); default 0.
+    bandwidth_mbps: per-request stream rate in MB/s (10**6 bytes/s); 0 = unlimited.
+    jitter: sigma of a lognormal factor on the latency (0 = fixed; 0.5 puts p99 ~3.2x the
+        median). Draws are a pure function of (seed, path, byte range, repeat), so a
+        rerun sees the same latencies whatever the thread timing.
+    total_bandwidth_mbps: one link shared by all requests of this process, MB/s;
+        0 = unlimited (each stream gets `bandwidth_mbps`).
+    """
+
+    latency_ms: float = 0.0
+    bandwidth_mbps: float = 0.0
+    jitter: float = 0.0
+    total_bandwidth_mbps: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("latency_ms", "bandwidth_mbps", "jitter", "total_bandwidth_mbps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"`{name}` must be a number >= 0. Found: {value!r}.")
+
+
+# Documented in docs/benchmarks.md. Sources: NVMe datasheets (~100 us, GB/s); NFS/SMB
+# over 10 GbE (~1-3 ms, a few hundred MB/s per stream, ~1 GB/s link); S3 in-region
+# (first byte 30-80 ms with a heavy tail, ~100 MB/s per connection, scales with connections).
+PROFILES: dict[str, ThrottleProfile] = {
+    "nvme": ThrottleProfile(
+        latency_ms=0.1, bandwidth_mbps=2000, jitter=0.1, total_bandwidth_mbps=3000
+    ),
+    "nas": ThrottleProfile(
+        latency_ms=2.0, bandwidth_mbps=250, jitter=0.3, total_bandwidth_mbps=1000
+    ),
+    "object-store": ThrottleProfile(latency_ms=50.0, bandwidth_mbps=100, jitter=0.5),
+}
+
+
+def _unit(seed: int, *key: object) -> float:
+    """A uniform draw in (0, 1) that is a pure function of (seed, key)."""
+    digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") + 0.5) / 2.0**64
+
+
+class _WrapperFileSystem(ChainedFileSystem):
+    """Forwards every call to a target filesystem, calling `_request` around each read.
+
+    Subclasses decide what a request costs (`_request`) and may alter returned bytes
+    (`_result`). Writes pass through untouched, so tests can create data through it.
+    """
+
+    protocol: ClassVar[str] = "wrapper"
+
+    def __init__(
+        self,
+        target_protocol: str | None = None,
+        target_options: dict[str, Any] | None = None,
+        fs: fsspec.AbstractFileSystem | None = None,
+        fo: str | None = None,  # the path, passed by url_to_fs; unused
+        seed: int = 0,
+        block_size: int = 1 << 20,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if fs is None:
+            fs = fsspec.filesystem(target_protocol or "file", **(target_options or {}))
+        self.fs = fs
+        self.seed = int(seed)
+        self.blocksize = int(block_size)
+        self._counts: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+
+    # -- hooks -------------------------------------------------------------------------
+    def _request(self, kind: str, path: str, start: int | None, end: int | None) -> Any:
+        """Called before a request; returns a token handed to `_after`."""
+        return None
+
+    def _after(self, token: Any, data: bytes | None) -> bytes | None:
+        return data
+
+    def _repeat(self, key: tuple) -> int:
+        """How many times this exact request was made before (for seeded draws)."""
+        with self._lock:
+            n = self._counts.get(key, 0)
+            self._counts[key] = n + 1
+        return n
+
+    def _call(self, kind: str, path: str, fn: Callable[[], T], start=None, end=None) -> T:
+        token = self._request(kind, path, start, end)
+        result = fn()
+        if isinstance(result, bytes):
+            return self._after(token, result)  # type: ignore[return-value]
+        self._after(token, None)
+        return result
+
+    # -- forwarded API -----------------------------------------------------------------
+    def _strip(self, path: str) -> str:
+        return self.fs._strip_protocol(self._strip_protocol(path))
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        path = self._strip(path)
+        return self._call(
+            "read", path, lambda: self.fs.cat_file(path, start=start, end=end, **kwargs), start, end
+        )
+
+    def info(self, path, **kwargs):
+        path = self._strip(path)
+        return self._call("meta", path, lambda: self.fs.info(path, **kwargs))
+
+    def ls(self, path, detail=True, **kwargs):
+        path = self._strip(path)
+        return self._call("meta", path, lambda: self.fs.ls(path, detail=detail, **kwargs))
+
+    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+        path = self._strip(path)
+        return self._call(
+            "meta",
+            path,
+            lambda: self.fs.find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail),
+        )
+
+    def glob(self, path, maxdepth=None, **kwargs):
+        path = self._strip(path)
+        return self._call("meta", path, lambda: self.fs.glob(path, maxdepth=maxdepth, **kwargs))
+
+    def modified(self, path):
+        return self.fs.modified(self._strip(path))
+
+    def ukey(self, path):
+        return self.fs.ukey(self._strip(path))
+
+    def pipe_file(self, path, value, **kwargs):
+        return self.fs.pipe_file(self._strip(path), value, **kwargs)
+
+    def mkdir(self, path, create_parents=True, **kwargs):
+        return self.fs.mkdir(self._strip(path), create_parents=create_parents, **kwargs)
+
+    def makedirs(self, path, exist_ok=False):
+        return self.fs.makedirs(self._strip(path), exist_ok=exist_ok)
+
+    def rm_file(self, path):
+        return self.fs.rm_file(self._strip(path))
+
+    def rm(self, path, recursive=False, maxdepth=None):
+        return self.fs.rm(self._strip(path), recursive=recursive, maxdepth=maxdepth)
+
+    def put_file(self, lpath, rpath, **kwargs):
+        return self.fs.put_file(lpath, self._strip(rpath), **kwargs)
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kw):
+        path = self._strip(path)
+        if "r" not in mode:
+            return self.fs.open(path, mode, **kw)
+        return _WrappedFile(
+            self,
+            path,
+            mode,
+            block_size=block_size or self.blocksize,
+            cache_type=kw.get("cache_type", "readahead"),
+            cache_options=cache_options,
+            size=kw.get("size"),
+        )
+
+
+class _WrappedFile(AbstractBufferedFile):
+    """A buffered read-only file: each block fetch is one request of the wrapper."""
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path, start=start, end=end)
+
+
+class ThrottledFileSystem(_WrapperFileSystem):
+    """Make any fsspec filesystem behave like slower storage, reproducibly.
+
+    Each request (a ranged read, an info or a listing) takes at least
+    `latency * lognormal(jitter) + bytes / bandwidth`, and, with `total_bandwidth_mbps`,
+    shares one link with every other request of the process. Reads are buffered in
+    blocks of `block_size` bytes (default 1 MiB, readahead) like s3fs, so a reader that
+    asks for a 10 MB column chunk makes one request and a reader of 4 KB samples makes one
+    request per sample.
+
+    Example::
+
+        fs, path = open_filesystem(
+            "throttled::file:///data/train.parquet",
+            {"throttled": {"profile": "object-store", "seed": 0}},
+        )
+    """
+
+    protocol: ClassVar[str] = "throttled"
+
+    def __init__(
+        self,
+        profile: str | None = None,
+        latency_ms: float | None = None,
+        bandwidth_mbps: float | None = None,
+        jitter: float | None = None,
+        total_bandwidth_mbps: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.profile = resolve_profile(
+            profile,
+            latency_ms=latency_ms,
+            bandwidth_mbps=bandwidth_mbps,
+            jitter=jitter,
+            total_bandwidth_mbps=total_bandwidth_mbps,
+        )
+        self._link_free_at = 0.0  # virtual clock of the shared link
+        self.requests = 0
+        self.bytes_read = 0
+
+    def _request(self, kind, path, start, end):
+        key = (kind, path, start, end)
+        n = self._repeat(key)
+        p = self.profile
+        latency = p.latency_ms / 1000.0
+        if p.jitter > 0 and latency > 0:
+            z = NormalDist().inv_cdf(_unit(self.seed, *key, n))
+            latency *= math.exp(p.jitter * z)
+        return time.perf_counter(), latency
+
+    def _after(self, token, data):
+        started, latency = token
+        nbytes = len(data) if data is not None else 0
+        p = self.profile
+        finish = started + latency
+        if p.bandwidth_mbps > 0:
+            finish += nbytes / (p.bandwidth_mbps * 1e6)
+        if p.total_bandwidth_mbps > 0 and nbytes:
+            with self._lock:
+                begin = max(started + latency, self._link_free_at)
+                self._link_free_at = begin + nbytes / (p.total_bandwidth_mbps * 1e6)
+                finish = max(finish, self._link_free_at)
+        with self._lock:
+            self.requests += 1
+            self.bytes_read += nbytes
+        delay = finish - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return data
+
+
+def resolve_profile(name: str | None = None, **overrides: float | None) -> ThrottleProfile:
+    """A preset (`nvme`, `nas`, `object-store`) or zeros, with any non-None overrides."""
+    if name is not None and name not in PROFILES:
+        raise ConfigError(
+            f"Unknown throttle profile {name!r}. Use one of: {', '.join(sorted(PROFILES))}, "
+            "or give latency_ms / bandwidth_mbps / jitter."
+        )
+    base = PROFILES[name] if name else ThrottleProfile()
+    changes = {k: float(v) for k, v in overrides.items() if v is not None}
+    return replace(base, **changes)
+
+
+class FaultyFileSystem(_WrapperFileSystem):
+    """Inject seeded storage faults in front of any fsspec filesystem.
+
+    error_rate: probability that a request raises ConnectionResetError (transient: a
+        retry of the same request draws again).
+    slow_rate, slow_ms: probability that a request first sleeps `slow_ms`.
+    truncate_rate: probability that a read returns only its first half (a connection
+        closed early).
+    missing: glob patterns (fnmatch, on the stripped path) that raise FileNotFoundError.
+    Whether the n-th attempt of a request fails is a pure function of
+    (seed, request, n), so a faulty run is reproducible. `faults` counts what was injected.
+
+    Example::
+
+        open_filesystem("faulty::file:///data", {"faulty": {"error_rate": 0.1, "seed": 1}})
+    """
+
+    protocol: ClassVar[str] = "faulty"
+
+    def __init__(
+        self,
+        error_rate: float = 0.0,
+        slow_rate: float = 0.0,
+        slow_ms: float = 0.0,
+        truncate_rate: float = 0.0,
+        missing: list[str] | tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, rate in (
+            ("error_rate", error_rate),
+            ("slow_rate", slow_rate),
+            ("truncate_rate", truncate_rate),
+        ):
+            if not 0.0 <= rate <= 1.0:
+                raise ConfigError(f"`{name}` must be in [0, 1]. Found: {rate!r}.")
+        self.error_rate = error_rate
+        self.slow_rate = slow_rate
+        self.slow_ms = slow_ms
+        self.truncate_rate = truncate_rate
+        self.missing = tuple(missing)
+        self.faults = {"errors": 0, "slow": 0, "truncated": 0, "missing": 0}
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.faults[what] += 1
+
+    def _request(self, kind, path, start, end):
+        if any(fnmatch.fnmatch(path, pattern) for pattern in self.missing):
+            self._count("missing")
+            raise FileNotFoundError(f"{path} (injected: permanently missing)")
+        key = (kind, path, start, end)
+        n = self._repeat(key)
+        if self.slow_rate and _unit(self.seed, "slow", *key, n) < self.slow_rate:
+            self._count("slow")
+            time.sleep(self.slow_ms / 1000.0)
+        if self.error_rate and _unit(self.seed, "error", *key, n) < self.error_rate:
+            self._count("errors")
+            raise ConnectionResetError(
+                f"injected transient fault: {kind} {path} [{start}:{end}] attempt {n + 1}"
+            )
+        return kind == "read" and _unit(self.seed, "trunc", *key, n) < self.truncate_rate
+
+    def _after(self, truncate, data):
+        if truncate and data:
+            self._count("truncated")
+            return data[: len(data) // 2]
+        return data
+
+
+class BoundedCacheFileSystem(SimpleCacheFileSystem):
+    """fsspec's whole-file `simplecache`, made crash-safe and bounded in size.
+
+    A remote shard is downloaded to a temporary name in the cache directory and renamed
+    into place, so a crash mid-download never leaves a partial file that would be
+    served. After each download the least recently used files are evicted until the
+    cache holds at most `max_bytes` (the file just fetched is kept even if larger).
+
+    Example::
+
+        open_filesystem("shardcache::s3://bucket/train",
+                        {"shardcache": {"cache_storage": "/tmp/c", "max_bytes": 10**10},
+                         "s3": {...}})
+    """
+
+    protocol: ClassVar[str] = "shardcache"
+
+    def __init__(self, max_bytes: int | None = None, **kwargs: Any) -> None:
+        kwargs.pop("fo", None)
+        super().__init__(**kwargs)
+        self.max_bytes = max_bytes
+
+    def _get_cached_file_before_open(self, path, **kwargs):
+        final = os.path.join(self.storage[-1], self._mapper(path))
+        self._mkcache()
+        fd, tmp = tempfile.mkstemp(dir=self.storage[-1], prefix=".partial-")
+        os.close(fd)
+        try:
+            self.fs.get_file(path, tmp)
+            os.replace(tmp, final)  # atomic on one filesystem
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        self._cache_size = None
+        _evict_lru(self.storage[-1], self.max_bytes, keep=final)
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "r" in mode:
+            cached = self._check_file(self._strip_protocol(path))
+            if cached:
+                os.utime(cached)  # recency for LRU eviction (atime is unreliable)
+        return super()._open(path, mode=mode, **kwargs)
+
+    def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kwargs):
+        for p in set(paths):
+            if not self._check_file(self._strip_protocol(p)):
+                self._get_cached_file_before_open(self._strip_protocol(p))
+        return super().cat_ranges(paths, starts, ends, max_gap, on_error, **kwargs)
+
+
+def _evict_lru(directory: str, max_bytes: int | None, keep: str) -> None:
+    """Remove least recently used cache files until `directory` holds <= `max_bytes`.
+
+    A module function, not a method: fsspec's caching filesystems forward unknown
+    attributes to the target filesystem.
+    """
+    if max_bytes is None:
+        return
+    entries = []
+    for entry in os.scandir(directory):
+        if entry.is_file() and not entry.name.startswith(".partial-"):
+            st = entry.stat()
+            entries.append((st.st_mtime, st.st_size, entry.path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, name in sorted(entries):
+        if total <= max_bytes:
+            break
+        if name != keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(name)
+            total -= size
+
+
+def wrap_url(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    protocol: str,
+    options: dict[str, Any],
+) -> tuple[str, dict[str, Any]]:
+    """Put the `protocol` wrapper in front of `url`: returns (chained url, storage options).
+
+    >>> wrap_url("file:///d/x.parquet", None, "throttled", {"profile": "nas"})
+    ('throttled::file:///d/x.parquet', {'throttled': {'profile': 'nas'}})
+    """
+    merged = dict(storage_options or {})
+    if "::" not in url:
+        # A plain URL takes flat options (s3fs's `key`, `endpoint_url`...); once chained
+        # they must sit under the inner protocol's name.
+        inner = url.split("://", 1)[0] if "://" in url else "file"
+        known = set(fsspec.available_protocols())
+        flat = {k: v for k, v in merged.items() if not (k in known and isinstance(v, dict))}
+        if flat:
+            merged = {k: v for k, v in merged.items() if k not in flat}
+            merged[inner] = {**merged.get(inner, {}), **flat}
+    merged[protocol] = dict(options)
+    return f"{protocol}::{url}", merged
+
+
+_WRAPPERS = {
+    "throttled": "iolib.storage.ThrottledFileSystem",
+    "faulty": "iolib.storage.FaultyFileSystem",
+    "shardcache": "iolib.storage.BoundedCacheFileSystem",
+}
+for _name, _path in _WRAPPERS.items():
+    fsspec.register_implementation(_name, _path, clobber=True)

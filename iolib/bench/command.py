@@ -1,0 +1,300 @@
+"""`iolib bench`: measure loading configurations, iolib and torch side by side.
+
+With no arguments: synthetic 256x256 JPEGs and 2048-token sequences on the `local` and
+`object-store` profiles, 4 workers, depth 8, about a minute on 2 cores. Grids are
+comma-separated lists (`--workers 1,2,4 --depth 2,8`). See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import warnings
+from typing import Any
+
+import click
+
+from iolib.bench.profiles import PROFILE_NAMES
+from iolib.bench.runner import SHUFFLES, BenchSpec
+from iolib.bench.workloads import WORKLOAD_KINDS
+
+# The sweep behind `--sweep` (a training set for the predictor; time-bounded).
+SWEEP = {
+    "workloads": ("images", "tokens"),
+    "profiles": ("local", "nvme", "nas", "object-store"),
+    "workers": (1, 2, 4, 8),
+    "depths": (1, 2, 4, 8, 16),
+    "step_ms": (0.0, 10.0, 40.0),
+    "batch_sizes": (32, 64),
+    "shuffles": ("none", "block"),
+}
+
+
+def _grid(kind: type, choices: tuple[str, ...] | None = None):
+    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        out = []
+        for item in (v.strip() for v in str(value).split(",") if v.strip()):
+            if choices is not None and item not in choices:
+                raise click.BadParameter(
+                    f"{item!r} is not one of {', '.join(choices)}.", param=param
+                )
+            try:
+                out.append(kind(item))
+            except ValueError:
+                raise click.BadParameter(
+                    f"{item!r} is not {'an integer' if kind is int else 'a number'}; "
+                    "give a comma-separated list, e.g. 1,2,4.",
+                    param=param,
+                ) from None
+            if kind in (int, float) and out[-1] < 0:
+                raise click.BadParameter(f"{item!r} must be >= 0.", param=param)
+        if not out:
+            raise click.BadParameter("give at least one value.", param=param)
+        return tuple(out)
+
+    return convert
+
+
+@click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--workload",
+    "-w",
+    default="images",
+    callback=_grid(str, WORKLOAD_KINDS),
+    help="images, tokens or both (images,tokens); with --data: the column to read.",
+)
+@click.option("--data", default=None, help="Parquet dataset URL instead of synthetic data.")
+@click.option("--storage-options", default=None, help="JSON storage options for --data.")
+@click.option(
+    "--samples",
+    type=click.IntRange(64),
+    default=1024,
+    show_default=True,
+    help="Synthetic samples per workload.",
+)
+@click.option("--image-size", type=click.IntRange(16), default=256, show_default=True)
+@click.option("--seq-len", type=click.IntRange(1), default=2048, show_default=True)
+@click.option(
+    "--rows-per-group",
+    type=click.IntRange(1),
+    default=256,
+    show_default=True,
+    help="Parquet row-group size of synthetic data (rows per iolib read).",
+)
+@click.option(
+    "--decode/--no-decode",
+    default=True,
+    show_default=True,
+    help="Decode JPEGs with Pillow in both loaders (else measure reads only).",
+)
+@click.option(
+    "--profile",
+    "-p",
+    default="local,object-store",
+    show_default=True,
+    callback=_grid(str, PROFILE_NAMES),
+    help="Storage profiles (comma-separated).",
+)
+@click.option(
+    "--latency-ms",
+    type=click.FloatRange(0),
+    default=None,
+    help="Throttle: per-request latency (custom, or overrides a preset).",
+)
+@click.option(
+    "--bandwidth-mbps", type=click.FloatRange(0), default=None, help="Throttle: per-request MB/s."
+)
+@click.option(
+    "--jitter",
+    type=click.FloatRange(0),
+    default=None,
+    help="Throttle: lognormal sigma of the latency.",
+)
+@click.option("--shuffle", default="none", show_default=True, callback=_grid(str, SHUFFLES))
+@click.option("--batch-size", "-b", default="32", show_default=True, callback=_grid(int))
+@click.option("--workers", default="4", show_default=True, callback=_grid(int))
+@click.option(
+    "--depth",
+    default="8",
+    show_default=True,
+    callback=_grid(int),
+    help="Batches in flight or ready (torch: prefetch_factor = depth / workers).",
+)
+@click.option(
+    "--step-ms",
+    default="0",
+    show_default=True,
+    callback=_grid(float),
+    help="Simulated training step per batch, ms.",
+)
+@click.option(
+    "--step-mode", type=click.Choice(["sleep", "spin"]), default="sleep", show_default=True
+)
+@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
+@click.option(
+    "--batches",
+    type=click.IntRange(2),
+    default=20,
+    show_default=True,
+    help="Batches measured per configuration (the first is start-up).",
+)
+@click.option(
+    "--max-seconds",
+    type=click.FloatRange(0.1),
+    default=30.0,
+    show_default=True,
+    help="Cap on one configuration's measured time.",
+)
+@click.option(
+    "--compare",
+    type=click.Choice(["torch", "none"]),
+    default="torch",
+    show_default=True,
+    help="Also run torch.utils.data.DataLoader.",
+)
+@click.option(
+    "--loaders",
+    default=None,
+    callback=_grid(str, ("iolib", "torch")),
+    help="Loaders to run (overrides --compare), e.g. torch.",
+)
+@click.option(
+    "--cache",
+    type=click.Choice(["off", "on", "both"]),
+    default="off",
+    show_default=True,
+    help="Local disk cache of remote shards.",
+)
+@click.option("--cache-max-gb", type=click.FloatRange(0), default=None)
+@click.option("--sweep", is_flag=True, help="Run the predictor's training grid (time-bounded).")
+@click.option("--sweep-minutes", type=click.FloatRange(0.1), default=15.0, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write observations (Parquet, JSON) and run.json here.",
+)
+@click.option("--plot", is_flag=True, help="Write PNG plots (into --out, else ./bench-plots).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where synthetic data is written (default: a temporary directory).",
+)
+@click.option("--progress/--no-progress", default=True)
+def bench(**kw: Any) -> None:
+    """Measure data-loading configurations, iolib and torch's DataLoader side by side."""
+    spec = _spec(kw)
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+    from tqdm import tqdm
+
+    from iolib.bench import report
+    from iolib.bench.runner import run_bench
+
+    def progress(total: int):
+        return tqdm(total=total, desc="iolib bench", unit="run", disable=not kw["progress"],
+                    file=sys.stderr, leave=False)  # fmt: skip
+
+    rows, interrupted = run_bench(spec, progress=progress)
+    if rows:
+        click.echo(report.summary_table(rows))
+        click.echo(report.LEGEND)
+    _write(rows, spec, kw)
+    if interrupted:
+        click.echo(f"Stopped by Ctrl-C after {len(rows)} measurements.", err=True)
+        raise click.Abort()
+
+
+def _spec(kw: dict[str, Any]) -> BenchSpec:
+    options = None
+    if kw["storage_options"]:
+        try:
+            options = json.loads(kw["storage_options"])
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(
+                f"not JSON ({exc.msg}); e.g. '{{\"anon\": true}}'.", param_hint="--storage-options"
+            ) from None
+    if kw["data"] is not None:
+        if "::" in kw["data"]:
+            raise click.BadParameter("give a plain URL; --profile adds the throttle.",
+                                     param_hint="--data")  # fmt: skip
+        bad = [p for p in kw["profile"] if p in ("memory", "s3")]
+        if bad:
+            raise click.BadParameter(
+                f"{bad[0]} applies to synthetic data; with --data use local, nvme, nas, "
+                "object-store or custom.", param_hint="--profile",
+            )  # fmt: skip
+        if len(kw["workload"]) > 1:
+            raise click.BadParameter("with --data give one workload.", param_hint="--workload")
+    loaders = kw["loaders"] or (("iolib", "torch") if kw["compare"] == "torch" else ("iolib",))
+    caches = {"off": (False,), "on": (True,), "both": (False, True)}[kw["cache"]]
+    grid: dict[str, Any] = {
+        "workloads": kw["workload"], "profiles": kw["profile"], "workers": kw["workers"],
+        "depths": kw["depth"], "step_ms": kw["step_ms"], "batch_sizes": kw["batch_size"],
+        "shuffles": kw["shuffle"],
+    }  # fmt: skip
+    if any(d == 0 for d in kw["depth"]):
+        raise click.BadParameter("depth must be >= 1.", param_hint="--depth")
+    if any(b == 0 for b in kw["batch_size"]):
+        raise click.BadParameter("batch size must be >= 1.", param_hint="--batch-size")
+    if kw["sweep"]:
+        ctx = click.get_current_context()
+        for key, name in (("workloads", "workload"), ("profiles", "profile"),
+                          ("workers", "workers"), ("depths", "depth"), ("step_ms", "step_ms"),
+                          ("batch_sizes", "batch_size"), ("shuffles", "shuffle")):  # fmt: skip
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT:
+                grid[key] = SWEEP[key]
+        for name, value in (("batches", 40), ("max_seconds", 8.0)):  # many short runs
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT:
+                kw[name] = value
+    return BenchSpec(
+        **grid, data=kw["data"], data_options=options, samples=kw["samples"],
+        image_size=kw["image_size"], seq_len=kw["seq_len"], rows_per_group=kw["rows_per_group"],
+        decode=kw["decode"], loaders=tuple(loaders), caches=caches,
+        overrides={"latency_ms": kw["latency_ms"], "bandwidth_mbps": kw["bandwidth_mbps"],
+                   "jitter": kw["jitter"]},
+        cache_max_bytes=int(kw["cache_max_gb"] * 1e9) if kw["cache_max_gb"] else None,
+        repeats=kw["repeats"], batches=kw["batches"], max_seconds=kw["max_seconds"],
+        step_mode=kw["step_mode"], seed=kw["seed"], data_dir=kw["data_dir"],
+        command=_command_line(),
+        sweep_minutes=kw["sweep_minutes"] if kw["sweep"] else None,
+    )  # fmt: skip
+
+
+def _command_line() -> str:
+    """`iolib bench` plus every option the user set (not the defaults), reproducibly quoted."""
+    ctx = click.get_current_context()
+    parts = ["iolib", "bench"]
+    for param in ctx.command.params:
+        if ctx.get_parameter_source(param.name) == click.core.ParameterSource.DEFAULT:
+            continue
+        raw = ctx.params[param.name]
+        flag = param.opts[0]
+        if isinstance(param, click.Option) and param.is_flag:
+            parts.append(flag if raw else (param.secondary_opts or [flag])[0])
+            continue
+        if isinstance(raw, tuple):
+            raw = ",".join(str(v) for v in raw)
+        parts += [flag, str(raw)]
+    return shlex.join(parts)
+
+
+def _write(rows: list[dict[str, Any]], spec: BenchSpec, kw: dict[str, Any]) -> None:
+    from iolib.bench import records, report
+
+    if kw["out"] and rows:
+        paths = records.write_observations(rows, kw["out"])
+        run = {"command": spec.command, "machine": records.machine_description(),
+               "versions": json.loads(records.versions()), "rows": len(rows),
+               "schema_version": records.SCHEMA_VERSION}  # fmt: skip
+        with open(os.path.join(kw["out"], "run.json"), "w") as f:
+            json.dump(run, f, indent=1)
+        click.echo(f"Observations: {', '.join(paths)}", err=True)
+    if kw["plot"] and rows:
+        pngs = report.plot(rows, kw["out"] or "bench-plots")
+        click.echo(f"Plots: {', '.join(pngs)}", err=True)

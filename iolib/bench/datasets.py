@@ -1,0 +1,164 @@
+"""The torch side of the comparison: map-style Datasets that read one sample per request,
+and the collate functions both loaders share.
+
+Each Dataset holds only (url, storage_options) and opens its filesystem lazily in the
+process that reads, as a torch user would (and as fsspec requires across fork).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from iolib.storage import open_filesystem
+
+
+class _Lazy(torch.utils.data.Dataset):
+    def __init__(self, root: str, storage_options: dict | None) -> None:
+        self.root = root.rstrip("/")
+        self.storage_options = storage_options
+        self._fs: Any = None
+        self._pid = -1
+
+    def _open(self) -> tuple[Any, str]:
+        if self._fs is None or self._pid != os.getpid():
+            self._fs, self._base = open_filesystem(self.root, self.storage_options)
+            self._pid = os.getpid()
+        return self._fs, self._base
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fs": None, "_pid": -1}
+
+
+class FileSampleDataset(_Lazy):
+    """One object per sample (an image folder): `__getitem__` makes one GET."""
+
+    def __init__(self, root, storage_options, files, labels) -> None:
+        super().__init__(root, storage_options)
+        self.files = list(files)
+        self.labels = list(labels)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict:
+        fs, base = self._open()
+        return {"image": fs.cat_file(f"{base}/{self.files[i]}"), "label": self.labels[i]}
+
+
+class TokenRangeDataset(_Lazy):
+    """A flat int32 token file (nanoGPT style): `__getitem__` reads one byte range."""
+
+    def __init__(self, root, storage_options, file, seq_len, num_samples) -> None:
+        super().__init__(root, storage_options)
+        self.file = file
+        self.seq_len = seq_len
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, i: int) -> dict:
+        fs, base = self._open()
+        n = self.seq_len * 4
+        data = fs.cat_file(f"{base}/{self.file}", start=i * n, end=(i + 1) * n)
+        return {"tokens": np.frombuffer(data, dtype=np.int32)}
+
+
+class ParquetRowDataset(_Lazy):
+    """A per-sample Parquet reader as torch users write it: find the row group of
+    sample i, read it (keeping the last one), return the row."""
+
+    def __init__(self, root, storage_options, files, column) -> None:
+        super().__init__(root, storage_options)
+        self.files = list(files)
+        self.column = column
+        self._index: list[tuple[int, int, int]] | None = None  # (start, file, group)
+        self._last: tuple[tuple[int, int], Any] | None = None
+
+    def _groups(self) -> list[tuple[int, int, int]]:
+        import pyarrow.parquet as pq
+
+        if self._index is None:
+            fs, base = self._open()
+            index, start = [], 0
+            for k, name in enumerate(self.files):
+                with fs.open(f"{base}/{name}", "rb") as f:
+                    meta = pq.ParquetFile(f).metadata
+                for g in range(meta.num_row_groups):
+                    index.append((start, k, g))
+                    start += meta.row_group(g).num_rows
+            self._index, self._len = index, start
+        return self._index
+
+    def __len__(self) -> int:
+        self._groups()
+        return self._len
+
+    def __getitem__(self, i: int) -> dict:
+        import bisect
+
+        import pyarrow.parquet as pq
+
+        groups = self._groups()
+        pos = bisect.bisect_right([s for s, _, _ in groups], i) - 1
+        start, k, g = groups[pos]
+        if self._last is None or self._last[0] != (k, g):
+            fs, base = self._open()
+            with fs.open(f"{base}/{self.files[k]}", "rb") as f:
+                table = pq.ParquetFile(f).read_row_group(g, columns=[self.column])
+            self._last = ((k, g), table.column(0))
+        value = self._last[1][i - start].as_py()
+        return {self.column: np.asarray(value, np.int32) if isinstance(value, list) else value}
+
+
+def decode_jpeg(data: bytes) -> np.ndarray:
+    """Pillow decode to HxWx3 uint8: the CPU cost both loaders pay per image."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+class Collate:
+    """Shared batch assembly: decode image bytes (if `decode`), stack tokens.
+
+    A class, not a closure, so torch can pickle it to worker processes.
+    """
+
+    def __init__(self, column: str, decode: bool) -> None:
+        self.column = column
+        self.decode = decode
+
+    def __call__(self, rows: list[dict]) -> dict:
+        values = [r[self.column] for r in rows]
+        out: dict[str, Any] = {}
+        if isinstance(values[0], (bytes, bytearray, memoryview)):
+            if self.decode:
+                out[self.column] = torch.from_numpy(np.stack([decode_jpeg(v) for v in values]))
+            else:
+                out[self.column] = [bytes(v) for v in values]
+        else:
+            out[self.column] = torch.from_numpy(np.stack([np.asarray(v) for v in values]))
+        if "label" in rows[0]:
+            out["label"] = torch.tensor([int(r["label"]) for r in rows])
+        return out
+
+
+def batch_nbytes(batch: Any) -> int:
+    """Bytes held by a batch: tensors, arrays, bytes, nested in dicts/lists."""
+    if isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    if isinstance(batch, np.ndarray):
+        return batch.nbytes
+    if isinstance(batch, (bytes, bytearray, memoryview)):
+        return len(batch)
+    if isinstance(batch, dict):
+        return sum(batch_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(batch_nbytes(v) for v in batch)
+    return 0

@@ -1,0 +1,147 @@
+"""`iolib bench` end to end on tiny inputs: every storage profile (moto S3 included), the
+torch comparison, the observation schema through Parquet, bad input, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from iolib.bench.records import CONFIG, FEATURES, OUTCOMES, SCHEMA, arrow_type, read_observations
+from iolib.cli import main
+
+TINY = ["--samples", "64", "--rows-per-group", "16", "--batch-size", "8", "--batches", "3",
+        "--workers", "1", "--depth", "2", "--no-progress"]  # fmt: skip
+
+
+def run_cli(args, capsys):
+    try:
+        main(["bench", *args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    "profile, workload",
+    [("local", "images"), ("memory", "tokens"), ("nvme", "tokens"), ("nas", "images"),
+     ("object-store", "tokens")],
+)  # fmt: skip
+def test_each_profile_end_to_end(profile, workload, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    args = [*TINY, "--profile", profile, "--workload", workload, "--seq-len", "64",
+            "--image-size", "32", "--out", str(out_dir)]  # fmt: skip
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert "iolib" in out and "torch" in out and "vs torch" in out
+    df = read_observations(str(out_dir / "observations.parquet"))
+    assert sorted(df["loader"]) == ["iolib", "torch"]
+    assert set(df["storage_profile"]) == {profile}
+    assert (df["batches"] == 2).all() and (df["throughput_sps"] > 0).all()
+    assert df["complete"].all()
+    run = json.loads((out_dir / "run.json").read_text())
+    assert "--profile" in run["command"] and run["machine"] and "torch" in run["versions"]
+
+
+def test_custom_profile_and_s3(tmp_path, capsys):
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    args = [*TINY, "--profile", "custom,s3", "--workload", "tokens", "--seq-len", "32",
+            "--latency-ms", "5", "--bandwidth-mbps", "100", "--out", str(tmp_path)]  # fmt: skip
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    df = read_observations(str(tmp_path / "observations.parquet"))
+    assert set(df["storage_profile"]) == {"custom", "s3"}
+    # The throttle really delays: probes see at least the configured 5 ms.
+    assert (df["storage_latency_ms"] >= 4.5).all()
+
+
+def test_observations_roundtrip_with_the_documented_schema(tmp_path, capsys):
+    args = [*TINY, "--profile", "local", "--workload", "tokens", "--seq-len", "16",
+            "--workers", "0,1", "--repeats", "2", "--step-ms", "2", "--plot",
+            "--out", str(tmp_path)]  # fmt: skip
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    table = pq.read_table(tmp_path / "observations.parquet")
+    assert table.column_names == list(SCHEMA)
+    for name, (typ, _) in SCHEMA.items():
+        assert table.schema.field(name).type == arrow_type(typ), name
+    df = table.to_pandas()
+    assert len(df) == 2 * 2 * 2  # workers x loaders x repeats
+    assert set(df["repeat"]) == {0, 1}
+    assert df.groupby("config_id").size().eq(2).all()
+    assert (df["utilization"].between(0, 1)).all() and (df["step_ms"] == 2).all()
+    assert not set(FEATURES) & set(OUTCOMES) and not set(CONFIG) & set(OUTCOMES)
+    rows = json.loads((tmp_path / "observations.json").read_text())["rows"]
+    assert rows[0]["workload"] == "tokens-16"
+    assert any(name.endswith(".png") for name in os.listdir(tmp_path))
+
+
+def test_dataset_url_workload(tmp_path, capsys):
+    images = tmp_path / "data"
+    images.mkdir()
+    pq.write_table(pa.table({"ids": [[1, 2, 3, 4]] * 64}), images / "a.parquet", row_group_size=16)
+    code, out, err = run_cli(
+        [*TINY, "--profile", "local", "--data", str(images), "-w", "tokens"], capsys
+    )
+    assert code == 0, err and "tokens-data" in out
+    code, _, err = run_cli(
+        [*TINY, "--profile", "local", "--data", str(images), "-w", "images"], capsys
+    )
+    assert code == 2 and "no a binary (image bytes) column" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--profile", "tape"], "'tape' is not one of"),
+     (["--workload", "video"], "'video' is not one of"),
+     (["--workers", "two"], "not an integer"),
+     (["--frobnicate"], "No such option"),
+     (["--data", "/nonexistent/x.parquet"], "Cannot read dataset"),
+     (["--profile", "custom"], "--latency-ms"),
+     (["--data", "/x", "--profile", "memory"], "synthetic data")],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    code, _, err = run_cli([*TINY, *args], capsys)
+    assert code == 2
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_ctrl_c_keeps_what_was_measured():
+    from iolib.bench.measure import measure
+
+    def batches():
+        yield {"x": b"1234"}
+        yield {"x": b"1234"}
+        raise KeyboardInterrupt
+
+    m = measure(batches, batch_size=1, step_ms=1, batches=10)
+    assert m.interrupted and len(m.stalls) == 2
+    assert m.outcomes(4.0, depth=1)["batches"] == 1
+
+
+def test_ctrl_c_in_cli_writes_observations(tmp_path, capsys, monkeypatch):
+    import iolib.bench.runner as runner
+
+    real = runner.run_one
+    calls = []
+
+    def interrupted(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(runner, "run_one", interrupted)
+    code, _, err = run_cli([*TINY, "--profile", "local", "-w", "tokens", "--seq-len", "8",
+                            "--out", str(tmp_path)], capsys)  # fmt: skip
+    assert code == 130 and "Interrupted" in err
+    assert len(read_observations(str(tmp_path / "observations.parquet"))) == 1
