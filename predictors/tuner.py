@@ -15,8 +15,9 @@ The learned tuner:
    whose predicted utilization meets `target + margin` (the margin is the model's
    measured error on unseen workloads);
 3. keeps comparing: a service-time change beyond `shift_ratio` (a storage slowdown or
-   its recovery) re-decides at once; observed utilization that falls short of the
-   prediction corrects the model's scale and re-decides;
+   its recovery) re-decides at once; observed utilization that departs from the
+   prediction rescales the service time the model is given (effective vs measured)
+   and re-decides;
 4. when nothing within the budget reaches the target, says so, names the bottleneck
    stage and takes the configuration with the highest predicted utilization.
 
@@ -147,32 +148,48 @@ def check_budget(budget: float | None, one_batch_bytes: float) -> None:
         )
 
 
-def state_features(state: TunerState, read_ms: float, decode_ms: float, step_ms: float) -> dict:
-    """The model's feature and config columns from (smoothed) telemetry.
+def state_features(state: TunerState) -> dict[str, Any]:
+    """The model's feature and config columns from one batch of telemetry.
 
-    The measured read time is split into latency and transfer with the probe's ratio
-    and scaled to match what was measured, so a storage slowdown shows in both.
+    Measured times depend on the configuration they were measured under; the features
+    must not. Two sharing assumptions undo that, with `active = min(workers, depth)`:
+    cores are shared, so decode time is divided by max(1, active / cpu_count); storage
+    bandwidth is shared, so the measured read time is matched to
+    `latency * requests + active * bytes / bandwidth` by scaling the probe's latency
+    and bandwidth together (a storage slowdown shows in both). Without a probe the
+    read time is all latency (the usual case for remote storage).
     """
+    active = max(1, min(state.workers, state.depth))
     requests = math.ceil(state.batch_size / state.rows_per_read)
+    decode = (state.decode_ms + state.transform_ms) / max(1.0, active / state.cpu_count)
     latency, bandwidth = state.storage_latency_ms, state.storage_bandwidth_mbps
     if latency is not None and bandwidth:
-        probe_read = latency * requests + state.bytes_per_batch / (bandwidth * 1e3)
-        scale = read_ms / probe_read if probe_read > 0 else 1.0
+        probe_read = latency * requests + active * state.bytes_per_batch / (bandwidth * 1e3)
+        scale = state.read_ms / probe_read if probe_read > 0 else 1.0
         latency, bandwidth = latency * scale, bandwidth / max(scale, 1e-9)
-    else:  # no probe: call it all latency (the usual case for remote storage)
-        latency, bandwidth = read_ms / requests, 1e6
+    else:
+        latency, bandwidth = state.read_ms / requests, 1e6
     return {
         "bytes_per_sample": state.bytes_per_batch / state.batch_size,
-        "decode_ms_per_sample": decode_ms / state.batch_size,
+        "decode_ms_per_sample": decode / state.batch_size,
         "storage_latency_ms": latency,
         "storage_bandwidth_mbps": bandwidth,
         "batch_size": state.batch_size,
-        "step_ms": step_ms,
+        "step_ms": state.step_ms,
         "rows_per_read": state.rows_per_read,
         "cpu_count": state.cpu_count,
         "shuffle": "none",
         "cache": False,
     }
+
+
+def _nominal_service_ms(f: dict[str, Any]) -> float:
+    """One worker's time per batch, alone on the machine (from `state_features`)."""
+    requests = math.ceil(f["batch_size"] / f["rows_per_read"])
+    transfer = f["bytes_per_sample"] * f["batch_size"] / (f["storage_bandwidth_mbps"] * 1e3)
+    return (
+        f["storage_latency_ms"] * requests + transfer + f["decode_ms_per_sample"] * f["batch_size"]
+    )
 
 
 def _bottleneck(read_ms: float, decode_ms: float, transform_ms: float) -> str:
@@ -193,9 +210,9 @@ class LearnedTuner:
         max_depth: int = 64,
         start: tuple[int, int] = (2, 2),
         warmup_batches: int = 6,
-        window: int = 5,
+        window: int = 8,
         settle_batches: int = 4,
-        shift_ratio: float = 1.5,
+        shift_ratio: float = 1.6,
         divergence: float = 0.04,
         margin: float | None = None,
     ) -> None:
@@ -219,7 +236,7 @@ class LearnedTuner:
         self._current: Decision | None = None
         self._planned_at = 0
         self._planned_service = 0.0
-        self._correction = 1.0
+        self._slowness = 1.0  # effective / measured service time, learned from divergence
         self.history: list[tuple[int, Decision]] = []
 
     # --- the protocol -----------------------------------------------------------
@@ -242,14 +259,14 @@ class LearnedTuner:
         shift = self._service_shift()
         if shift is not None:
             before, now = shift
-            self._correction = 1.0
+            self._slowness = 1.0
             return self._plan(
                 state,
                 f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms",
-                last=3,
+                last=4,
             )
         since = state.batch_index - self._planned_at
-        if since >= self.settle_batches + 2 and self._diverged():
+        if since >= self.settle_batches + 5 and self._diverged():
             return self._plan(state, self._divergence_note)
         return self._hold()
 
@@ -262,15 +279,24 @@ class LearnedTuner:
         return w, d
 
     def _smoothed(self, last: int | None = None) -> dict[str, float]:
+        """Medians over the recent batches of the stage times (for reasons and bottlenecks)."""
         states = list(self._recent)[-last:] if last else list(self._recent)
         return {
             name: median(getattr(s, name) for s in states)
             for name in ("read_ms", "decode_ms", "transform_ms", "step_ms", "stall_ms")
         }
 
+    def _features(self, last: int | None = None) -> dict[str, Any]:
+        """Medians over the recent batches of the configuration-free features."""
+        states = list(self._recent)[-last:] if last else list(self._recent)
+        rows = [state_features(s) for s in states]
+        return {
+            k: median(r[k] for r in rows) if k not in ("shuffle", "cache") else rows[-1][k]
+            for k in rows[-1]
+        }
+
     def _service_shift(self) -> tuple[float, float] | None:
-        m = self._smoothed(last=3)
-        now = m["read_ms"] + m["decode_ms"] + m["transform_ms"]
+        now = _nominal_service_ms(self._features(last=4))
         ratio = now / max(self._planned_service, 1e-9)
         if ratio > self.shift_ratio or ratio < 1 / self.shift_ratio:
             return self._planned_service, now
@@ -284,23 +310,26 @@ class LearnedTuner:
             s for s in self._recent if s.batch_index >= self._planned_at + self.settle_batches
         ]
         settled = [s for s in settled if (s.workers, s.depth) == (current.workers, current.depth)]
-        if len(settled) < 2:
+        if len(settled) < 5:
             return False
-        observed = median(s.utilization for s in settled)
+        step = sum(s.step_ms for s in settled)
+        observed = step / max(step + sum(s.stall_ms for s in settled), 1e-9)
         predicted = current.predicted.get("utilization", observed)
         short = observed < predicted - self.divergence and observed < self.target
         # Above the prediction only counts when not saturated (utilization ~1 hides the rate).
         long = observed > predicted + self.divergence and observed < 0.99
         if not (short or long):
             return False
-        self._correction *= max(observed, 1e-3) / max(predicted, 1e-3)
+        # Bounded: one noisy window must not swing the model by more than 2x.
+        step_change = min(max(predicted / max(observed, 1e-3), 0.5), 2.0)
+        self._slowness *= step_change
         self._divergence_note = (
             f"observed utilization {observed:.2f} vs predicted {predicted:.2f}: "
-            f"correcting the model's scale by {observed / max(predicted, 1e-3):.2f}"
+            f"treating the service as {step_change:.2f}x as slow as measured"
         )
         return True
 
-    def _candidates(self, state: TunerState, m: dict[str, float]) -> pd.DataFrame:
+    def _candidates(self, state: TunerState, features: dict[str, Any]) -> pd.DataFrame:
         import pandas as pd
 
         max_workers = self.max_workers or max(2 * state.cpu_count, 4)
@@ -312,18 +341,25 @@ class LearnedTuner:
             for w in range(1, max_workers + 1):
                 rows.append((w, d))
         frame = pd.DataFrame(rows, columns=["workers", "depth"])
-        features = state_features(
-            state, m["read_ms"], m["decode_ms"] + m["transform_ms"], m["step_ms"]
-        )
+        # The correction acts on the service time, not on the prediction: a prediction
+        # capped at utilization 1 would otherwise hide how far off the model is.
+        slow = self._slowness
+        features = {
+            **features,
+            "storage_latency_ms": features["storage_latency_ms"] * slow,
+            "storage_bandwidth_mbps": features["storage_bandwidth_mbps"] / slow,
+            "decode_ms_per_sample": features["decode_ms_per_sample"] * slow,
+        }
         for name, value in features.items():
             frame[name] = value
         return frame
 
     def _plan(self, state: TunerState, why: str, last: int | None = None) -> Decision:
         m = self._smoothed(last)
-        frame = self._candidates(state, m)
+        features = self._features(last)
+        frame = self._candidates(state, features)
         pred = self.model.predict(frame)
-        util = np.minimum(pred["utilization"].to_numpy() * self._correction, 1.0)
+        util = pred["utilization"].to_numpy()
         memory = frame["depth"].to_numpy() * state.one_batch_bytes
         required = self.target + self.margin
         order = np.lexsort((frame["depth"], frame["workers"], memory))  # least memory first
@@ -336,9 +372,9 @@ class LearnedTuner:
                 f"(target {self.target:.2f} + margin {self.margin:.2f})"
             )
         else:
-            # Highest utilization; among near-equals (within 0.01) the least memory.
+            # Highest utilization; among near-equals (within 2 %) the least memory.
             best = util.max()
-            i = next(j for j in order if util[j] >= best - 0.01)
+            i = next(j for j in order if util[j] >= best * 0.98)
             feasible = util[i] >= self.target
             if feasible:
                 note = f"reaches the target {self.target:.2f} but not the margin {self.margin:.2f}"
@@ -354,18 +390,18 @@ class LearnedTuner:
         w, d = int(frame["workers"].iloc[i]), int(frame["depth"].iloc[i])
         predicted = {
             "utilization": float(util[i]),
-            "throughput_sps": float(pred["throughput_sps"].iloc[i] * self._correction),
+            "throughput_sps": float(pred["throughput_sps"].iloc[i]),
             "memory_bytes": float(memory[i]),
             "model_memory_bytes": float(pred["memory_bytes"].iloc[i]),
             "margin": self.margin,
-            "correction": self._correction,
+            "service_scale": self._slowness,
         }
         decision = Decision(
             w, d, f"{why}; {note}: {w} workers, depth {d}", predicted, feasible, bottleneck
         )
         self._current = decision
         self._planned_at = state.batch_index
-        self._planned_service = m["read_ms"] + m["decode_ms"] + m["transform_ms"]
+        self._planned_service = _nominal_service_ms(features)
         return self._emit(state, decision)
 
     def _hold(self) -> Decision:
