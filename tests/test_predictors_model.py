@@ -1,0 +1,122 @@
+"""Models, grouped cross-validation, save/load and fallback, on SYNTHETIC observations.
+
+The observations come from `predictors.synthetic` (a simulated loader), never from
+the shipped training data.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from predictors.baselines import ConstantModel, QueueingModel
+from predictors.errors import ModelVersionError, SchemaError
+from predictors.features import SCHEMA_VERSION, group_labels
+from predictors.model import Predictor, evaluate, load, load_default, train_default
+from predictors.synthetic import make_observations
+
+
+@pytest.fixture(scope="module")
+def synthetic() -> pd.DataFrame:
+    return make_observations(n_workloads=8, workers=(1, 2, 4, 8), depths=(1, 2, 4, 8), n_batches=60)
+
+
+@pytest.fixture(scope="module")
+def fitted(synthetic) -> Predictor:
+    return Predictor().fit(synthetic)
+
+
+def test_predict_shapes_and_ranges(fitted, synthetic):
+    pred = fitted.predict(synthetic)
+    assert list(pred.columns) == ["throughput_sps", "stall_fraction", "utilization", "memory_bytes"]
+    assert (pred["throughput_sps"] > 0).all() and (pred["memory_bytes"] > 0).all()
+    assert pred["stall_fraction"].between(0, 1).all()
+    np.testing.assert_allclose(pred["utilization"], 1 - pred["stall_fraction"])
+
+
+def test_grouped_cv_scores_every_unseen_group(synthetic):
+    ev = evaluate(
+        synthetic,
+        {"learned": Predictor, "queueing": QueueingModel, "constant": ConstantModel},
+        n_splits=4,
+    )
+    groups = set(group_labels(synthetic))
+    for name in ("learned", "queueing", "constant"):
+        assert set(ev.per_group.loc[ev.per_group["model"] == name, "group"]) == groups
+    s = ev.summary
+    # The learned model must beat the constant by a wide margin on unseen groups.
+    assert s.loc["learned", "mdape_throughput"] < 0.5 * s.loc["constant", "mdape_throughput"]
+    assert s.loc["learned", "r2_throughput"] > s.loc["constant", "r2_throughput"] + 0.5
+    assert s.loc["learned", "mae_stall"] < s.loc["constant", "mae_stall"]
+
+
+def test_grouped_cv_never_trains_on_the_scored_group(synthetic, monkeypatch):
+    seen: list[set[str]] = []
+    original = Predictor.fit
+
+    def spy(self, frame):
+        seen.append(set(group_labels(frame)))
+        return original(self, frame)
+
+    monkeypatch.setattr(Predictor, "fit", spy)
+    ev = evaluate(synthetic, {"learned": Predictor}, n_splits=None)  # leave one group out
+    groups = set(group_labels(synthetic))
+    assert len(seen) == len(groups)
+    assert all(len(groups - trained) == 1 for trained in seen)
+    assert len(ev.per_group) == len(groups)
+
+
+def test_single_group_cannot_be_cross_validated(synthetic):
+    one = synthetic[group_labels(synthetic) == group_labels(synthetic)[0]]
+    with pytest.raises(SchemaError, match="at least 2"):
+        evaluate(one)
+
+
+def test_save_load_round_trip(fitted, synthetic, tmp_path):
+    path = fitted.save(tmp_path / "m.joblib")
+    meta = json.loads((tmp_path / "m.joblib.json").read_text())
+    assert meta["schema_version"] == SCHEMA_VERSION
+    again = load(path)
+    pd.testing.assert_frame_equal(again.predict(synthetic), fitted.predict(synthetic))
+
+
+def test_other_schema_version_is_a_clear_error(fitted, tmp_path):
+    path = fitted.save(tmp_path / "m.joblib")
+    sidecar = tmp_path / "m.joblib.json"
+    meta = json.loads(sidecar.read_text())
+    meta["schema_version"] = SCHEMA_VERSION + 1
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(ModelVersionError, match=r"schema version .*retrain"):
+        load(path)
+
+
+def test_missing_or_corrupt_default_falls_back_with_a_warning(fitted, tmp_path):
+    with pytest.warns(RuntimeWarning, match="queueing model"):
+        assert isinstance(load_default(tmp_path / "absent.joblib"), QueueingModel)
+    path = fitted.save(tmp_path / "m.joblib")
+    path.write_bytes(b"not a joblib file")
+    with pytest.warns(RuntimeWarning, match="queueing model"):
+        assert isinstance(load_default(path), QueueingModel)
+
+
+def test_a_good_default_loads_without_warning(fitted, tmp_path):
+    path = fitted.save(tmp_path / "m.joblib")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert isinstance(load_default(path), Predictor)
+
+
+def test_train_default_from_files(synthetic, tmp_path):
+    data = tmp_path / "obs.parquet"
+    synthetic.to_parquet(data)
+    model = train_default([data], out=tmp_path / "default.joblib", n_splits=3)
+    assert 0 < model.utilization_error < 0.5
+    assert "learned_mdape_throughput" in model.metrics
+    assert isinstance(load(tmp_path / "default.joblib"), Predictor)
+    synthetic.drop(columns=["cpu_count"]).to_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(SchemaError, match="cpu_count"):
+        train_default([tmp_path / "bad.parquet"], out=None)

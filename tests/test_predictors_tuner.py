@@ -1,0 +1,155 @@
+"""Tuners on a SYNTHETIC simulated loader (`predictors.synthetic`): reach the target,
+stay within the budget, react to a storage slowdown, report infeasible targets."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
+from predictors.errors import TunerConfigError
+from predictors.model import Predictor
+from predictors.synthetic import SimWorkload, make_observations, measure, run_tuner
+from predictors.tuner import LearnedTuner, TunerState
+
+GiB = 2**30
+# Latency-bound token reads: 4 requests of 5 ms per batch, a 10 ms step.
+TOKENS = SimWorkload(
+    "tokens-t",
+    "nas",
+    bytes_per_sample=8000,
+    decode_ms_per_sample=0.01,
+    storage_latency_ms=5.0,
+    storage_bandwidth_mbps=2000,
+    batch_size=256,
+    step_ms=10.0,
+    rows_per_read=64,
+    cpu_count=16,
+)
+# Decode-bound images on 2 cores: 64 x 3 ms = 192 ms of CPU per batch, a 20 ms step.
+HEAVY_DECODE = SimWorkload(
+    "images-t",
+    "local",
+    bytes_per_sample=100e3,
+    decode_ms_per_sample=3.0,
+    storage_latency_ms=0.1,
+    storage_bandwidth_mbps=2000,
+    batch_size=64,
+    step_ms=20.0,
+    rows_per_read=1,
+    cpu_count=2,
+)
+
+
+@pytest.fixture(scope="module")
+def learned_model() -> Predictor:
+    return Predictor().fit(make_observations(n_workloads=10, n_batches=60, seed=11))
+
+
+def _state(**over) -> TunerState:
+    base = dict(
+        batch_index=0,
+        workers=2,
+        depth=2,
+        batch_size=64,
+        step_ms=10.0,
+        stall_ms=5.0,
+        read_ms=5.0,
+        decode_ms=5.0,
+        bytes_per_batch=1e6,
+        memory_bytes=2e6,
+        cpu_count=8,
+    )
+    return TunerState(**{**base, **over})
+
+
+@pytest.mark.parametrize("target", [0.0, 1.0, 1.5, -0.1, True])
+def test_target_outside_open_unit_interval_is_refused(target):
+    with pytest.raises(TunerConfigError, match=r"between 0 and 1.*0\.9"):
+        LearnedTuner(QueueingModel(), target_utilization=target)
+
+
+def test_budget_below_one_batch_is_refused():
+    for tuner in (
+        LearnedTuner(QueueingModel(), memory_budget_bytes=1e6),
+        HillClimbTuner(memory_budget_bytes=1e6),
+    ):
+        with pytest.raises(TunerConfigError, match="at least one batch"):
+            tuner.decide(_state(batch_memory_bytes=4e6))
+
+
+def test_static_default_is_two_batches_per_worker():
+    d = StaticDefaultTuner(workers=4).decide(_state())
+    assert (d.workers, d.depth) == (4, 8) and "static" in d.reason
+
+
+@pytest.mark.parametrize("which", ["queueing", "learned"])
+def test_learned_tuner_reaches_the_target_within_budget(which, learned_model):
+    model = QueueingModel() if which == "queueing" else learned_model
+    budget = 64 * TOKENS.memory_factor * TOKENS.batch_bytes
+    tuner = LearnedTuner(model, target_utilization=0.85, memory_budget_bytes=budget)
+    trace = run_tuner(tuner, TOKENS, 160)
+    assert trace["memory_bytes"].max() <= budget
+    assert trace["bound_bytes"].max() <= budget
+    assert trace["utilization"].iloc[60:].mean() >= 0.85
+    assert all(d.reason for _, d in tuner.history)
+    # Reached sooner than the hill-climber (rolling mean of 5 batches over the target).
+    hill = run_tuner(HillClimbTuner(memory_budget_bytes=budget), TOKENS, 160)
+    reached = (trace["utilization"].rolling(5).mean() >= 0.85).idxmax()
+    reached_hill = (hill["utilization"].rolling(5).mean() >= 0.85).idxmax()
+    assert reached < reached_hill
+
+
+def test_learned_tuner_reacts_to_a_tenfold_storage_slowdown():
+    budget = 64 * TOKENS.memory_factor * TOKENS.batch_bytes
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.85, memory_budget_bytes=budget)
+    trace = run_tuner(tuner, TOKENS, 260, slowdown=(80, 180, 10.0))
+    before = trace.loc[60:79, "workers"].median()
+    shifts = [b for b, d in tuner.history if d.reason.startswith("regime shift") and b >= 80]
+    assert shifts and shifts[0] - 80 <= 20 + int(
+        trace.loc[79, "depth"]
+    )  # in-flight batches hide it
+    during = trace.loc[140:179]
+    assert during["workers"].median() > 2 * before
+    assert during["utilization"].mean() >= 0.8
+    after = trace.loc[230:259]
+    assert after["bound_bytes"].max() < during["bound_bytes"].max()  # memory released
+    assert trace["bound_bytes"].max() <= budget
+
+
+def test_infeasible_target_names_the_bottleneck():
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=GiB)
+    trace = run_tuner(tuner, HEAVY_DECODE, 60)
+    last = tuner.history[-1][1]
+    assert not last.feasible and last.bottleneck == "decode"
+    assert "out of reach" in last.reason and "decode" in last.reason
+    assert trace["utilization"].iloc[30:].mean() > 0.15  # still does the best it can
+
+
+def test_infeasible_storage_bound_within_a_small_budget():
+    small = 3 * TOKENS.memory_factor * TOKENS.batch_bytes  # at most depth 3
+    slow = SimWorkload(**{**TOKENS.__dict__, "storage_latency_ms": 50.0})
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=small)
+    trace = run_tuner(tuner, slow, 60)
+    last = tuner.history[-1][1]
+    assert not last.feasible and last.bottleneck == "storage"
+    assert trace["bound_bytes"].max() <= small
+
+
+def test_oracle_picks_least_memory_meeting_the_target():
+    sweep = pd.DataFrame(
+        [measure(TOKENS, w, d, n_batches=60) for w in (1, 2, 4, 8) for d in (1, 2, 4, 8)]
+    )
+    oracle = OracleTuner(sweep, target_utilization=0.85)
+    d = oracle.decide(_state())
+    ok = sweep[sweep["utilization"] >= 0.85]
+    assert d.feasible and d.predicted["memory_bytes"] == ok["memory_bytes"].min()
+    with pytest.raises(TunerConfigError, match="budget"):
+        OracleTuner(sweep, memory_budget_bytes=1.0)
+
+
+def test_hill_climber_respects_the_budget():
+    budget = 4 * TOKENS.memory_factor * TOKENS.batch_bytes
+    trace = run_tuner(HillClimbTuner(memory_budget_bytes=budget), TOKENS, 150)
+    assert trace["bound_bytes"].max() <= budget
+    assert trace["depth"].max() <= 4
