@@ -1,0 +1,213 @@
+"""iolib.DataLoader against torch.utils.data.DataLoader, same workload, same run.
+
+Workloads (made on first use under --data, default benchmarks/data/):
+  images: Parquet shards of 256x256 JPEGs, decoded with Pillow and resized to 224.
+  tokens: Parquet of fixed-length int32 sequences (2048 tokens) with a label.
+The torch side is what a user would write: a map-style Dataset holding the pyarrow
+table, ``__getitem__`` returning one sample as tensors, persistent workers. Each loader
+runs one warm-up epoch, then ``--repeats`` timed epochs; samples/s is the median.
+
+    python benchmarks/bench_loaders.py --workers 2 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+import iolib
+from iolib.sources import ParquetSource
+
+HERE = Path(__file__).parent
+SIZE = 224
+
+
+# -- data ------------------------------------------------------------------------------
+def synthetic_jpeg(rng: np.random.Generator, side: int = 256) -> bytes:
+    """A photo-like JPEG: smooth gradients plus texture, so it decodes like a real one."""
+    y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
+    base = np.stack([x, y, (x + y) / 2], axis=-1) * rng.uniform(80, 255, size=3)
+    texture = rng.normal(0, 20, size=(side, side, 3))
+    pixels = np.clip(base + texture, 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def make_images(directory: Path, count: int) -> Path:
+    path = directory / f"images-{count}.parquet"
+    if not path.exists():
+        rng = np.random.default_rng(0)
+        table = pa.table(
+            {
+                "image": [synthetic_jpeg(rng) for _ in range(count)],
+                "label": np.arange(count, dtype=np.int64) % 1000,
+            }
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path, row_group_size=256, compression="none")
+    return path
+
+
+def make_tokens(directory: Path, rows: int, length: int = 2048) -> Path:
+    path = directory / f"tokens-{rows}x{length}.parquet"
+    if not path.exists():
+        rng = np.random.default_rng(0)
+        tokens = rng.integers(0, 50_000, size=rows * length, dtype=np.int32)
+        table = pa.table(
+            {
+                "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), length),
+                "label": np.arange(rows, dtype=np.int64) % 2,
+            }
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path, row_group_size=8192, compression="none")
+    return path
+
+
+# -- the same per-sample work on both sides --------------------------------------------
+def decode_resize(data: bytes) -> torch.Tensor:
+    """JPEG bytes -> [3, 224, 224] uint8, with Pillow (draft mode off: full decode)."""
+    image = Image.open(io.BytesIO(data)).convert("RGB").resize((SIZE, SIZE), Image.BILINEAR)
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+
+
+class TorchImages(Dataset):
+    def __init__(self, path: Path) -> None:
+        self.table = pq.read_table(path)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __getitem__(self, index: int):
+        image = self.table.column("image")[index].as_py()
+        return decode_resize(image), torch.tensor(self.table.column("label")[index].as_py())
+
+
+class TorchTokens(Dataset):
+    def __init__(self, path: Path) -> None:
+        self.table = pq.read_table(path)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __getitem__(self, index: int):
+        tokens = self.table.column("tokens")[index].values.to_numpy()
+        label = self.table.column("label")[index].as_py()
+        return torch.from_numpy(tokens.copy()), torch.tensor(label)
+
+
+def iolib_image_transform(sample: dict, rng: np.random.Generator) -> dict:
+    return {"image": decode_resize(sample["image"]), "label": sample["label"]}
+
+
+# -- measurement -----------------------------------------------------------------------
+def epoch_rate(loader, samples: int, repeats: int) -> tuple[float, list[float]]:
+    for _ in loader:  # warm-up: worker start, caches
+        pass
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        count = 0
+        for batch in loader:
+            count += len(batch[1]) if isinstance(batch, (list, tuple)) else len(batch["label"])
+        rates.append(count / (time.perf_counter() - start))
+        assert count == samples, f"{count} samples, expected {samples}"
+    return statistics.median(rates), rates
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    data = Path(args.data)
+    images, tokens = make_images(data, args.images), make_tokens(data, args.tokens)
+    rows = []
+    for workload, path, torch_ds, iolib_kwargs, batch in (
+        ("images", images, TorchImages, {"transform": iolib_image_transform}, 64),
+        ("tokens", tokens, TorchTokens, {}, 256),
+    ):
+        dataset = torch_ds(path)
+        n = len(dataset)
+        torch_loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch, shuffle=True, num_workers=args.workers,
+            persistent_workers=args.workers > 0, prefetch_factor=2 if args.workers else None,
+        )
+        ours = iolib.DataLoader(
+            ParquetSource(str(path)), batch_size=batch, shuffle="block", num_workers=args.workers,
+            persistent_workers=True, **iolib_kwargs,
+        )
+        t_med, t_all = epoch_rate(torch_loader, n, args.repeats)
+        i_med, i_all = epoch_rate(ours, n, args.repeats)
+        del torch_loader
+        ours.close()
+        rows.append(
+            {"workload": workload, "samples": n, "batch_size": batch, "workers": args.workers,
+             "torch_sps": t_med, "iolib_sps": i_med, "ratio": i_med / t_med,
+             "torch_all": t_all, "iolib_all": i_all}
+        )
+        print(f"{workload}: torch {t_med:,.0f}/s  iolib {i_med:,.0f}/s  ratio {i_med / t_med:.2f}x",
+              flush=True)
+    return rows
+
+
+def write_report(rows: list[dict], args: argparse.Namespace, out: Path) -> None:
+    lines = [
+        "# iolib.DataLoader vs torch.utils.data.DataLoader",
+        "",
+        f"Command: `python benchmarks/bench_loaders.py {' '.join(sys.argv[1:])}`  ",
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads, {_cpu_count()} CPUs; torch {torch.__version__}, "
+        f"pyarrow {pa.__version__}, iolib {iolib.__version__}",
+        "",
+        "| workload | samples | batch | workers | torch samples/s | iolib samples/s | ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['workload']} | {r['samples']} | {r['batch_size']} | {r['workers']} | "
+            f"{r['torch_sps']:,.0f} | {r['iolib_sps']:,.0f} | {r['ratio']:.2f}x |"
+        )
+    lines += ["", f"Medians of {args.repeats} timed epochs after one warm-up epoch; all rates:", ""]
+    lines += [f"- {r['workload']}: torch {_fmt(r['torch_all'])}; iolib {_fmt(r['iolib_all'])}"
+              for r in rows]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:,.0f}" for v in values)
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2, help="workers on both sides (default 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed epochs (default 3)")
+    parser.add_argument("--images", type=int, default=4000, help="JPEGs in the images workload")
+    parser.add_argument("--tokens", type=int, default=200_000, help="rows in the tokens workload")
+    parser.add_argument("--data", default=str(HERE / "data"), help="where workloads are made")
+    parser.add_argument("--out", default=str(HERE / "results" / "loaders.md"))
+    args = parser.parse_args()
+    write_report(run(args), args, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
