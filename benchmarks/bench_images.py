@@ -171,7 +171,6 @@ def dali_reader_leg(root: Path, size: int, batch: int, threads: int) -> Callable
 def iolib_loader_leg(urls: list[str], size: int, batch: int, workers: int, threads: int):
     try:
         from iolib.loader import DataLoader
-
         from iolib.sources import ParquetSource
     except ImportError as exc:
         return None, f"skipped: iolib.loader not importable ({exc})"

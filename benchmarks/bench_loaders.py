@@ -141,24 +141,42 @@ def run(args: argparse.Namespace) -> list[dict]:
         dataset = torch_ds(path)
         n = len(dataset)
         torch_loader = torch.utils.data.DataLoader(
-            dataset, batch_size=batch, shuffle=True, num_workers=args.workers,
-            persistent_workers=args.workers > 0, prefetch_factor=2 if args.workers else None,
+            dataset,
+            batch_size=batch,
+            shuffle=True,
+            num_workers=args.workers,
+            persistent_workers=args.workers > 0,
+            prefetch_factor=2 if args.workers else None,
         )
         ours = iolib.DataLoader(
-            ParquetSource(str(path)), batch_size=batch, shuffle="block", num_workers=args.workers,
-            persistent_workers=True, **iolib_kwargs,
+            ParquetSource(str(path)),
+            batch_size=batch,
+            shuffle="block",
+            num_workers=args.workers,
+            persistent_workers=True,
+            **iolib_kwargs,
         )
         t_med, t_all = epoch_rate(torch_loader, n, args.repeats)
         i_med, i_all = epoch_rate(ours, n, args.repeats)
         del torch_loader
         ours.close()
         rows.append(
-            {"workload": workload, "samples": n, "batch_size": batch, "workers": args.workers,
-             "torch_sps": t_med, "iolib_sps": i_med, "ratio": i_med / t_med,
-             "torch_all": t_all, "iolib_all": i_all}
+            {
+                "workload": workload,
+                "samples": n,
+                "batch_size": batch,
+                "workers": args.workers,
+                "torch_sps": t_med,
+                "iolib_sps": i_med,
+                "ratio": i_med / t_med,
+                "torch_all": t_all,
+                "iolib_all": i_all,
+            }
         )
-        print(f"{workload}: torch {t_med:,.0f}/s  iolib {i_med:,.0f}/s  ratio {i_med / t_med:.2f}x",
-              flush=True)
+        print(
+            f"{workload}: torch {t_med:,.0f}/s  iolib {i_med:,.0f}/s  ratio {i_med / t_med:.2f}x",
+            flush=True,
+        )
     return rows
 
 
@@ -180,8 +198,10 @@ def write_report(rows: list[dict], args: argparse.Namespace, out: Path) -> None:
             f"{r['torch_sps']:,.0f} | {r['iolib_sps']:,.0f} | {r['ratio']:.2f}x |"
         )
     lines += ["", f"Medians of {args.repeats} timed epochs after one warm-up epoch; all rates:", ""]
-    lines += [f"- {r['workload']}: torch {_fmt(r['torch_all'])}; iolib {_fmt(r['iolib_all'])}"
-              for r in rows]
+    lines += [
+        f"- {r['workload']}: torch {_fmt(r['torch_all'])}; iolib {_fmt(r['iolib_all'])}"
+        for r in rows
+    ]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=2))

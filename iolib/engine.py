@@ -187,6 +187,10 @@ class Engine:
     def _wait_for(self, number: int) -> Any:
         deadline = time.monotonic() + self.timeout if self.timeout > 0 else None
         while True:
+            if self._closed:
+                raise RuntimeError(
+                    f"The loader's workers were stopped while batch {number} was awaited."
+                )
             if self.mode == "process":
                 self._collect()
             with self._cv:

@@ -113,7 +113,8 @@ class BatchFetcher:
             return fn()
         except Exception as exc:
             culprit = getattr(exc, "iolib_sample", None)
-            raise _StageError(stage, [culprit] if culprit is not None else samples, exc) from exc
+            named = [culprit] if culprit is not None else getattr(exc, "samples", None)
+            raise _StageError(stage, list(named or samples), exc) from exc
         finally:
             meta.stage_ms[stage] = meta.stage_ms.get(stage, 0.0) + 1e3 * (
                 time.perf_counter() - start

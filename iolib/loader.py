@@ -211,6 +211,8 @@ class DataLoader:
                     blocks=self.source.blocks() if self.shuffle == "block" else (),
                     window=self.shuffle_window,
                 )
+            if self.sampler is not None:
+                return order  # a sampler may draw anew on each pass, as in torch
             self._orders = {epoch: order}  # keep one epoch's order only
         return self._orders[epoch]
 
@@ -274,8 +276,18 @@ class DataLoader:
             )
         return self._engine
 
+    def _cache_row_groups(self) -> int:
+        """Row groups a worker's cache must hold so no batch re-reads one."""
+        workers = max(self.num_workers, 1)
+        if self.shuffle == "global":
+            return len(self.source.blocks()) or 1
+        if self.shuffle == "block":
+            return self.shuffle_window + workers + 1
+        return workers + 2
+
     def _iterate(self, iteration: int, epoch: int, position: int) -> Iterator[Any]:
         tasks = self._tasks(epoch, position)
+        self.source.fit_cache(self._cache_row_groups())
         engine = self._engine_for()
         engine.start(tasks)
         self.telemetry.start_epoch()
@@ -299,7 +311,9 @@ class DataLoader:
             finished = True
             self._epoch, self._position = epoch + 1, 0
         finally:
-            if not finished or not self.persistent_workers:
+            # Only the live iterator owns the engine: a superseded one must not stop the
+            # workers its successor is using.
+            if iteration == self._iteration and (not finished or not self.persistent_workers):
                 self._close_engine(force=not finished)
 
     def _advance(self, tasks: Any, position: int, delivered: int) -> int:

@@ -130,7 +130,8 @@ def test_names_cannot_escape_dst(capsys) -> None:
         for path in paths.to_pylist():
             assert not path.startswith("/")
             assert not {"..", "."} & set(path.split("/")) and "\\" not in path
-        assert "%2E%2E/%2E%2E/etc/e.jpg" in paths.to_pylist()
+        # A class folder named '..' is not a class: ImageFolderSource leaves it out.
+        assert {p.split("/")[0] for p in paths.to_pylist()} == {"cat", "dog"}
     finally:
         fs.rm(base, recursive=True)
 

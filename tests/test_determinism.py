@@ -118,7 +118,8 @@ def test_resume_in_a_new_process(token_dir, tmp_path) -> None:
     """state_dict() after k batches, load_state_dict() in a fresh interpreter."""
     script = textwrap.dedent(
         f"""
-        import json, sys
+        import faulthandler, json, sys
+        faulthandler.dump_traceback_later(60, exit=True)  # a hang shows where, not a timeout
         from iolib import DataLoader
         from iolib.sources import ParquetSource
         loader = DataLoader(ParquetSource({str(token_dir)!r}), batch_size=8, shuffle="block",

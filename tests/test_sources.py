@@ -173,3 +173,9 @@ def torch_dataset_base():
     from torch.utils.data import Dataset
 
     return Dataset
+
+
+def test_empty_class_folder_is_named(image_folder) -> None:
+    (image_folder / "class_9").mkdir()
+    with pytest.raises(DataError, match=r"\['class_9'\] .* hold no images"):
+        len(ImageFolderSource(str(image_folder)))

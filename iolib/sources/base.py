@@ -41,6 +41,10 @@ class Source(ABC):
         """Contiguous blocks (row groups) in sample order, for block shuffling; () if none."""
         return ()
 
+    def fit_cache(self, row_groups: int) -> int:
+        """Size any read cache to hold `row_groups` blocks; sources without one ignore it."""
+        return 0
+
     def locate(self, index: int) -> str:
         """Where sample `index` lives, for error messages."""
         return f"sample {index}"

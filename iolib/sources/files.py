@@ -50,15 +50,22 @@ class ImageFolderSource(Source):
             fs, root = open_filesystem(self.url, self.storage_options)
             if not fs.exists(root) or not fs.isdir(root):
                 raise DataError(f"Image folder {self.url!r} does not exist or is not a directory.")
+            names = (posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False))
             classes = sorted(
-                posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False) if fs.isdir(p)
+                n for n in names if n not in (".", "..") and fs.isdir(posixpath.join(root, n))
             )
-            paths, labels = [], []
+            paths, labels, empty = [], [], []
             for label, name in enumerate(classes):
                 found = sorted(fs.find(posixpath.join(root, name)))
                 kept = [p for p in found if p.lower().endswith(self.extensions)]
+                empty += [] if kept else [name]
                 paths += kept
                 labels += [label] * len(kept)
+            if empty and paths:
+                raise DataError(
+                    f"Class folder(s) {empty} under {self.url!r} hold no images with extensions "
+                    f"{self.extensions}; remove them or add images (labels count every folder)."
+                )
             if not paths:
                 raise DataError(
                     f"Image folder {self.url!r} holds no images: expected "

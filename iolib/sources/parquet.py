@@ -8,12 +8,14 @@ row group about once. Rows are taken from the Arrow tables without Python per-ro
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 from cachetools import LRUCache
@@ -23,7 +25,8 @@ from iolib.sources.base import Source
 from iolib.storage import call_with_retries, count_bytes, open_filesystem
 
 _GLOB_CHARS = "*?["
-DEFAULT_CACHE_BYTES = 256 * 2**20
+MIN_CACHE_BYTES = 64 * 2**20
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class _FileMeta:
     schema: pa.Schema
     root: int  # which of the source's URLs it came from (for its filesystem)
     column_bytes: tuple[dict[str, int], ...]  # compressed bytes per column, per row group
+    column_raw_bytes: tuple[dict[str, int], ...]  # uncompressed bytes, per row group
 
 
 class ParquetSource(Source):
@@ -47,8 +51,10 @@ class ParquetSource(Source):
         len(src), src[0]["label"]
 
     columns: the columns to read (None: all). Reading fewer columns reads fewer bytes.
-    cache_bytes: bound on decoded row groups kept per process (default 256 MiB); raise it
-        when a shuffle window's row groups do not fit, lower it to save memory.
+    cache_bytes: bound on decoded row groups kept per process. Default (None): sized by the
+        loader to what its shuffle mode needs: a window of row groups plus those in flight
+        for "block", a few for sequential reads, the whole dataset (capped at half the free
+        memory) for "global". Too small a cache makes each batch re-read its row groups.
     """
 
     columnar = True
@@ -59,14 +65,15 @@ class ParquetSource(Source):
         columns: list[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         *,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        cache_bytes: int | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ConfigError("`urls` is empty: give a Parquet file, directory, glob or list.")
         self.columns = list(columns) if columns is not None else None
         self.storage_options = dict(storage_options or {})
-        self.cache_bytes = cache_bytes
+        self._fixed_cache = cache_bytes is not None
+        self.cache_bytes = cache_bytes if cache_bytes is not None else MIN_CACHE_BYTES
         self._files: list[_FileMeta] | None = None
         self._init_runtime()
 
@@ -77,7 +84,8 @@ class ParquetSource(Source):
         self._local = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("urls", "columns", "storage_options", "cache_bytes", "_files", "_starts", "_groups")
+        keep = ("urls", "columns", "storage_options", "cache_bytes", "_fixed_cache", "_files")
+        keep += ("_starts", "_groups")
         return {k: v for k, v in self.__dict__.items() if k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -86,9 +94,9 @@ class ParquetSource(Source):
 
     def with_columns(self, columns: list[str] | None) -> ParquetSource:
         """The same files with another column projection (footers are not re-read)."""
-        clone = ParquetSource(
-            self.urls, columns, self.storage_options, cache_bytes=self.cache_bytes
-        )
+        clone = ParquetSource(self.urls, columns, self.storage_options)
+        clone.cache_bytes, clone._fixed_cache = self.cache_bytes, self._fixed_cache
+        clone._init_runtime()
         if self._files is not None:
             clone._files, clone._starts, clone._groups = self._files, self._starts, self._groups
             clone._check_columns()
@@ -151,7 +159,16 @@ class ParquetSource(Source):
             }
             for i in range(meta.num_row_groups)
         )
-        return _FileMeta(url, path, groups, size, schema, root, column_bytes)
+        raw = tuple(
+            {
+                meta.row_group(i).column(j).path_in_schema.split(".")[0]: meta.row_group(i)
+                .column(j)
+                .total_uncompressed_size
+                for j in range(meta.num_columns)
+            }
+            for i in range(meta.num_row_groups)
+        )
+        return _FileMeta(url, path, groups, size, schema, root, column_bytes, raw)
 
     def _check_columns(self) -> None:
         if self.columns is None:
@@ -166,6 +183,34 @@ class ParquetSource(Source):
 
     def __len__(self) -> int:
         return int(self._rg_starts[-1])
+
+    def fit_cache(self, row_groups: int) -> int:
+        """Size the row-group cache to hold `row_groups` of the largest row groups of the
+        projected columns (unless `cache_bytes` was given). Returns the bound in bytes."""
+        if self._fixed_cache:
+            return self.cache_bytes
+        sizes = [
+            sum(v for c, v in group.items() if self.columns is None or c in self.columns)
+            for f in self.files
+            for group in f.column_raw_bytes
+        ]
+        want = int(1.25 * max(sizes, default=0) * min(row_groups, len(sizes)))
+        cap = psutil.virtual_memory().available // 2
+        if want > cap:
+            log.warning(
+                "%s: caching the %d row groups this shuffle needs takes %.1f GiB; capped at "
+                "%.1f GiB. Batches will re-read row groups: use shuffle='block' or smaller "
+                "row groups.",
+                self.describe(),
+                row_groups,
+                want / 2**30,
+                cap / 2**30,
+            )
+        bound = max(MIN_CACHE_BYTES, min(want, cap))
+        if bound != self.cache_bytes:
+            self.cache_bytes = bound
+            self._cache = LRUCache(maxsize=bound, getsizeof=lambda t: t.nbytes)
+        return bound
 
     @property
     def _rg_starts(self) -> np.ndarray:
