@@ -16,17 +16,23 @@ import torch
 from torch.utils.data import default_collate
 
 
+def _numeric(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
 def _column_to_value(column: pa.ChunkedArray) -> Any:
+    """Numbers and fixed-size lists of numbers become tensors that share the column's
+    memory (DLPack, no copy): the tables sources return are fresh copies made by `take`,
+    owned by this batch alone. Anything else becomes a Python list."""
     kind = column.type
-    if column.null_count == 0:
-        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-            return torch.from_numpy(np.array(column.to_numpy()))  # owned, writable
-        if pa.types.is_fixed_size_list(kind) and (
-            pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
-        ):
-            flat = pa.concat_arrays([c.flatten() for c in column.chunks]) if column.chunks else None
-            values = flat.to_numpy() if flat is not None else np.zeros(0)
-            return torch.from_numpy(np.array(values).reshape(len(column), kind.list_size))
+    if column.null_count == 0 and len(column) > 0:
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        if _numeric(kind):
+            return torch.from_dlpack(array)
+        if pa.types.is_boolean(kind):
+            return torch.from_numpy(array.to_numpy(zero_copy_only=False))
+        if pa.types.is_fixed_size_list(kind) and _numeric(kind.value_type):
+            return torch.from_dlpack(array.flatten()).view(len(array), kind.list_size)
     return column.to_pylist()  # binary -> bytes, string -> str, nested -> lists
 
 
