@@ -179,3 +179,20 @@ def test_empty_class_folder_is_named(image_folder) -> None:
     (image_folder / "class_9").mkdir()
     with pytest.raises(DataError, match=r"\['class_9'\] .* hold no images"):
         len(ImageFolderSource(str(image_folder)))
+
+
+def test_row_group_cache_holds_a_block_shuffle_window(tmp_path) -> None:
+    """Each row group is read from storage once per epoch under block shuffling, even
+    when Parquet's encoded size understates the Arrow size."""
+    write_parquet_shards(tmp_path / "w", 600, shards=2, row_group_size=50, seq_len=64)
+    loader = DataLoader(
+        ParquetSource(str(tmp_path / "w")),
+        batch_size=16,
+        shuffle="block",
+        shuffle_window=4,
+        num_workers=2,
+    )
+    list(loader)
+    source = loader.source
+    one_pass = sum(v for f in source.files for g in f.column_bytes for v in g.values())
+    assert loader.stats()["bytes_read"] == one_pass

@@ -41,6 +41,26 @@ class _FileMeta:
     column_raw_bytes: tuple[dict[str, int], ...]  # uncompressed bytes, per row group
 
 
+class _Flight:
+    """One row-group read that other threads wait on."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.table: pa.Table | None = None
+        self.error: BaseException | None = None
+
+
+def _arrow_bytes(field: pa.Field, rows: int, parquet_bytes: int) -> int:
+    """Bytes a row group's column takes in Arrow: exact for fixed-width types (Parquet's
+    encoded size can be half of it), Parquet's uncompressed size plus offsets otherwise."""
+    kind, width = field.type, 1
+    while pa.types.is_fixed_size_list(kind):
+        width, kind = width * kind.list_size, kind.value_type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_temporal(kind):
+        return rows * width * kind.bit_width // 8
+    return parquet_bytes + 8 * rows
+
+
 class ParquetSource(Source):
     """One or many Parquet files (a file, a list, a directory or a glob; any fsspec URL).
 
@@ -82,6 +102,7 @@ class ParquetSource(Source):
         self._lock = threading.Lock()
         self._cache: LRUCache = LRUCache(maxsize=self.cache_bytes, getsizeof=lambda t: t.nbytes)
         self._local = threading.local()
+        self._in_flight: dict[int, _Flight] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("urls", "columns", "storage_options", "cache_bytes", "_fixed_cache", "_files")
@@ -190,9 +211,13 @@ class ParquetSource(Source):
         if self._fixed_cache:
             return self.cache_bytes
         sizes = [
-            sum(v for c, v in group.items() if self.columns is None or c in self.columns)
+            sum(
+                _arrow_bytes(f.schema.field(c), rows, raw)
+                for c, raw in group.items()
+                if (self.columns is None or c in self.columns) and c in f.schema.names
+            )
             for f in self.files
-            for group in f.column_raw_bytes
+            for rows, group in zip(f.row_groups, f.column_raw_bytes, strict=True)
         ]
         want = int(1.25 * max(sizes, default=0) * min(row_groups, len(sizes)))
         cap = psutil.virtual_memory().available // 2
@@ -268,19 +293,40 @@ class ParquetSource(Source):
         return batch.take(pa.array(inverse))
 
     def _row_group(self, group: int) -> pa.Table:
+        """A row group from the cache, else from storage. Threads that miss the same row
+        group at once share one read (the first reads, the others wait for it)."""
         with self._lock:
             cached = self._cache.get(group)
-        if cached is not None:
-            return cached
+            if cached is not None:
+                return cached
+            flight = self._in_flight.get(group)
+            leader = flight is None
+            if leader:
+                flight = self._in_flight[group] = _Flight()
+        if not leader:
+            flight.done.wait()  # the leader always sets it, on success or error
+            if flight.error is not None:
+                raise flight.error
+            return flight.table
+        try:
+            flight.table = self._fetch_row_group(group)
+            return flight.table
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                if flight.table is not None and flight.table.nbytes <= self.cache_bytes:
+                    self._cache[group] = flight.table
+                del self._in_flight[group]
+            flight.done.set()
+
+    def _fetch_row_group(self, group: int) -> pa.Table:
         meta, local = self._groups[group]
         what = f"reading {meta.url!r} row group {local}"
         table = call_with_retries(lambda: self._read_row_group(meta, local), what=what)
         sizes = meta.column_bytes[local]
-        read = sum(sizes[c] for c in (self.columns or sizes) if c in sizes)
-        count_bytes(read)
-        with self._lock:
-            if table.nbytes <= self.cache_bytes:
-                self._cache[group] = table
+        count_bytes(sum(sizes[c] for c in (self.columns or sizes) if c in sizes))
         return table
 
     def _read_row_group(self, meta: _FileMeta, local: int) -> pa.Table:
