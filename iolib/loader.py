@@ -7,6 +7,7 @@ The loader itself holds only a cursor: (epoch, global samples consumed).
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from iolib.plan import RankSchedule, epoch_order, normalize_shuffle
 from iolib.sources.torchds import TorchDatasetSource, as_source
 from iolib.state import LoaderState, check_state
 from iolib.telemetry import Telemetry
+from iolib.tuning import AutoPrefetch, parse_bytes
 
 
 class _EpochTasks:
@@ -92,9 +94,13 @@ class DataLoader:
         transform: Callable[[Any, np.random.Generator], Any] | None = None,
         decode: Any = None,
         worker_mode: str = "auto",
-        prefetch: int | None = None,
+        prefetch: int | str | Any = None,
+        target_utilization: float = 0.9,
+        memory_budget: int | str | None = None,
         on_error: str = "raise",
     ) -> None:
+        # Every argument, so a stage feed or a resumed run can rebuild an equal loader.
+        self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.source = as_source(dataset)
         self.shuffle = normalize_shuffle(shuffle)
         self._check_samplers(sampler, batch_sampler, batch_size, drop_last, self.shuffle)
@@ -115,15 +121,16 @@ class DataLoader:
             )
         self.shuffle_window = require_positive_int("shuffle_window", shuffle_window)
         self.worker_mode = self._resolve_mode(worker_mode)
-        self.depth = self._resolve_depth(prefetch, prefetch_factor, num_workers)
+        self.tuner_spec = self._resolve_tuner(prefetch, target_utilization, memory_budget)
+        self.depth = self._resolve_depth(
+            None if self.tuner_spec else prefetch, prefetch_factor, num_workers
+        )
+        self._autotune: AutoPrefetch | None = None
         self.persistent_workers = persistent_workers
         self.pin_memory, self.pin_memory_device = pin_memory, pin_memory_device
         self.in_order = in_order  # iolib always delivers in order; in_order=False allows no more
         self.multiprocessing_context = multiprocessing_context
         self.worker_init_fn = worker_init_fn
-        if isinstance(self.source, TorchDatasetSource):
-            # Global RNG state is private inline and in process workers: seed it per sample.
-            self.source.seed_globals = num_workers == 0 or self.worker_mode == "process"
         self.fetcher = BatchFetcher(
             self.source,
             seed=self.seed,
@@ -181,14 +188,26 @@ class DataLoader:
         return mode
 
     @staticmethod
+    def _resolve_tuner(prefetch: Any, target: Any, budget: Any) -> dict[str, Any] | None:
+        """prefetch="auto" (the learned tuner) or a tuner object (anything with decide())."""
+        if prefetch is None or isinstance(prefetch, int):
+            return None
+        if prefetch != "auto" and not hasattr(prefetch, "decide"):
+            raise ConfigError(
+                "`prefetch` must be a positive integer (batches in flight or ready), 'auto' "
+                f"(the learned tuner) or a tuner with a decide() method. Found: {prefetch!r}."
+            )
+        if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
+            raise ConfigError(
+                "`target_utilization` must be a number strictly between 0 and 1 (the share "
+                f"of time the GPU should compute, e.g. 0.9). Found: {target!r}."
+            )
+        return {"tuner": prefetch, "target": float(target), "budget": parse_bytes(budget)}
+
+    @staticmethod
     def _resolve_depth(prefetch: Any, prefetch_factor: int | None, workers: int) -> int:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ConfigError(f"`num_workers` must be a non-negative integer. Found: {workers!r}.")
-        if prefetch == "auto":
-            raise ConfigError(
-                "prefetch='auto' needs the learned tuner, which this version does not include "
-                "yet. Pass an integer depth (batches in flight or ready)."
-            )
         if prefetch is not None:
             return require_positive_int("prefetch", prefetch)
         if prefetch_factor is not None:
@@ -262,7 +281,30 @@ class DataLoader:
         self._iteration += 1
         return self._iterate(self._iteration, self._epoch, self._position)
 
+    def _start_tuner(self) -> None:
+        """Build the tuner on first use (it needs the source's row-group size) and start
+        the engine from its safe configuration; `num_workers` is then the most it may use."""
+        if self.tuner_spec is None or self._autotune is not None:
+            return
+        spec, blocks = self.tuner_spec, self.source.blocks()
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+        options = dict(
+            batch_size=self.batch_size or 1,
+            rows_per_read=int(np.median(blocks)) if blocks else 1,
+            max_workers=self.num_workers or max(2, 2 * cpus),
+            memory_budget=spec["budget"],
+        )
+        if spec["tuner"] == "auto":
+            self._autotune = AutoPrefetch.learned(target=spec["target"], **options)
+        else:
+            self._autotune = AutoPrefetch(spec["tuner"], target=spec["target"], **options)
+        self.num_workers, self.depth = self._autotune.start()
+
     def _engine_for(self) -> Engine:
+        self._start_tuner()
+        if isinstance(self.source, TorchDatasetSource):
+            # Global RNG state is private inline and in process workers: seed it per sample.
+            self.source.seed_globals = self.num_workers == 0 or self.worker_mode == "process"
         if self._engine is None:
             self._engine = Engine(
                 self.fetcher,
@@ -304,6 +346,8 @@ class DataLoader:
                 batch = self._unwrap(result, tasks[k])
                 self.telemetry.on_memory(engine.bytes_in_flight() + result[1].nbytes)
                 self.telemetry.on_batch(waited, result[1])
+                if self._autotune is not None:
+                    self._tune(engine, result[1], waited)
                 self._position = self._advance(tasks, position, k + 1)
                 if batch is None:  # every sample of it skipped (on_error="skip"); counted
                     continue
@@ -315,6 +359,21 @@ class DataLoader:
             # workers its successor is using.
             if iteration == self._iteration and (not finished or not self.persistent_workers):
                 self._close_engine(force=not finished)
+
+    def _tune(self, engine: Engine, meta: Any, waited: float) -> None:
+        steps = self.telemetry.steps
+        change = self._autotune.observe(
+            meta,
+            waited_s=waited,
+            step_s=steps[-1] if steps else 0.0,
+            workers=engine.workers,
+            depth=engine.depth,
+            bytes_in_flight=engine.bytes_in_flight(),
+        )
+        if change is not None:
+            self.num_workers, self.depth = change
+            engine.set_workers(change[0])
+            engine.set_depth(change[1])
 
     def _advance(self, tasks: Any, position: int, delivered: int) -> int:
         if isinstance(tasks, _EpochTasks):
@@ -394,6 +453,22 @@ class DataLoader:
         self._epoch, self._position = restored.epoch, restored.position
         self._resume_pending = True
 
+    def replace(self, **changes: Any) -> DataLoader:
+        """A new loader with the same arguments except `changes` (e.g. another source
+        projection); it starts at this loader's cursor."""
+        clone = DataLoader(**{**self._arguments, **changes})
+        clone._epoch, clone._position = self._epoch, self._position
+        clone._resume_pending = self._resume_pending
+        return clone
+
+    def for_stage(self, stage: int, num_stages: int, microbatches: int = 1, **options: Any) -> Any:
+        """What one stage of a pipeline-parallel replica needs, in the same order on every
+        stage: the first stage the inputs, the last the labels, split into `microbatches`
+        (see iolib.stages.StageFeed for the options)."""
+        from iolib.stages import StageFeed
+
+        return StageFeed(self, stage, num_stages, microbatches=microbatches, **options)
+
     # -- observability -------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Throughput, consumer stall, stage times, memory in flight, workers and depth."""
@@ -408,6 +483,8 @@ class DataLoader:
             batches_ready=engine.batches_ready() if engine else 0,
             bytes_in_flight=engine.bytes_in_flight() if engine else 0,
         )
+        if self._autotune is not None:
+            snapshot["tuner"] = self._autotune.report()
         return snapshot
 
     def set_prefetch(self, depth: int | None = None, workers: int | None = None) -> None:

@@ -420,6 +420,26 @@ class LearnedTuner:
             current.bottleneck,
         )
 
+    def candidate_table(self) -> pd.DataFrame:
+        """Every candidate (workers, depth) within the budget with its predicted
+        utilization, throughput and memory, for the last measured state (for reports)."""
+        import pandas as pd
+
+        if not self._recent:
+            raise TunerConfigError("No batch measured yet: call decide() first.")
+        state = self._recent[-1]
+        frame = self._candidates(state, self._features())
+        pred = self.model.predict(frame)
+        return pd.DataFrame(
+            {
+                "workers": frame["workers"],
+                "depth": frame["depth"],
+                "predicted_utilization": pred["utilization"],
+                "predicted_throughput_sps": pred["throughput_sps"],
+                "memory_bytes": frame["depth"] * state.one_batch_bytes,
+            }
+        )
+
     def _emit(self, state: TunerState, decision: Decision) -> Decision:
         self.history.append((state.batch_index, decision))
         return decision

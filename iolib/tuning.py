@@ -1,0 +1,170 @@
+"""Adapts the loader's telemetry to a tuner and applies its decisions to the engine.
+
+``DataLoader(prefetch="auto", target_utilization=0.9, memory_budget="2GiB")`` runs the
+learned tuner (predictors.tuner.LearnedTuner); ``prefetch=<any object with decide()>``
+runs that tuner instead (the baselines in predictors.baselines, for comparisons).
+A decision changes the worker count and the prefetch depth only: pace and memory,
+never which samples come in which order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+from iolib.errors import ConfigError
+from iolib.fetcher import BatchMeta
+
+log = logging.getLogger(__name__)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+_UNITS.update({"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12})
+
+
+def parse_bytes(value: int | float | str | None, name: str = "memory_budget") -> int | None:
+    """Bytes from an int or a string like "2GiB", "512MB", "1.5 GB" (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    match = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(value))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(
+            f"`{name}` must be a positive number of bytes or a size like '2GiB' or '512MB'. "
+            f"Found: {value!r}."
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _predictor_error(exc: Exception) -> ConfigError:
+    return ConfigError(str(exc))
+
+
+class AutoPrefetch:
+    """Feeds one TunerState per batch to a tuner and applies what it decides."""
+
+    def __init__(
+        self,
+        tuner: Any,
+        *,
+        batch_size: int,
+        rows_per_read: int,
+        max_workers: int,
+        memory_budget: int | None,
+        target: float | None,
+    ) -> None:
+        self.tuner = tuner
+        self.batch_size = batch_size
+        self.rows_per_read = max(1, rows_per_read)
+        self.max_workers = max_workers
+        self.memory_budget = memory_budget
+        self.target = target
+        self.cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+        self.applied: list[dict[str, Any]] = []
+        self._batch = 0
+        self.last = None
+
+    @classmethod
+    def learned(
+        cls,
+        *,
+        target: float,
+        memory_budget: int | None,
+        max_workers: int,
+        batch_size: int,
+        rows_per_read: int,
+    ) -> AutoPrefetch:
+        """The learned tuner with the default model (the queueing model if none loads)."""
+        try:
+            from predictors.tuner import LearnedTuner, check_target
+
+            check_target(target)
+            tuner = LearnedTuner(
+                target_utilization=target,
+                memory_budget_bytes=memory_budget,
+                max_workers=max_workers,
+            )
+        except ValueError as exc:  # predictors' own errors are ValueErrors
+            raise _predictor_error(exc) from exc
+        return cls(
+            tuner,
+            batch_size=batch_size,
+            rows_per_read=rows_per_read,
+            max_workers=max_workers,
+            memory_budget=memory_budget,
+            target=target,
+        )
+
+    def start(self) -> tuple[int, int]:
+        """(workers, depth) to begin with: the tuner's safe start when it has one."""
+        workers, depth = getattr(self.tuner, "start", (2, 2))
+        return max(1, min(workers, self.max_workers)), max(1, depth)
+
+    def observe(
+        self,
+        meta: BatchMeta,
+        *,
+        waited_s: float,
+        step_s: float,
+        workers: int,
+        depth: int,
+        bytes_in_flight: int,
+    ) -> tuple[int, int] | None:
+        """Report one batch; returns a new (workers, depth) when the tuner changes them."""
+        from predictors.tuner import TunerState
+
+        stages = meta.stage_ms
+        state = TunerState(
+            batch_index=self._batch,
+            workers=workers,
+            depth=depth,
+            batch_size=self.batch_size,
+            step_ms=1e3 * step_s,
+            stall_ms=1e3 * waited_s,
+            read_ms=stages.get("read", 0.0),
+            decode_ms=stages.get("decode", 0.0),
+            transform_ms=stages.get("transform", 0.0) + stages.get("collate", 0.0),
+            bytes_per_batch=float(meta.bytes_read or meta.nbytes),
+            memory_bytes=float(bytes_in_flight),
+            cpu_count=self.cpu_count,
+            batch_memory_bytes=float(max(meta.nbytes, 1)),
+            rows_per_read=self.rows_per_read,
+        )
+        self._batch += 1
+        try:
+            decision = self.tuner.decide(state)
+        except ValueError as exc:
+            raise _predictor_error(exc) from exc
+        self.last = decision
+        wanted = (max(1, min(decision.workers, self.max_workers)), max(1, decision.depth))
+        if wanted == (workers, depth):
+            return None
+        self.applied.append(
+            {
+                "batch": state.batch_index,
+                "workers": wanted[0],
+                "depth": wanted[1],
+                "reason": decision.reason,
+                "feasible": getattr(decision, "feasible", True),
+                "bottleneck": getattr(decision, "bottleneck", None),
+                "predicted": dict(getattr(decision, "predicted", {}) or {}),
+            }
+        )
+        log.info("tuner: %d workers, depth %d: %s", *wanted, decision.reason)
+        return wanted
+
+    def report(self) -> dict[str, Any]:
+        """What `loader.stats()["tuner"]` shows: decisions with reasons, feasibility."""
+        last = self.last
+        return {
+            "tuner": type(self.tuner).__name__,
+            "target_utilization": self.target,
+            "memory_budget": self.memory_budget,
+            "decisions": list(self.applied),
+            "feasible": getattr(last, "feasible", True) if last else None,
+            "bottleneck": getattr(last, "bottleneck", None) if last else None,
+            "reason": last.reason if last else "no batch yet",
+        }

@@ -1,0 +1,115 @@
+"""prefetch="auto": the tuner changes pace and memory, never the batches."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from iolib import DataLoader
+from iolib.errors import ConfigError
+from iolib.sources import ParquetSource
+from iolib.testing import assert_batches_equal, epoch_batches
+from iolib.tuning import parse_bytes
+
+
+class SlowReads(Dataset):
+    """Each sample waits `latency_s` like a remote read (sleep releases the GIL)."""
+
+    def __init__(self, n: int = 4000, latency_s: float = 0.002) -> None:
+        self.n, self.latency_s = n, latency_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        time.sleep(self.latency_s)
+        return torch.full((256,), index, dtype=torch.float32)
+
+
+def test_auto_gives_the_same_batches_as_a_fixed_depth(token_dir) -> None:
+    fixed = epoch_batches(
+        DataLoader(ParquetSource(str(token_dir)), batch_size=4, shuffle=True, num_workers=2)
+    )
+    auto = DataLoader(
+        ParquetSource(str(token_dir)),
+        batch_size=4,
+        shuffle=True,
+        prefetch="auto",
+        num_workers=4,
+        memory_budget="64MiB",
+    )
+    assert_batches_equal(fixed, epoch_batches(auto))
+    assert auto.stats()["tuner"]["tuner"] == "LearnedTuner"
+
+
+def test_learned_tuner_reaches_target_within_budget() -> None:
+    """Per batch: 16 samples x 2 ms = 32 ms of I/O per worker; a 12 ms step needs about
+    3 workers for 0.85 utilization. The tuner starts at 2."""
+    budget = 40 * 16 * 256 * 4  # room for 40 batches of 16 KiB
+    loader = DataLoader(
+        SlowReads(),
+        batch_size=16,
+        worker_mode="thread",
+        num_workers=8,
+        prefetch="auto",
+        target_utilization=0.85,
+        memory_budget=budget,
+    )
+    for k, _ in enumerate(loader):
+        time.sleep(0.012)  # the training step
+        if k == 150:
+            break
+    stats = loader.stats()
+    decisions = stats["tuner"]["decisions"]
+    assert decisions, "the tuner never changed the configuration"
+    assert stats["workers"] > 2
+    assert stats["utilization"] >= 0.75, stats
+    assert stats["peak_bytes_in_flight"] <= budget
+    assert all(d["depth"] * 16 * 256 * 4 <= budget for d in decisions)
+    assert all(d["reason"] for d in decisions)
+
+
+def test_a_baseline_tuner_plugs_in_by_object() -> None:
+    from predictors.baselines import StaticDefaultTuner
+
+    loader = DataLoader(
+        SlowReads(200, 0.0),
+        batch_size=10,
+        worker_mode="thread",
+        num_workers=3,
+        prefetch=StaticDefaultTuner(workers=3),
+    )
+    assert len(list(loader)) == 20
+    assert (loader.stats()["workers"], loader.stats()["depth"]) == (3, 6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prefetch": "auto", "target_utilization": 1.2}, "strictly between 0 and 1"),
+        ({"prefetch": "auto", "target_utilization": 0}, "strictly between 0 and 1"),
+        ({"prefetch": "auto", "memory_budget": "lots"}, "size like '2GiB'"),
+        ({"prefetch": "fast"}, "`prefetch` must be"),
+    ],
+)
+def test_bad_tuning_arguments(kwargs, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        DataLoader(SlowReads(10), batch_size=2, **kwargs)
+
+
+def test_budget_below_one_batch_is_refused() -> None:
+    loader = DataLoader(
+        SlowReads(100, 0.0), batch_size=10, worker_mode="thread", prefetch="auto", memory_budget=100
+    )
+    with pytest.raises(ConfigError, match="must hold at least one batch"):
+        list(loader)
+
+
+def test_parse_bytes() -> None:
+    assert parse_bytes("2GiB") == 2 * 2**30
+    assert parse_bytes("512 MB") == 512 * 10**6
+    assert parse_bytes(1000) == 1000
+    assert parse_bytes(None) is None
