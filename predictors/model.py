@@ -267,6 +267,15 @@ def read_observations(paths: Iterable[str | Path]) -> pd.DataFrame:
     frame = pd.concat(frames, ignore_index=True)
     if "loader" in frame:  # the torch rows measure another loader: not our knobs
         frame = frame[frame["loader"].fillna("iolib") == "iolib"].reset_index(drop=True)
+    if "step_ms" in frame:  # no step, no utilization: such rows cannot teach the tuner
+        idle = frame["step_ms"] <= 0
+        if idle.any():
+            warnings.warn(
+                f"predictors: left out {int(idle.sum())} observation(s) with step_ms <= 0 "
+                "(utilization is undefined without a training step).",
+                stacklevel=2,
+            )
+            frame = frame[~idle].reset_index(drop=True)
     return validate_observations(frame)
 
 

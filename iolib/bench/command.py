@@ -26,7 +26,7 @@ SWEEP = {
     "profiles": ("local", "nvme", "nas", "object-store"),
     "workers": (1, 2, 4, 8),
     "depths": (1, 2, 4, 8, 16),
-    "step_ms": (0.0, 10.0, 40.0),
+    "step_ms": (5.0, 10.0, 20.0, 40.0),  # > 0: utilization needs a training step
     "batch_sizes": (32, 64),
     "shuffles": ("none", "block"),
 }
