@@ -79,16 +79,21 @@ def split_batch(value: Any, sizes: list[int]) -> list[Any]:
     )
 
 
-def batch_rows(batch: Any) -> int:
-    """Rows in a batch: the first dimension of its first tensor, array or list."""
+def batch_rows(batch: Any, top: bool = True) -> int:
+    """Rows in a batch: the first dimension of its first tensor, array or list. At the top,
+    a list is a sequence batch (``[x, y]`` from default_collate): its first element counts."""
     if isinstance(batch, torch.Tensor | np.ndarray):
         return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, list):
+    if isinstance(batch, list) and not (top and batch and _is_batch(batch[0])):
         return len(batch)
-    if isinstance(batch, dict | tuple):
-        for value in batch.values() if isinstance(batch, dict) else batch:
-            return batch_rows(value)
+    if isinstance(batch, dict | tuple | list) and batch:
+        first = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+        return batch_rows(first, top=False)
     raise ConfigError(f"Cannot tell how many rows a {type(batch).__name__} batch holds.")
+
+
+def _is_batch(value: Any) -> bool:
+    return isinstance(value, torch.Tensor | np.ndarray | dict | tuple | list)
 
 
 def _as_list(names: Names) -> list[Any] | None:
@@ -138,7 +143,8 @@ class _FolderLabels(_IndexOnly):
         _, paths, labels = self.source._list()
         indices = np.asarray(indices, dtype=np.int64)
         values = {"label": labels[indices], "path": [paths[int(i)] for i in indices]}
-        return pa.table({c: values[c] for c in self.columns}, schema=SCHEMA.select(self.columns))
+        schema = pa.schema([SCHEMA.field(c) for c in self.columns])
+        return pa.table({c: values[c] for c in self.columns}, schema=schema)
 
 
 def _source_columns(source: Source) -> list[str] | None:
@@ -223,6 +229,7 @@ class StageFeed:
         self._inner: Any = None
         self._picked: Any = _UNSET  # this stage's keys (None: nothing), once known
         self.reads, self.decodes = "all", loader.decode is not None
+        self.read_columns: list[str] | None = None  # the projection, where there is one
         _warn_if_ranks_span_stages(loader, num_stages)
 
     @property
@@ -300,6 +307,7 @@ class StageFeed:
             projected = _project(loader.source, list(picked))
             if projected is not None:
                 changes["dataset"], self.reads = projected, "projected"
+                self.read_columns = list(picked)
         return changes
 
     # -- iteration -----------------------------------------------------------------------
@@ -371,13 +379,12 @@ class StageFeed:
         """The inner loader's figures (``bytes_read``: compressed bytes fetched from
         storage by this stage) plus what this stage reads and decodes."""
         stats = self.inner.stats()
-        columns = _source_columns(self.inner.source) if self.reads == "projected" else None
         stats["stage"] = {
             "stage": self.stage,
             "num_stages": self.num_stages,
             "microbatches": self.microbatches,
             "reads": self.reads,  # "all", "projected" or "nothing"
-            "columns": columns,
+            "columns": self.read_columns,
             "decodes": self.decodes,
         }
         return stats

@@ -66,6 +66,7 @@ def data_parallel_and_stages(out: str, data: str) -> None:
     loader = make_loader(data)
     record["from_group"] = [loader.rank, loader.world_size]
     record["epoch"] = [b["id"].tolist() for b in loader]
+    loader.set_epoch(0)  # the finished pass moved the loader to epoch 1
     iterator = iter(loader)
     for _ in range(2):
         next(iterator)
