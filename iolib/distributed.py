@@ -7,8 +7,9 @@ seed and takes its own slice, so nothing is exchanged between ranks.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
-from iolib.errors import ConfigError
+from iolib.errors import ConfigError, require_positive_int
 
 
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -46,3 +47,33 @@ def _from_env() -> tuple[int, int] | None:
                 "must be integers (set by torchrun)."
             ) from exc
     return None
+
+
+class PipelineRank(NamedTuple):
+    """Where a process sits in a pipeline-parallel job: its stage, and the data-parallel
+    replica (the loader's rank) among `replicas` (the loader's world size)."""
+
+    stage: int
+    replica: int
+    replicas: int
+
+
+def pipeline_rank(
+    num_stages: int, rank: int | None = None, world_size: int | None = None
+) -> PipelineRank:
+    """This process's stage and replica, with consecutive ranks forming one replica's
+    pipeline: rank = replica * num_stages + stage (rank and world size resolved as in
+    `resolve_rank`). Other layouts: compute the replica yourself; what matters is that
+    every stage of a replica gives the loader the same rank and world size.
+
+    >>> pipeline_rank(2, rank=5, world_size=8)
+    PipelineRank(stage=1, replica=2, replicas=4)
+    """
+    require_positive_int("num_stages", num_stages)
+    rank, world_size = resolve_rank(rank, world_size)
+    if world_size % num_stages:
+        raise ConfigError(
+            f"The world size ({world_size}) must be a multiple of `num_stages` "
+            f"({num_stages}): each replica runs one process per stage."
+        )
+    return PipelineRank(rank % num_stages, rank // num_stages, world_size // num_stages)
