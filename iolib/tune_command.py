@@ -230,7 +230,7 @@ def _model_command(kw: dict[str, Any], files: tuple[str, ...]) -> None:
         if kw["retrain"]:
             model = train_default(paths)
             click.echo(f"Trained on {len(paths)} file(s); saved the default model.")
-            click.echo(json.dumps(getattr(model, "metrics_", {}), indent=2, default=str))
+            click.echo(json.dumps(getattr(model, "metrics", {}), indent=2, default=str))
             return
         result = evaluate(read_observations(paths))
     except ValueError as exc:  # predictors' schema and version errors
