@@ -4,8 +4,8 @@ elastic-resume combinatorics simulated in one process."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
