@@ -3,10 +3,12 @@ infeasible target, for the learned tuner against its baselines, in one run.
 
     python benchmarks/tuner_experiments.py            # about 10 minutes on 2 cores
 
-Workload: fixed-length token rows in Parquet, one row group per batch, read through the
-throttled storage wrapper with the row-group cache off, so every batch is one storage
-request (what a first epoch over remote shards looks like). The consumer sleeps
-`--step-ms` per batch (a GPU step frees the CPU). Tuners:
+Workloads: fixed-length token rows in Parquet, one 1 MiB row group per batch, read
+through the throttled storage wrapper with the row-group cache off, so every batch costs
+a storage request (what a first epoch over remote shards looks like); and JPEG images
+decoded with Pillow (decode-bound on 2 cores). Each steady case has a step time that
+makes the loader the bottleneck at PyTorch's default (2 workers, depth 4). The consumer
+sleeps the step (a GPU step frees the CPU). Tuners:
 
 - learned: ``prefetch="auto"`` (predictors.tuner.LearnedTuner with the shipped model);
 - hill-climb: a tf.data-style autotuner (predictors.baselines.HillClimbTuner);
@@ -44,7 +46,7 @@ BATCH = 64
 PROFILES = {"local": None, "nas": "nas", "object-store": "object-store"}
 
 
-def make_tokens(directory: Path, rows: int = 64 * 400, length: int = 512) -> Path:
+def make_tokens(directory: Path, rows: int = 64 * 160, length: int = 4096) -> Path:
     path = directory / "tokens.parquet"
     tokens = np.random.default_rng(0).integers(0, 50_000, rows * length, dtype=np.int32)
     table = pa.table(
@@ -57,7 +59,7 @@ def make_tokens(directory: Path, rows: int = 64 * 400, length: int = 512) -> Pat
     return path
 
 
-def make_images(directory: Path, rows: int = 64 * 40) -> Path:
+def make_images(directory: Path, rows: int = 64 * 12) -> Path:
     from PIL import Image
 
     path = directory / "images.parquet"
@@ -117,7 +119,11 @@ def run(
         if on_batch is not None:
             on_batch(k)
         t0 = time.perf_counter()
-        next(iterator)
+        try:
+            next(iterator)
+        except StopIteration:  # the next epoch; the loader (and its tuner) carry on
+            iterator = iter(loader)
+            next(iterator)
         waits.append(time.perf_counter() - t0)
         stats = loader.stats()
         memory.append(stats["bytes_in_flight"])
@@ -182,7 +188,7 @@ def tuners(target: float, budget: int, oracle: tuple[int, int]) -> dict[str, dic
 
 
 def find_oracle(
-    path: Path, profile: str | None, target: float, step_ms: float, batches: int
+    path: Path, profile: str | None, target: float, step_ms: float, batches: int, decode: Any = None
 ) -> tuple[tuple[int, int], list[dict[str, Any]]]:
     """The least-memory static (workers, depth) reaching the target: the best a user
     could set by sweeping by hand."""
@@ -191,7 +197,9 @@ def find_oracle(
     for w, d in grid:
         src = source_for(path, PROFILES[profile], f"oracle-{profile}-{w}-{d}")
         result = run(
-            lambda s=src, w=w, d=d: DataLoader(s, batch_size=BATCH, num_workers=w, prefetch=d),
+            lambda s=src, w=w, d=d: DataLoader(
+                s, batch_size=BATCH, num_workers=w, prefetch=d, decode=decode
+            ),
             batches,
             step_ms,
         )
@@ -199,34 +207,42 @@ def find_oracle(
         rows.append({"workers": w, "depth": d, "utilization": util})
         if util >= target and (best is None or d < best[1] or (d == best[1] and w < best[0])):
             best = (w, d)
-        if util >= target + 0.05:
-            break  # more workers only cost memory from here
+        if util >= target + 0.05 or (decode is not None and w >= 4):
+            break  # more workers only cost memory from here (or CPU, when decode-bound)
     if best is None:
         best = max(rows, key=lambda r: r["utilization"])
         best = (best["workers"], best["depth"])
     return best, rows
 
 
-def steady(args: argparse.Namespace, path: Path) -> dict[str, Any]:
+# (workload, storage, step ms): the loader is the bottleneck at the default configuration.
+STEADY = (("tokens", "nas", 2.0), ("tokens", "object-store", 20.0), ("images", "local", 150.0))
+
+
+def steady(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
     out = {}
-    for profile in args.profiles:
-        oracle, grid = find_oracle(path, profile, args.target, args.step_ms, 60)
-        out[profile] = {"oracle_grid": grid, "tuners": {}}
+    for workload, profile, step_ms in STEADY:
+        key = f"{workload}/{profile}/{step_ms:g}ms"
+        path, decode = paths[workload], decode_images if workload == "images" else None
+        batches = args.batches if workload == "tokens" else args.batches // 3
+        oracle, grid = find_oracle(path, profile, args.target, step_ms, 40, decode)
+        out[key] = {"oracle_grid": grid, "tuners": {}}
         for name, kwargs in tuners(args.target, args.budget, oracle).items():
             src = source_for(path, PROFILES[profile], f"{name}-{profile}")
             result = run(
-                lambda s=src, k=kwargs: DataLoader(s, batch_size=BATCH, **k),
-                args.batches,
-                args.step_ms,
+                lambda s=src, k=kwargs, f=decode: DataLoader(s, batch_size=BATCH, decode=f, **k),
+                batches,
+                step_ms,
             )
-            out[profile]["tuners"][name] = {
-                **summary(result, args.target, args.batches // 3),
+            r = {
+                **summary(result, args.target, batches // 3),
                 "trace": result["utilization"],
                 "decisions": (result["tuner"] or {}).get("decisions"),
             }
+            out[key]["tuners"][name] = r
             print(
-                f"steady {profile:13s} {name:13s} {out[profile]['tuners'][name]['utilization']:.2f}"
-                f" util, {out[profile]['tuners'][name]['peak_mib']:.1f} MiB",
+                f"steady {key:28s} {name:13s} {r['utilization']:.2f} util, "
+                f"{r['peak_mib']:.1f} MiB, target after {r['batches_to_target']}",
                 flush=True,
             )
     return out
@@ -240,6 +256,7 @@ def shift(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     start, stop = n // 3, 2 * n // 3
     out = {"start": start, "stop": stop, "tuners": {}}
     oracle, _ = find_oracle(path, "object-store", args.target, args.step_ms, 40)
+    out["oracle"] = oracle
     for name, kwargs in tuners(args.target, args.budget, oracle).items():
         src = source_for(path, "object-store", f"shift-{name}")
 
@@ -279,7 +296,7 @@ def infeasible(args: argparse.Namespace, images: Path) -> dict[str, Any]:
         decode=decode_images,
         num_workers=8,
     )
-    result = run(lambda: loader, 40, args.step_ms)
+    result = run(lambda: loader, 30, args.step_ms)
     report = result["tuner"] or {}
     return {
         "feasible": report.get("feasible"),
@@ -317,14 +334,15 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
     lines = [
         "# Tuner experiments",
         "",
-        f"Command: `python benchmarks/tuner_experiments.py {' '.join(sys.argv[1:])}`  ",
-        f"Target utilization {args.target}, step {args.step_ms} ms, batch {BATCH}, "
+        f"Command: `python benchmarks/tuner_experiments.py {' '.join(a for a in sys.argv[1:] if a != '--from-json')}`  ",
+        f"Target utilization {args.target}, batch {BATCH}, step per case (shift and "
+        f"infeasible runs: {args.step_ms:g} ms), "
         f"memory budget {args.budget / 2**20:.0f} MiB, {args.batches} batches per run.",
         "",
         "## 1. Steady workloads",
         "",
-        "| storage | tuner | utilization (last third) | peak MiB | workers | depth | "
-        "batches to target |",
+        "| workload / storage / step | tuner | utilization (last third) | peak MiB | workers "
+        "| depth | batches to target |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for profile, res in results["steady"].items():
@@ -340,13 +358,16 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
         "",
         f"Storage latency x10 from batch {s['start']} to {s['stop']}. ![shift](tuning-shift.png)",
         "",
-        "| tuner | batches to recover | MiB before | MiB during | MiB after |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| tuner | utilization before | during | after | MiB before | MiB during | MiB after |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, r in s["tuners"].items():
+        u, a, b = r["trace"], s["start"], s["stop"]
+        parts = [statistics.mean(x) for x in (u[:a], u[a:b], u[b:])]
         lines.append(
-            f"| {name} | {r['recovered_after']} | {r['memory_before_mib']:.1f} | "
-            f"{r['memory_during_mib']:.1f} | {r['memory_after_mib']:.1f} |"
+            f"| {name} | {parts[0]:.2f} | {parts[1]:.2f} | {parts[2]:.2f} | "
+            f"{r['memory_before_mib']:.1f} | {r['memory_during_mib']:.1f} | "
+            f"{r['memory_after_mib']:.1f} |"
         )
     i = results["infeasible"]
     lines += [
@@ -369,18 +390,29 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--batches", type=int, default=150)
     parser.add_argument("--budget", type=int, default=64 * 2**20)
-    parser.add_argument("--profiles", nargs="+", default=["local", "nas", "object-store"])
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--from-json", action="store_true", help="re-render tuning.json only")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_json:
+        results = json.loads((args.out / "tuning.json").read_text())
+        plots(results, args.out, args.target)
+        write_markdown(results, args, args.out)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tokens, images = make_tokens(Path(tmp)), make_images(Path(tmp))
         results = {
-            "steady": steady(args, tokens),
+            "steady": steady(args, {"tokens": tokens, "images": images}),
             "shift": shift(args, tokens),
             "infeasible": infeasible(args, images),
         }
     (args.out / "tuning.json").write_text(json.dumps(results, default=float))
+    print(
+        json.dumps(
+            {k: v["tuners"]["learned"]["decisions"] for k, v in results["steady"].items()},
+            default=float,
+        )[:6000]
+    )
     plots(results, args.out, args.target)
     write_markdown(results, args, args.out)
     print(f"wrote {args.out / 'tuning.md'}")

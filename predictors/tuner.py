@@ -210,7 +210,8 @@ class LearnedTuner:
         max_depth: int = 64,
         start: tuple[int, int] = (2, 2),
         warmup_batches: int = 6,
-        window: int = 8,
+        window: int = 16,
+        shift_window: int = 8,
         settle_batches: int = 4,
         shift_ratio: float = 1.6,
         divergence: float = 0.04,
@@ -228,6 +229,7 @@ class LearnedTuner:
         self.start = start
         self.warmup_batches = warmup_batches
         self.settle_batches = settle_batches
+        self.shift_window = shift_window
         self.shift_ratio = shift_ratio
         self.divergence = divergence
         error = model.utilization_error if margin is None else margin
@@ -236,6 +238,8 @@ class LearnedTuner:
         self._current: Decision | None = None
         self._planned_at = 0
         self._planned_service = 0.0
+        self._rebased = False
+        self._divergences = 0  # large prediction errors in a row
         self._slowness = 1.0  # effective / measured service time, learned from divergence
         self.history: list[tuple[int, Decision]] = []
 
@@ -287,20 +291,46 @@ class LearnedTuner:
         }
 
     def _features(self, last: int | None = None) -> dict[str, Any]:
-        """Medians over the recent batches of the configuration-free features."""
+        """Means over the recent batches of the configuration-free features. Means, not
+        medians: storage cost is bursty (one request can serve several batches through
+        read-ahead), and what the workers must keep up with is its average."""
         states = list(self._recent)[-last:] if last else list(self._recent)
-        rows = [state_features(s) for s in states]
-        return {
-            k: median(r[k] for r in rows) if k not in ("shuffle", "cache") else rows[-1][k]
-            for k in rows[-1]
-        }
+        return self._mean_features(states)
 
     def _service_shift(self) -> tuple[float, float] | None:
-        now = _nominal_service_ms(self._features(last=4))
+        """A lasting change of the service time under an unchanged configuration.
+
+        The baseline is re-measured after each decision from `shift_window` batches run
+        under the new configuration: more workers slow each read down (they share the
+        link and the cores), and that self-inflicted change must not read as a storage
+        slowdown, or the tuner would chase it with still more workers."""
+        current = self._current
+        if current is None:
+            return None
+        same = [
+            s
+            for s in self._recent
+            if s.batch_index >= self._planned_at + self.settle_batches
+            and (s.workers, s.depth) == (current.workers, current.depth)
+        ]
+        if len(same) < self.shift_window:
+            return None
+        now = _nominal_service_ms(self._mean_features(same[-self.shift_window :]))
+        if not self._rebased:
+            self._planned_service, self._rebased = now, True
+            return None
         ratio = now / max(self._planned_service, 1e-9)
         if ratio > self.shift_ratio or ratio < 1 / self.shift_ratio:
             return self._planned_service, now
         return None
+
+    @staticmethod
+    def _mean_features(states: list[TunerState]) -> dict[str, Any]:
+        rows = [state_features(s) for s in states]
+        return {
+            k: sum(r[k] for r in rows) / len(rows) if k not in ("shuffle", "cache") else rows[-1][k]
+            for k in rows[-1]
+        }
 
     def _diverged(self) -> bool:
         current = self._current
@@ -319,7 +349,20 @@ class LearnedTuner:
         # Above the prediction only counts when not saturated (utilization ~1 hides the rate).
         long = observed > predicted + self.divergence and observed < 0.99
         if not (short or long):
+            self._divergences = 0
             return False
+        from predictors.baselines import QueueingModel  # baselines import this module
+
+        self._divergences += 1
+        if self._divergences >= 2 and not isinstance(self.model, QueueingModel):
+            # Twice off by more than the margin: this workload lies outside what the model
+            # learned. First principles extrapolate where the learned corrections do not.
+            self.model, self._slowness = QueueingModel(), 1.0
+            self._divergence_note = (
+                f"observed utilization {observed:.2f} vs predicted {predicted:.2f} twice: "
+                "outside the model's training range, switching to the queueing model"
+            )
+            return True
         # Bounded: one noisy window must not swing the model by more than 2x.
         step_change = min(max(predicted / max(observed, 1e-3), 0.5), 2.0)
         self._slowness *= step_change
@@ -402,6 +445,7 @@ class LearnedTuner:
         self._current = decision
         self._planned_at = state.batch_index
         self._planned_service = _nominal_service_ms(features)
+        self._rebased = False  # re-measured under the new configuration (_service_shift)
         return self._emit(state, decision)
 
     def _hold(self) -> Decision:
