@@ -334,7 +334,7 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
     lines = [
         "# Tuner experiments",
         "",
-        f"Command: `python benchmarks/tuner_experiments.py {' '.join(a for a in sys.argv[1:] if a != '--from-json')}`  ",
+        f"Command: `python benchmarks/tuner_experiments.py {' '.join(_run_args())}`  ",
         f"Target utilization {args.target}, batch {BATCH}, step per case (shift and "
         f"infeasible runs: {args.step_ms:g} ms), "
         f"memory budget {args.budget / 2**20:.0f} MiB, {args.batches} batches per run.",
@@ -382,6 +382,10 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
         "",
     ]
     (out / "tuning.md").write_text("\n".join(lines))
+
+
+def _run_args() -> list[str]:
+    return [a for a in sys.argv[1:] if a != "--from-json"]
 
 
 def main() -> None:
