@@ -41,6 +41,17 @@ class _FileMeta:
     column_raw_bytes: tuple[dict[str, int], ...]  # uncompressed bytes, per row group
 
 
+def _column_sizes(group: pq.RowGroupMetaData, compressed: bool) -> dict[str, int]:
+    """Bytes per top-level column of one row group (a nested column sums its leaves)."""
+    sizes: dict[str, int] = {}
+    for j in range(group.num_columns):
+        chunk = group.column(j)
+        name = chunk.path_in_schema.split(".")[0]
+        size = chunk.total_compressed_size if compressed else chunk.total_uncompressed_size
+        sizes[name] = sizes.get(name, 0) + size
+    return sizes
+
+
 class _Flight:
     """One row-group read that other threads wait on."""
 
@@ -173,25 +184,9 @@ class ParquetSource(Source):
                 "corrupt or not Parquet; rewrite it or leave it out of `urls`."
             ) from exc
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        column_bytes = tuple(
-            {
-                meta.row_group(i).column(j).path_in_schema.split(".")[0]: meta.row_group(i)
-                .column(j)
-                .total_compressed_size
-                for j in range(meta.num_columns)
-            }
-            for i in range(meta.num_row_groups)
-        )
-        raw = tuple(
-            {
-                meta.row_group(i).column(j).path_in_schema.split(".")[0]: meta.row_group(i)
-                .column(j)
-                .total_uncompressed_size
-                for j in range(meta.num_columns)
-            }
-            for i in range(meta.num_row_groups)
-        )
-        return _FileMeta(url, path, groups, size, schema, root, column_bytes, raw)
+        compressed = tuple(_column_sizes(meta.row_group(i), True) for i in range(len(groups)))
+        raw = tuple(_column_sizes(meta.row_group(i), False) for i in range(len(groups)))
+        return _FileMeta(url, path, groups, size, schema, root, compressed, raw)
 
     def _check_columns(self) -> None:
         if self.columns is None:
