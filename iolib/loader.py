@@ -20,11 +20,18 @@ from iolib.distributed import resolve_rank
 from iolib.engine import Engine
 from iolib.errors import ConfigError, DataError, WorkerError, require_positive_int
 from iolib.fetcher import BatchFetcher, BatchTask, Failure
+from iolib.options import (
+    check_samplers,
+    resolve_depth,
+    resolve_mode,
+    resolve_seed,
+    resolve_tuner,
+)
 from iolib.plan import RankSchedule, epoch_order, normalize_shuffle
 from iolib.sources.torchds import TorchDatasetSource, as_source
 from iolib.state import LoaderState, check_state
 from iolib.telemetry import Telemetry
-from iolib.tuning import AutoPrefetch, parse_bytes
+from iolib.tuning import AutoPrefetch
 
 
 class _EpochTasks:
@@ -103,7 +110,7 @@ class DataLoader:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.source = as_source(dataset)
         self.shuffle = normalize_shuffle(shuffle)
-        self._check_samplers(sampler, batch_sampler, batch_size, drop_last, self.shuffle)
+        check_samplers(sampler, batch_sampler, batch_size, drop_last, self.shuffle)
         self.sampler, self.batch_sampler = sampler, batch_sampler
         self.batch_size = batch_size if batch_sampler is None else None
         self.drop_last = drop_last
@@ -111,7 +118,7 @@ class DataLoader:
         if timeout < 0:
             raise ConfigError(f"`timeout` must be >= 0 seconds. Found: {timeout!r}.")
         self.timeout = timeout
-        self.seed = self._resolve_seed(seed, generator)
+        self.seed = resolve_seed(seed, generator)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         if (sampler is not None or batch_sampler is not None) and self.world_size > 1:
             raise ConfigError(
@@ -120,9 +127,9 @@ class DataLoader:
                 "pass rank=0, world_size=1 and shard in the sampler (DistributedSampler)."
             )
         self.shuffle_window = require_positive_int("shuffle_window", shuffle_window)
-        self.worker_mode = self._resolve_mode(worker_mode)
-        self.tuner_spec = self._resolve_tuner(prefetch, target_utilization, memory_budget)
-        self.depth = self._resolve_depth(
+        self.worker_mode = resolve_mode(worker_mode, self.source)
+        self.tuner_spec = resolve_tuner(prefetch, target_utilization, memory_budget)
+        self.depth = resolve_depth(
             None if self.tuner_spec else prefetch, prefetch_factor, num_workers
         )
         self._autotune: AutoPrefetch | None = None
@@ -146,73 +153,6 @@ class DataLoader:
         self._resume_pending = False
         self._iteration = 0  # identifies the live iterator; older ones are superseded
         self._orders: dict[int, np.ndarray] = {}
-
-    # -- argument checks -----------------------------------------------------------------
-    @staticmethod
-    def _check_samplers(
-        sampler: Any, batch_sampler: Any, batch_size: Any, drop_last: bool, shuffle: str
-    ) -> None:
-        if (sampler is not None or batch_sampler is not None) and shuffle != "none":
-            raise ConfigError(
-                "`shuffle` must be False with a `sampler` or `batch_sampler` (as in torch): "
-                "the sampler decides the order."
-            )
-        if batch_sampler is not None:
-            if sampler is not None or drop_last or batch_size not in (1, None):
-                raise ConfigError(
-                    "`batch_sampler` is mutually exclusive with batch_size, shuffle, sampler "
-                    "and drop_last (as in torch): leave those at their defaults."
-                )
-            return
-        if batch_size is None:
-            raise ConfigError(
-                "`batch_size=None` (unbatched samples) is not supported: iolib plans whole "
-                "batches. Use batch_size=1 and index [0], or torch's DataLoader."
-            )
-        require_positive_int("batch_size", batch_size)
-
-    def _resolve_seed(self, seed: int | None, generator: torch.Generator | None) -> int:
-        if seed is None:
-            seed = generator.initial_seed() if generator is not None else 0
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"`seed` must be a non-negative integer. Found: {seed!r}.")
-        return seed
-
-    def _resolve_mode(self, mode: str) -> str:
-        if mode == "auto":
-            return "process" if isinstance(self.source, TorchDatasetSource) else "thread"
-        if mode not in ("thread", "process"):
-            raise ConfigError(
-                f"`worker_mode` must be 'auto', 'thread' or 'process'. Found: {mode!r}."
-            )
-        return mode
-
-    @staticmethod
-    def _resolve_tuner(prefetch: Any, target: Any, budget: Any) -> dict[str, Any] | None:
-        """prefetch="auto" (the learned tuner) or a tuner object (anything with decide())."""
-        if prefetch is None or isinstance(prefetch, int):
-            return None
-        if prefetch != "auto" and not hasattr(prefetch, "decide"):
-            raise ConfigError(
-                "`prefetch` must be a positive integer (batches in flight or ready), 'auto' "
-                f"(the learned tuner) or a tuner with a decide() method. Found: {prefetch!r}."
-            )
-        if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
-            raise ConfigError(
-                "`target_utilization` must be a number strictly between 0 and 1 (the share "
-                f"of time the GPU should compute, e.g. 0.9). Found: {target!r}."
-            )
-        return {"tuner": prefetch, "target": float(target), "budget": parse_bytes(budget)}
-
-    @staticmethod
-    def _resolve_depth(prefetch: Any, prefetch_factor: int | None, workers: int) -> int:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ConfigError(f"`num_workers` must be a non-negative integer. Found: {workers!r}.")
-        if prefetch is not None:
-            return require_positive_int("prefetch", prefetch)
-        if prefetch_factor is not None:
-            require_positive_int("prefetch_factor", prefetch_factor)
-        return (prefetch_factor or 2) * max(workers, 1)
 
     # -- plan ----------------------------------------------------------------------------
     def _order(self, epoch: int) -> np.ndarray:
