@@ -21,8 +21,9 @@ import pyarrow.parquet as pq
 from cachetools import LRUCache
 
 from iolib.errors import ConfigError, DataError
+from iolib.redact import Redactor
 from iolib.sources.base import Source
-from iolib.storage import call_with_retries, count_bytes, open_filesystem
+from iolib.storage import RetryPolicy, call_with_retries, count_bytes, open_filesystem
 
 _GLOB_CHARS = "*?["
 MIN_CACHE_BYTES = 64 * 2**20
@@ -75,6 +76,10 @@ class ParquetSource(Source):
         loader to what its shuffle mode needs: a window of row groups plus those in flight
         for "block", a few for sequential reads, the whole dataset (capped at half the free
         memory) for "global". Too small a cache makes each batch re-read its row groups.
+    retry: how transient storage errors are retried and when a read counts as stuck
+        (default RetryPolicy(): 5 attempts, 120 s per read).
+
+    Credentials in the URLs or `storage_options` never appear in its messages or logs.
     """
 
     columnar = True
@@ -86,7 +91,9 @@ class ParquetSource(Source):
         storage_options: dict[str, Any] | None = None,
         *,
         cache_bytes: int | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
+        self.retry = retry or RetryPolicy()
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ConfigError("`urls` is empty: give a Parquet file, directory, glob or list.")
@@ -99,6 +106,7 @@ class ParquetSource(Source):
 
     # -- pickling: drop open handles and caches, keep the description and footers --------
     def _init_runtime(self) -> None:
+        self._redact = Redactor(self.urls, self.storage_options)
         self._lock = threading.Lock()
         self._cache: LRUCache = LRUCache(maxsize=self.cache_bytes, getsizeof=lambda t: t.nbytes)
         self._local = threading.local()
@@ -106,6 +114,7 @@ class ParquetSource(Source):
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("urls", "columns", "storage_options", "cache_bytes", "_fixed_cache", "_files")
+        keep += ("retry",)
         keep += ("_starts", "_groups")
         return {k: v for k, v in self.__dict__.items() if k in keep}
 
@@ -115,7 +124,7 @@ class ParquetSource(Source):
 
     def with_columns(self, columns: list[str] | None) -> ParquetSource:
         """The same files with another column projection (footers are not re-read)."""
-        clone = ParquetSource(self.urls, columns, self.storage_options)
+        clone = ParquetSource(self.urls, columns, self.storage_options, retry=self.retry)
         clone.cache_bytes, clone._fixed_cache = self.cache_bytes, self._fixed_cache
         clone._init_runtime()
         if self._files is not None:
@@ -140,22 +149,23 @@ class ParquetSource(Source):
     def _expand(self, root: int, url: str) -> list[tuple[str, str, int]]:
         fs, path = open_filesystem(url, self.storage_options)
         protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
+        shown = self._redact(url)
         if any(c in path for c in _GLOB_CHARS):
             found = sorted(fs.glob(path))
             if not found:
-                raise DataError(f"No Parquet files match {url!r}. Check the pattern and bucket.")
+                raise DataError(f"No Parquet files match {shown!r}. Check the pattern and bucket.")
         elif not fs.exists(path):
             raise DataError(
-                f"Parquet source {url!r} does not exist. Check the path (and credentials "
+                f"Parquet source {shown!r} does not exist. Check the path (and credentials "
                 "in storage_options for remote storage)."
             )
         elif fs.isdir(path):
             found = sorted(p for p in fs.find(path) if p.endswith((".parquet", ".pq")))
             if not found:
-                raise DataError(f"Directory {url!r} holds no *.parquet files.")
+                raise DataError(f"Directory {shown!r} holds no *.parquet files.")
         else:
             found = [path]
-        return [(url if p == path else protocol + p, p, root) for p in found]
+        return [(shown if p == path else self._redact(protocol + p), p, root) for p in found]
 
     def _read_footer(self, where: tuple[str, str, int]) -> _FileMeta:
         url, path, root = where
@@ -167,9 +177,9 @@ class ParquetSource(Source):
                 size = fs.size(path)
         except (pa.ArrowInvalid, OSError) as exc:
             raise DataError(
-                f"Cannot read the Parquet footer of {url!r}: {exc}. The file is truncated, "
-                "corrupt or not Parquet; rewrite it or leave it out of `urls`."
-            ) from exc
+                f"Cannot read the Parquet footer of {url!r}: {self._redact(str(exc))}. The file "
+                "is truncated, corrupt or not Parquet; rewrite it or leave it out of `urls`."
+            ) from (None if self._redact.changes(str(exc)) else exc)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
         column_bytes = tuple(
             {
@@ -259,12 +269,16 @@ class ParquetSource(Source):
 
     def describe(self) -> str:
         n = len(self.files)
-        return f"ParquetSource({self.urls[0]!r}{f' +{n - 1} files' if n > 1 else ''})"
+        return f"ParquetSource({self._redact(self.urls[0])!r}{f' +{n - 1} files' if n > 1 else ''})"
 
     def locate(self, index: int) -> str:
-        group = int(np.searchsorted(self._rg_starts, index, side="right") - 1)
-        meta, local = self._groups[group]
+        meta, local = self._groups[self.block_of(index)]
         return f"{meta.url!r} row group {local} (sample {index})"
+
+    def block_of(self, index: int) -> int:
+        """The row group (numbered across files) that holds sample `index`: a failed read
+        fails every sample of its row group, so a skipping reader tries it once."""
+        return int(np.searchsorted(self._rg_starts, index, side="right") - 1)
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, indices: np.ndarray) -> pa.Table:
@@ -324,10 +338,32 @@ class ParquetSource(Source):
     def _fetch_row_group(self, group: int) -> pa.Table:
         meta, local = self._groups[group]
         what = f"reading {meta.url!r} row group {local}"
-        table = call_with_retries(lambda: self._read_row_group(meta, local), what=what)
+        table = call_with_retries(
+            lambda: self._read_row_group(meta, local),
+            what=what,
+            policy=self.retry,
+            redact=self._redact,
+        )
+        self._check_types(table, meta, local)
         sizes = meta.column_bytes[local]
         count_bytes(sum(sizes[c] for c in (self.columns or sizes) if c in sizes))
         return table
+
+    def _check_types(self, table: pa.Table, meta: _FileMeta, local: int) -> None:
+        """Every row group must have the first file's column types: a shard whose `label`
+        is a string where the others have int cannot be batched with them."""
+        expected = self.schema
+        differ = [
+            f"{f.name!r} is {table.schema.field(f.name).type}, expected {f.type}"
+            for f in expected
+            if f.name in table.schema.names and not table.schema.field(f.name).type.equals(f.type)
+        ]
+        if differ:
+            raise DataError(
+                f"Parquet file {meta.url!r} row group {local} has other column types than "
+                f"{self.files[0].url!r}: {'; '.join(differ)}. Rewrite the file with the "
+                "dataset's schema or leave it out."
+            )
 
     def _read_row_group(self, meta: _FileMeta, local: int) -> pa.Table:
         handles = self._local.__dict__.setdefault("handles", {})
@@ -341,9 +377,9 @@ class ParquetSource(Source):
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             handles.pop(meta.path, None)
             raise DataError(
-                f"Parquet file {meta.url!r} row group {local} is corrupt or unreadable: {exc}. "
-                "Rewrite the file or leave it out."
-            ) from exc
+                f"Parquet file {meta.url!r} row group {local} is corrupt or unreadable: "
+                f"{self._redact(str(exc))}. Rewrite the file or leave it out."
+            ) from (None if self._redact.changes(str(exc)) else exc)
         except Exception:
             handles.pop(meta.path, None)  # reopen on the next attempt
             raise
