@@ -29,7 +29,7 @@ from fsspec.implementations.cached import SimpleCacheFileSystem
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.spec import AbstractBufferedFile
 
-from iolib.errors import ConfigError
+from iolib.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,6 +42,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     PermissionError,
     ValueError,
     TypeError,
+    DataError,
 )
 
 
@@ -113,8 +114,10 @@ def call_with_retries(
     for attempt in range(1, policy.attempts + 1):
         try:
             return _with_timeout(fn, policy.timeout_s, what)
-        except PERMANENT_ERRORS:
-            raise
+        except PERMANENT_ERRORS as exc:
+            raise _permanent(exc, what, attempt, redact) from (
+                exc if redact(str(exc)) == str(exc) else None
+            )
         except Exception as exc:
             reason = redact(f"{type(exc).__name__}: {exc}")
             if attempt == policy.attempts:
@@ -130,6 +133,22 @@ def call_with_retries(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _permanent(
+    exc: BaseException, what: str, attempt: int, redact: Callable[[str], str]
+) -> BaseException:
+    """The same error type, with a message naming `what` and the attempts made."""
+    if isinstance(exc, (DataError, ConfigError)):
+        return exc  # ours: already names the file and the fix
+    text = (
+        f"{what}: failed on attempt {attempt} with a permanent error (not retried): "
+        f"{redact(f'{type(exc).__name__}: {exc}')}"
+    )
+    try:
+        return type(exc)(text)
+    except Exception:  # an exception type with other constructor arguments
+        return OSError(text)
+
+
 class _Helper:
     """One thread that runs a worker's storage calls, so a stuck call can be abandoned.
 
@@ -139,6 +158,7 @@ class _Helper:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        self.owner = threading.current_thread()
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.retired = False
         self.thread = threading.Thread(target=self._run, name="iolib-io", daemon=True)
@@ -146,7 +166,12 @@ class _Helper:
 
     def _run(self) -> None:
         while not self.retired:
-            fn, box, done = self.jobs.get()
+            try:
+                fn, box, done = self.jobs.get(timeout=_HELPER_IDLE_S)
+            except queue.Empty:
+                if not self.owner.is_alive():  # its worker is gone: so is the helper
+                    return
+                continue
             if fn is None:
                 return
             try:
@@ -160,6 +185,7 @@ class _Helper:
 
 
 _HELPERS = threading.local()
+_HELPER_IDLE_S = 0.5  # how often an idle helper checks that its caller still exists
 
 
 def _with_timeout(fn: Callable[[], T], timeout_s: float | None, what: str) -> T:

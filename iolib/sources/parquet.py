@@ -150,6 +150,16 @@ class ParquetSource(Source):
         fs, path = open_filesystem(url, self.storage_options)
         protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
         shown = self._redact(url)
+        found = call_with_retries(
+            lambda: self._list(fs, path, shown),
+            what=f"listing {shown!r}",
+            policy=self.retry,
+            redact=self._redact,
+        )
+        return [(shown if p == path else self._redact(protocol + p), p, root) for p in found]
+
+    @staticmethod
+    def _list(fs: Any, path: str, shown: str) -> list[str]:
         if any(c in path for c in _GLOB_CHARS):
             found = sorted(fs.glob(path))
             if not found:
@@ -165,16 +175,22 @@ class ParquetSource(Source):
                 raise DataError(f"Directory {shown!r} holds no *.parquet files.")
         else:
             found = [path]
-        return [(shown if p == path else self._redact(protocol + p), p, root) for p in found]
+        return found
 
     def _read_footer(self, where: tuple[str, str, int]) -> _FileMeta:
         url, path, root = where
         fs, _ = open_filesystem(self.urls[root], self.storage_options)
-        try:
+
+        def footer() -> tuple[Any, int]:
             with fs.open(path, "rb") as handle:
-                meta = pq.ParquetFile(handle).metadata
-                schema = meta.schema.to_arrow_schema()
-                size = fs.size(path)
+                return pq.ParquetFile(handle).metadata, fs.size(path)
+
+        try:  # transient errors are retried; a truncated or foreign file fails at once
+            what = f"reading the footer of {url!r}"
+            meta, size = call_with_retries(
+                footer, what=what, policy=self.retry, redact=self._redact
+            )
+            schema = meta.schema.to_arrow_schema()
         except (pa.ArrowInvalid, OSError) as exc:
             raise DataError(
                 f"Cannot read the Parquet footer of {url!r}: {self._redact(str(exc))}. The file "
