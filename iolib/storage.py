@@ -115,6 +115,8 @@ def call_with_retries(
         try:
             return _with_timeout(fn, policy.timeout_s, what)
         except PERMANENT_ERRORS as exc:
+            if isinstance(exc, (DataError, ConfigError)):
+                raise  # ours: already names the file and the fix
             raise _permanent(exc, what, attempt, redact) from (
                 exc if redact(str(exc)) == str(exc) else None
             )
@@ -137,8 +139,6 @@ def _permanent(
     exc: BaseException, what: str, attempt: int, redact: Callable[[str], str]
 ) -> BaseException:
     """The same error type, with a message naming `what` and the attempts made."""
-    if isinstance(exc, (DataError, ConfigError)):
-        return exc  # ours: already names the file and the fix
     text = (
         f"{what}: failed on attempt {attempt} with a permanent error (not retried): "
         f"{redact(f'{type(exc).__name__}: {exc}')}"
