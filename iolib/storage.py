@@ -524,6 +524,10 @@ class FaultyFileSystem(_WrapperFileSystem):
         transient ShortReadError (as HTTP clients do from Content-Length); a bare
         `cat_file` hands the short bytes on, for testing parsers.
     missing: glob patterns (fnmatch, on the stripped path) that raise FileNotFoundError.
+    shared: count the attempts of a request across every FaultyFileSystem of this process
+        with this seed (as a real service sees all its clients), so a retry through a fresh
+        instance (fsspec makes one per thread; a timed-out request is retried from a new
+        thread) draws anew. Default False: counts per instance.
     Whether the n-th attempt of a request fails is a pure function of
     (seed, request, n), so a faulty run is reproducible. `faults` counts what was injected.
 
@@ -541,9 +545,11 @@ class FaultyFileSystem(_WrapperFileSystem):
         slow_ms: float = 0.0,
         truncate_rate: float = 0.0,
         missing: list[str] | tuple[str, ...] = (),
+        shared: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.shared = bool(shared)
         for name, rate in (
             ("error_rate", error_rate),
             ("slow_rate", slow_rate),
@@ -557,6 +563,18 @@ class FaultyFileSystem(_WrapperFileSystem):
         self.truncate_rate = truncate_rate
         self.missing = tuple(missing)
         self.faults = {"errors": 0, "slow": 0, "truncated": 0, "missing": 0}
+
+    _shared_counts: ClassVar[dict[tuple, int]] = {}
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def _repeat(self, key: tuple) -> int:
+        if not self.shared:
+            return super()._repeat(key)
+        key = (self.seed, *key)
+        with self._shared_lock:
+            n = self._shared_counts.get(key, 0)
+            self._shared_counts[key] = n + 1
+        return n
 
     def _count(self, what: str) -> None:
         with self._lock:
