@@ -8,6 +8,7 @@ and open their own.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fnmatch
 import hashlib
@@ -174,10 +175,15 @@ class _Helper:
                 continue
             if fn is None:
                 return
+            with _BUSY_LOCK:
+                _BUSY.add(self)
             try:
                 box.append((True, fn()))
             except BaseException as exc:  # handed to the caller, never lost
                 box.append((False, exc))
+            finally:
+                with _BUSY_LOCK:
+                    _BUSY.discard(self)
             done.set()
 
     def alive(self) -> bool:
@@ -185,6 +191,23 @@ class _Helper:
 
 
 _HELPERS = threading.local()
+_BUSY: set[_Helper] = set()  # helpers inside a call (an abandoned stuck one included)
+_BUSY_LOCK = threading.Lock()
+_EXIT_WAIT_S = 10.0
+
+
+@atexit.register
+def _wait_for_busy_helpers() -> None:
+    """At exit, give calls still running (a timed-out read) a bounded time to return:
+    a daemon thread inside pyarrow or a C client while the interpreter finalizes can
+    crash it."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    with _BUSY_LOCK:
+        busy = list(_BUSY)
+    for helper in busy:
+        helper.thread.join(max(0.0, deadline - time.monotonic()))
+
+
 _HELPER_IDLE_S = 0.5  # how often an idle helper checks that its caller still exists
 
 

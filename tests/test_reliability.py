@@ -309,10 +309,18 @@ def _shm_files() -> set[str]:
     )
 
 
-def _wait_released(before_threads: set, timeout: float = 10.0) -> tuple[list, set]:
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _wait_released(
+    before_threads: set, before_children: set[int], timeout: float = 10.0
+) -> tuple[set, set]:
+    """Wait until the loader's processes and threads are gone (others, such as the moto
+    server of an S3 test, were there before)."""
     deadline = time.monotonic() + timeout
     while True:
-        children = psutil.Process().children(recursive=True)
+        children = _children() - before_children
         threads = {t for t in threading.enumerate() if t.name.startswith("iolib-")} - before_threads
         if (not children and not threads) or time.monotonic() > deadline:
             return children, threads
@@ -321,12 +329,12 @@ def _wait_released(before_threads: set, timeout: float = 10.0) -> tuple[list, se
 
 def test_process_worker_error_surfaces_and_releases_everything() -> None:
     before = {t for t in threading.enumerate() if t.name.startswith("iolib-")}
-    shm = _shm_files()
+    shm, kids = _shm_files(), _children()
     loader = DataLoader(Failing(), batch_size=4, num_workers=2, worker_mode="process")
     with pytest.raises(WorkerError, match=r"sample\(s\) \[37\].*KeyError") as info:
         list(loader)
     assert "__getitem__" in info.value.remote_traceback and info.value.batch == 9
-    children, threads = _wait_released(before)
+    children, threads = _wait_released(before, kids)
     assert not children, f"worker processes left: {children}"
     assert not threads, f"threads left: {threads}"
     assert _shm_files() <= shm, "shared memory left behind"
@@ -342,6 +350,8 @@ class Busy(Dataset):
 
 
 def test_worker_killed_from_outside_under_load_is_reported() -> None:
+    kids = _children()
+    before = {t for t in threading.enumerate() if t.name.startswith("iolib-")}
     loader = DataLoader(Busy(), batch_size=8, num_workers=3, worker_mode="process", prefetch=9)
     it = iter(loader)
     next(it), next(it)
@@ -352,7 +362,7 @@ def test_worker_killed_from_outside_under_load_is_reported() -> None:
         for _ in it:
             pass
     assert time.monotonic() - start < 20
-    children, _ = _wait_released(set())
+    children, _ = _wait_released(before, kids)
     assert not children
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from iolib.sources.base import Source
 from iolib.storage import RetryPolicy, call_with_retries, count_bytes, open_filesystem
 
 _GLOB_CHARS = "*?["
+# What Arrow says of undecodable bytes (thrift headers, pages, magic, compression).
+_CORRUPT_WORDS = re.compile(r"deseriali|corrupt|invalid|magic|decompress|page header", re.I)
 MIN_CACHE_BYTES = 64 * 2**20
 log = logging.getLogger(__name__)
 
@@ -164,17 +167,19 @@ class ParquetSource(Source):
             found = sorted(fs.glob(path))
             if not found:
                 raise DataError(f"No Parquet files match {shown!r}. Check the pattern and bucket.")
-        elif not fs.exists(path):
+            return found
+        try:  # info, not exists()/isdir(): those answer False on a transient error
+            kind = fs.info(path)["type"]
+        except FileNotFoundError:
             raise DataError(
                 f"Parquet source {shown!r} does not exist. Check the path (and credentials "
                 "in storage_options for remote storage)."
-            )
-        elif fs.isdir(path):
-            found = sorted(p for p in fs.find(path) if p.endswith((".parquet", ".pq")))
-            if not found:
-                raise DataError(f"Directory {shown!r} holds no *.parquet files.")
-        else:
-            found = [path]
+            ) from None
+        if kind != "directory":
+            return [path]
+        found = sorted(p for p in fs.find(path) if p.endswith((".parquet", ".pq")))
+        if not found:
+            raise DataError(f"Directory {shown!r} holds no *.parquet files.")
         return found
 
     def _read_footer(self, where: tuple[str, str, int]) -> _FileMeta:
@@ -392,10 +397,24 @@ class ParquetSource(Source):
             return reader.read_row_group(local, columns=self.columns, use_threads=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             handles.pop(meta.path, None)
-            raise DataError(
-                f"Parquet file {meta.url!r} row group {local} is corrupt or unreadable: "
-                f"{self._redact(str(exc))}. Rewrite the file or leave it out."
-            ) from (None if self._redact.changes(str(exc)) else exc)
+            raise self._corrupt(meta, local, exc) from (
+                None if self._redact.changes(str(exc)) else exc
+            )
+        except OSError as exc:
+            handles.pop(meta.path, None)  # reopen on the next attempt
+            if type(exc) is OSError and _CORRUPT_WORDS.search(str(exc)):
+                # Arrow reports undecodable pages as a bare OSError (an IOError status);
+                # storage errors reach here as their own subclasses or with an errno.
+                raise self._corrupt(meta, local, exc) from (
+                    None if self._redact.changes(str(exc)) else exc
+                )
+            raise
         except Exception:
             handles.pop(meta.path, None)  # reopen on the next attempt
             raise
+
+    def _corrupt(self, meta: _FileMeta, local: int, exc: BaseException) -> DataError:
+        return DataError(
+            f"Parquet file {meta.url!r} row group {local} is corrupt or unreadable: "
+            f"{self._redact(str(exc))}. Rewrite the file or leave it out."
+        )
