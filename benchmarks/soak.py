@@ -31,7 +31,7 @@ from iolib.storage import RetryPolicy, wrap_url
 from iolib.tuning import parse_bytes
 
 FAULTS = {"error_rate": 0.02, "truncate_rate": 0.01, "slow_rate": 0.01, "slow_ms": 200}
-THROTTLE = {"latency_ms": 5.0, "bandwidth_mbps": 200.0, "jitter": 0.3}
+THROTTLE = {"latency_ms": 20.0, "bandwidth_mbps": 50.0, "jitter": 0.3}
 
 
 def write_dataset(root: Path, rows: int, seq_len: int, files: int, group: int) -> None:
@@ -78,15 +78,21 @@ def run(args: argparse.Namespace) -> dict:
         write_dataset(root, args.rows, args.seq_len, args.files, args.row_group)
         url, options = wrap_url(f"file://{root}", None, "throttled", {**THROTTLE, "seed": 0})
         url, options = wrap_url(url, options, "faulty", {**FAULTS, "seed": 1, "shared": True})
-        policy = RetryPolicy(attempts=8, base_delay_s=0.01, max_delay_s=0.2, timeout_s=30)
-        source = ParquetSource(url, storage_options=options, retry=policy)
+        timeout = None if args.timeout_s <= 0 else args.timeout_s
+        policy = RetryPolicy(attempts=8, base_delay_s=0.01, max_delay_s=0.2, timeout_s=timeout)
+        # A row-group cache far smaller than the dataset: every epoch reads from storage.
+        source = ParquetSource(url, storage_options=options, retry=policy,
+                               cache_bytes=int(args.cache_mib * 2**20))  # fmt: skip
         loader = DataLoader(source, batch_size=args.batch_size, shuffle="block", seed=0,
-                            num_workers=args.max_workers, prefetch="auto",
+                            shuffle_window=args.window,
+                            num_workers=args.max_workers,
+                            prefetch="auto" if args.prefetch == "auto" else int(args.prefetch),
                             target_utilization=0.9, memory_budget=budget)  # fmt: skip
         sampler = Sampler()
         sampler.start()
         deadline = time.monotonic() + 60 * args.minutes
         epochs, inflight, lost, repeated, epoch_ends = [], [], 0, 0, []
+        window_max, window_end = 0, 0.0  # bytes in flight: the max of each 0.5 s window
         while time.monotonic() < deadline or not epochs:
             loader.set_epoch(len(epochs))
             seen: Counter = Counter()
@@ -94,8 +100,11 @@ def run(args: argparse.Namespace) -> dict:
             for batch in loader:
                 seen.update(batch["id"].tolist())
                 time.sleep(args.step_ms / 1000)  # the training step
-                stats = loader.stats()
-                inflight.append((time.monotonic() - sampler.start_time, stats["bytes_in_flight"]))
+                now = time.monotonic() - sampler.start_time
+                window_max = max(window_max, loader.stats()["bytes_in_flight"])
+                if now >= window_end:  # a bounded record, so the soak measures iolib, not itself
+                    inflight.append((now, window_max))
+                    window_max, window_end = 0, now + sampler.period
             lost += args.rows - len(seen)
             repeated += sum(c - 1 for c in seen.values())
             stats = loader.stats()
@@ -149,14 +158,18 @@ def write_report(r: dict, s: dict, out: Path, command: str) -> None:
     fig.tight_layout()
     fig.savefig(out / "soak.png", dpi=100)
     st, a = r["stats"], r["args"]
+    tuner = st.get("tuner") or {}
     lines = [
         "# Soak: epochs with the tuner on, throttled storage with faults",
         "",
         f"Command: `{command}`",
         "",
         f"Dataset: {a.rows} rows x {a.seq_len} int32 tokens in {a.files} Parquet files, row "
-        f"groups of {a.row_group}; batch {a.batch_size}, step {a.step_ms} ms, shuffle=block, "
-        f"prefetch='auto', target_utilization=0.9, memory_budget={a.memory_budget}.",
+        f"groups of {a.row_group}; batch {a.batch_size}, step {a.step_ms} ms, shuffle=block "
+        f"(window {a.window}), "
+        f"prefetch='auto', target_utilization=0.9, memory_budget={a.memory_budget}, "
+        f"row-group cache {a.cache_mib:g} MiB (the dataset is "
+        f"{a.rows * a.seq_len * 4 / 2**20:.0f} MiB: every epoch reads from storage).",
         f"Storage: `faulty::throttled::file://` with {FAULTS} and {THROTTLE}.",
         "",
         "| figure | value |",
@@ -174,6 +187,9 @@ def write_report(r: dict, s: dict, out: Path, command: str) -> None:
         f"| peak bytes in flight | {s['peak_in_flight_mib']:.1f} MiB "
         f"(budget {s['budget_mib']:.0f} MiB) |",
         f"| final workers / depth | {st['workers']} / {st['depth']} |",
+        f"| utilization (last 64 batches) | {st['utilization']:.2f} |",
+        f"| tuner | {tuner.get('tuner')}, {len(tuner.get('decisions', []))} decisions; "
+        f"last reason: {str(tuner.get('reason'))[:160]} |",
         "",
         "| epoch | seconds | workers | depth |",
         "| --- | --- | --- | --- |",
@@ -190,13 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="run time (default 3)")
     parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--cache-mib", type=float, default=32.0, help="row-group cache bound")
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--row-group", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--window", type=int, default=4, help="shuffle window, row groups")
     parser.add_argument("--step-ms", type=float, default=5.0)
     parser.add_argument("--max-workers", type=int, default=4)
     parser.add_argument("--memory-budget", default="256MiB")
+    parser.add_argument("--prefetch", default="auto", help="'auto' (the tuner) or a depth")
+    parser.add_argument("--timeout-s", type=float, default=30.0, help="per request; 0: none")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
     command = "python benchmarks/soak.py " + " ".join(argv if argv is not None else sys.argv[1:])

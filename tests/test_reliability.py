@@ -141,6 +141,27 @@ def test_stuck_request_that_recovers_on_retry_changes_nothing(shards: Path) -> N
     assert loader.stats()["retries"] > 0
 
 
+def test_failed_reads_release_their_memory(tmp_path: Path) -> None:
+    """A failed read's traceback once kept the Parquet reader, and with it the read's
+    Arrow buffers, alive (a cycle through C++ the garbage collector cannot see): RSS grew
+    ~200 MiB/min in the soak. Arrow's allocation must stay flat across epochs."""
+    import gc
+
+    write_parquet_shards(tmp_path / "d", 4000, shards=2, row_group_size=250, seq_len=256)
+    url, options = _faulty(f"file://{tmp_path / 'd'}", error_rate=0.1, truncate_rate=0.05)
+    source = ParquetSource(url, storage_options=options, retry=FAST, cache_bytes=2**21)
+    loader = _loader(source, batch_size=50)
+    allocated = []
+    for epoch in range(6):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+        gc.collect()
+        allocated.append(pa.total_allocated_bytes())
+    assert loader.stats()["retries"] > 3
+    assert allocated[-1] <= allocated[1] + 2**20, [a >> 10 for a in allocated]
+
+
 def test_storage_errors_other_than_transient_are_not_retried() -> None:
     calls = []
 
