@@ -310,6 +310,18 @@ class Engine:
                             batch=lost[0],
                         )
 
+        for proc, _, retiring in self._procs:
+            # A worker killed while sending a result can hold the queue's lock and block
+            # the others with no batch of its own: any abnormal exit is reported.
+            if not retiring and not proc.is_alive() and proc.exitcode not in (0, None):
+                raise WorkerDied(
+                    f"Process worker {proc.name} (pid {proc.pid}) exited with code "
+                    f"{proc.exitcode}. A negative code is the signal that killed it "
+                    "(e.g. -9: out of memory or SIGKILL).",
+                    stage="worker",
+                    batch=self._next,
+                )
+
     # -- shutdown ------------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
         """Stop every worker; never blocks longer than about `timeout` seconds."""

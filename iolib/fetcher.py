@@ -17,6 +17,7 @@ import numpy as np
 
 from iolib.collate import batch_nbytes, collate_rows, collate_table, table_rows
 from iolib.errors import ConfigError
+from iolib.redact import Redactor
 from iolib.rng import sample_rng
 from iolib.sources.base import Source
 from iolib.sources.torchds import TorchDatasetSource
@@ -103,9 +104,13 @@ class BatchFetcher:
 
     def _failure(self, stage: str, samples: list[int], exc: BaseException) -> Failure:
         where = self.source.locate(samples[0]) if len(samples) == 1 else self.source.describe()
-        text = f"{type(exc).__name__}: {exc} [{where}]"
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return Failure(stage, text, tb, samples, exc)
+        raw = f"{type(exc).__name__}: {exc} [{where}]"
+        raw_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        # Credentials of the source's URLs and options never leave in an error.
+        redact = getattr(self.source, "_redact", None) or Redactor()
+        text, tb = redact(raw), redact(raw_tb, assignments=False)
+        keep = exc if tb == raw_tb and redact(str(exc)) == str(exc) else None
+        return Failure(stage, text, tb, samples, keep)
 
     def _timed(self, meta: BatchMeta, stage: str, samples: list[int], fn: Callable[[], Any]) -> Any:
         start = time.perf_counter()
@@ -127,19 +132,30 @@ class BatchFetcher:
 
     def _read_skipping(self, indices: np.ndarray, epoch: int, meta: BatchMeta) -> Any:
         """Read a batch; under on_error="skip", retry sample by sample and leave out those
-        that fail (counted), keeping the others in order."""
+        that fail (counted), keeping the others in order.
+
+        Where the source reads by block (Parquet row groups), a block that failed once
+        fails every sample in it: the rest of its samples are skipped without another
+        read (and its retries), so a corrupt row group costs one read, not one per sample."""
         try:
             return self._read(indices, epoch), indices
         except Exception:
             if self.on_error == "raise":
                 raise
-        kept, parts = [], []
+        block_of = getattr(self.source, "block_of", None)
+        kept, parts, failed_blocks = [], [], set()
         for index in indices.tolist():
+            block = block_of(index) if block_of is not None else None
+            if block is not None and block in failed_blocks:
+                meta.skipped.append(index)
+                continue
             try:
                 parts.append(self._read(np.array([index], dtype=np.int64), epoch))
                 kept.append(index)
             except Exception:
                 meta.skipped.append(index)
+                if block is not None:
+                    failed_blocks.add(block)
         if not parts:
             return None, np.zeros(0, dtype=np.int64)
         if self.source.columnar:

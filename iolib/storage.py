@@ -8,12 +8,14 @@ and open their own.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fnmatch
 import hashlib
 import logging
 import math
 import os
+import queue
 import random
 import tempfile
 import threading
@@ -28,7 +30,7 @@ from fsspec.implementations.cached import SimpleCacheFileSystem
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.spec import AbstractBufferedFile
 
-from iolib.errors import ConfigError
+from iolib.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,26 +43,38 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     PermissionError,
     ValueError,
     TypeError,
+    DataError,
 )
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How transient storage errors are retried.
+    """How transient storage errors are retried, and when a request counts as stuck.
 
     attempts: total tries per request (default 5); more hides longer outages but delays
         the error a user waits for.
     base_delay_s: first backoff (default 0.05 s), doubled each try, with full jitter.
     max_delay_s: cap on one backoff (default 2 s).
+    timeout_s: a request (one row-group read, one batch of image reads) still running
+        after this many seconds is abandoned as stuck and retried; None = wait forever.
+        Default 120 s: a stuck read fails within about attempts x (timeout_s + max_delay_s).
+        Raise it for very large row groups on slow links. The abandoned request's thread
+        cannot be stopped; it ends when the request does.
     """
 
     attempts: int = 5
     base_delay_s: float = 0.05
     max_delay_s: float = 2.0
+    timeout_s: float | None = 120.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ConfigError(f"`attempts` must be at least 1. Found: {self.attempts}.")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError(
+                "`timeout_s` must be a positive number of seconds or None. "
+                f"Found: {self.timeout_s!r}."
+            )
 
 
 def open_filesystem(
@@ -87,32 +101,134 @@ def call_with_retries(
     policy: RetryPolicy | None = None,
     on_retry: Callable[[BaseException], None] | None = None,
     seed: int | None = None,
+    redact: Callable[[str], str] = str,
 ) -> T:
     """Call `fn`; retry transient errors with exponential backoff and full jitter.
 
-    Permanent errors (missing object, bad bytes) raise at once. After the last attempt
-    the error is re-raised as an OSError that names `what` and the attempts made.
+    Permanent errors (missing object, bad bytes) raise at once. A call that runs past
+    `policy.timeout_s` counts as a transient TimeoutError. After the last attempt the error
+    is re-raised as an OSError that names `what` and the attempts made; `redact` cleans
+    the text of the underlying error (credentials) before it is shown or logged.
     """
     policy = policy or RetryPolicy()
     jitter = random.Random(seed)  # only the pace depends on it, never the data
     for attempt in range(1, policy.attempts + 1):
         try:
-            return fn()
-        except PERMANENT_ERRORS:
-            raise
+            return _with_timeout(fn, policy.timeout_s, what)
+        except PERMANENT_ERRORS as exc:
+            if isinstance(exc, (DataError, ConfigError)):
+                raise  # ours: already names the file and the fix
+            raise _permanent(exc, what, attempt, redact) from (
+                exc if redact(str(exc)) == str(exc) else None
+            )
         except Exception as exc:
+            reason = redact(f"{type(exc).__name__}: {exc}")
             if attempt == policy.attempts:
                 raise OSError(
-                    f"{what}: failed after {attempt} attempts; last error: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+                    f"{what}: failed after {attempt} attempts; last error: {reason}"
+                ) from (exc if redact(str(exc)) == str(exc) else None)
             _counters().retries += 1
             if on_retry is not None:
                 on_retry(exc)
             delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
-            log.debug("retrying %s after %s (attempt %d)", what, exc, attempt)
+            log.debug("retrying %s after %s (attempt %d)", what, reason, attempt)
             time.sleep(jitter.uniform(0, delay))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _permanent(
+    exc: BaseException, what: str, attempt: int, redact: Callable[[str], str]
+) -> BaseException:
+    """The same error type, with a message naming `what` and the attempts made."""
+    text = (
+        f"{what}: failed on attempt {attempt} with a permanent error (not retried): "
+        f"{redact(f'{type(exc).__name__}: {exc}')}"
+    )
+    try:
+        return type(exc)(text)
+    except Exception:  # an exception type with other constructor arguments
+        return OSError(text)
+
+
+class _Helper:
+    """One thread that runs a worker's storage calls, so a stuck call can be abandoned.
+
+    Each calling thread keeps its own helper (thread-local), so per-thread state of the
+    callee (open Parquet handles) is reused across calls. A helper whose call timed out
+    is retired: it exits when that call returns, and the caller gets a fresh helper."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.owner = threading.current_thread()
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.retired = False
+        self.thread = threading.Thread(target=self._run, name="iolib-io", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.retired:
+            try:
+                fn, box, done = self.jobs.get(timeout=_HELPER_IDLE_S)
+            except queue.Empty:
+                if not self.owner.is_alive():  # its worker is gone: so is the helper
+                    return
+                continue
+            if fn is None:
+                return
+            with _BUSY_LOCK:
+                _BUSY.add(self)
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # handed to the caller, never lost
+                box.append((False, exc))
+            finally:
+                with _BUSY_LOCK:
+                    _BUSY.discard(self)
+            done.set()
+
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and not self.retired and self.thread.is_alive()
+
+
+_HELPERS = threading.local()
+_BUSY: set[_Helper] = set()  # helpers inside a call (an abandoned stuck one included)
+_BUSY_LOCK = threading.Lock()
+_EXIT_WAIT_S = 10.0
+
+
+@atexit.register
+def _wait_for_busy_helpers() -> None:
+    """At exit, give calls still running (a timed-out read) a bounded time to return:
+    a daemon thread inside pyarrow or a C client while the interpreter finalizes can
+    crash it."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    with _BUSY_LOCK:
+        busy = list(_BUSY)
+    for helper in busy:
+        helper.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_HELPER_IDLE_S = 0.5  # how often an idle helper checks that its caller still exists
+
+
+def _with_timeout(fn: Callable[[], T], timeout_s: float | None, what: str) -> T:
+    if timeout_s is None:
+        return fn()
+    helper = getattr(_HELPERS, "helper", None)
+    if helper is None or not helper.alive():  # first call, or forked into a new process
+        helper = _HELPERS.helper = _Helper()
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+    helper.jobs.put((fn, box, done))
+    if not done.wait(timeout_s):
+        helper.retired = True
+        helper.jobs.put((None, None, None))  # lets it exit once the stuck call returns
+        _HELPERS.helper = None
+        raise TimeoutError(f"no answer within {timeout_s:g} s (RetryPolicy.timeout_s)")
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
 
 
 class IOCounters(threading.local):
@@ -320,7 +436,20 @@ class _WrappedFile(AbstractBufferedFile):
     """A buffered read-only file: each block fetch is one request of the wrapper."""
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path, start=start, end=end)
+        data = self.fs.cat_file(self.path, start=start, end=end)
+        expected = max(0, min(end, self.size) - start)
+        if len(data) < expected:
+            # What an HTTP client does on a body shorter than its Content-Length: a
+            # transient error (retried), never short bytes handed to a parser.
+            raise ShortReadError(
+                f"read of {self.path} [{start}:{end}] returned {len(data)} of {expected} bytes "
+                "(connection closed early)"
+            )
+        return data
+
+
+class ShortReadError(ConnectionError):
+    """A ranged read returned fewer bytes than asked for: transient, retried."""
 
 
 class ThrottledFileSystem(_WrapperFileSystem):
@@ -414,8 +543,14 @@ class FaultyFileSystem(_WrapperFileSystem):
         retry of the same request draws again).
     slow_rate, slow_ms: probability that a request first sleeps `slow_ms`.
     truncate_rate: probability that a read returns only its first half (a connection
-        closed early).
+        closed early). Files opened through a wrapper notice the short read and raise a
+        transient ShortReadError (as HTTP clients do from Content-Length); a bare
+        `cat_file` hands the short bytes on, for testing parsers.
     missing: glob patterns (fnmatch, on the stripped path) that raise FileNotFoundError.
+    shared: count the attempts of a request across every FaultyFileSystem of this process
+        with this seed (as a real service sees all its clients), so a retry through a fresh
+        instance (fsspec makes one per thread; a timed-out request is retried from a new
+        thread) draws anew. Default False: counts per instance.
     Whether the n-th attempt of a request fails is a pure function of
     (seed, request, n), so a faulty run is reproducible. `faults` counts what was injected.
 
@@ -433,9 +568,11 @@ class FaultyFileSystem(_WrapperFileSystem):
         slow_ms: float = 0.0,
         truncate_rate: float = 0.0,
         missing: list[str] | tuple[str, ...] = (),
+        shared: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.shared = bool(shared)
         for name, rate in (
             ("error_rate", error_rate),
             ("slow_rate", slow_rate),
@@ -449,6 +586,18 @@ class FaultyFileSystem(_WrapperFileSystem):
         self.truncate_rate = truncate_rate
         self.missing = tuple(missing)
         self.faults = {"errors": 0, "slow": 0, "truncated": 0, "missing": 0}
+
+    _shared_counts: ClassVar[dict[tuple, int]] = {}
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def _repeat(self, key: tuple) -> int:
+        if not self.shared:
+            return super()._repeat(key)
+        key = (self.seed, *key)
+        with self._shared_lock:
+            n = self._shared_counts.get(key, 0)
+            self._shared_counts[key] = n + 1
+        return n
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -502,7 +651,7 @@ class BoundedCacheFileSystem(SimpleCacheFileSystem):
     def _get_cached_file_before_open(self, path, **kwargs):
         final = os.path.join(self.storage[-1], self._mapper(path))
         self._mkcache()
-        fd, tmp = tempfile.mkstemp(dir=self.storage[-1], prefix=".partial-")
+        fd, tmp = tempfile.mkstemp(dir=self.storage[-1], prefix=f"{_PARTIAL}{os.getpid()}-")
         os.close(fd)
         try:
             self.fs.get_file(path, tmp)
@@ -527,17 +676,43 @@ class BoundedCacheFileSystem(SimpleCacheFileSystem):
         return super().cat_ranges(paths, starts, ends, max_gap, on_error, **kwargs)
 
 
+_PARTIAL = ".partial-"  # + the downloading process's pid + "-" + a random suffix
+
+
+def _remove_orphans(directory: str) -> None:
+    """Delete partial downloads left by processes that no longer exist (killed mid-write),
+    so crashes cannot fill the cache beyond its bound. Live downloads are kept."""
+    for entry in os.scandir(directory):
+        if not entry.name.startswith(_PARTIAL):
+            continue
+        pid = entry.name[len(_PARTIAL) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _process_exists(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(entry.path)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _evict_lru(directory: str, max_bytes: int | None, keep: str) -> None:
     """Remove least recently used cache files until `directory` holds <= `max_bytes`.
 
     A module function, not a method: fsspec's caching filesystems forward unknown
     attributes to the target filesystem.
     """
+    _remove_orphans(directory)
     if max_bytes is None:
         return
     entries = []
     for entry in os.scandir(directory):
-        if entry.is_file() and not entry.name.startswith(".partial-"):
+        if entry.is_file() and not entry.name.startswith(_PARTIAL):
             st = entry.stat()
             entries.append((st.st_mtime, st.st_size, entry.path))
     total = sum(size for _, size, _ in entries)

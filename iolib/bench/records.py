@@ -124,6 +124,13 @@ def write_observations(rows: list[dict[str, Any]], out_dir: str, *, stem: str = 
     """Write `rows` as `<stem>.parquet` (and `<stem>.json` when there are few) in `out_dir`."""
     import pyarrow.parquet as pq
 
+    from iolib.redact import redact_text
+
+    # Defence in depth: BenchSpec already redacts its command line.
+    rows = [
+        {**row, "command": redact_text(row["command"])} if row.get("command") else row
+        for row in rows
+    ]
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{stem}.parquet")
     tmp = path + ".partial"

@@ -25,6 +25,7 @@ from iolib.bench.measure import measure
 from iolib.bench.profiles import Storage, prepare_storage
 from iolib.bench.records import machine_description, versions
 from iolib.bench.workloads import Workload, inspect_dataset, make_images, make_tokens
+from iolib.redact import redact_text, secrets_in
 
 LOADERS = ("iolib", "torch")
 SHUFFLES = ("none", "block", "global")
@@ -71,6 +72,12 @@ class BenchSpec:
     data_dir: str | None = None
     command: str = ""
     sweep_minutes: float | None = None  # time-bounded; the grid runs in a seeded random order
+
+    def __post_init__(self) -> None:
+        # The command line lands in observations, run.json and reports: never a credential
+        # given in --data (s3://KEY:SECRET@...) or --storage-options.
+        secrets = secrets_in([self.data or ""], self.data_options)
+        object.__setattr__(self, "command", redact_text(self.command, secrets))
 
     def configs(self) -> list[Config]:
         grid = itertools.product(

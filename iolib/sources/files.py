@@ -15,8 +15,15 @@ import numpy as np
 import pyarrow as pa
 
 from iolib.errors import DataError
+from iolib.redact import Redactor
 from iolib.sources.base import Source
-from iolib.storage import call_with_retries, count_bytes, open_filesystem
+from iolib.storage import (
+    PERMANENT_ERRORS,
+    RetryPolicy,
+    call_with_retries,
+    count_bytes,
+    open_filesystem,
+)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int64()), ("path", pa.string())])
@@ -29,6 +36,9 @@ class ImageFolderSource(Source):
 
         src = ImageFolderSource("file:///data/imagenet/train")
         src.classes[:3], src[0]["label"]
+
+    retry: how transient storage errors are retried (default RetryPolicy()). Credentials
+    in the URL or `storage_options` never appear in its messages.
     """
 
     columnar = True
@@ -39,17 +49,22 @@ class ImageFolderSource(Source):
         storage_options: dict[str, Any] | None = None,
         *,
         extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+        retry: RetryPolicy | None = None,
     ) -> None:
+        self.retry = retry or RetryPolicy()
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.extensions = tuple(e.lower() for e in extensions)
         self._listing: tuple[list[str], list[str], np.ndarray] | None = None
+        self._redact = Redactor([url], self.storage_options)
 
     def _list(self) -> tuple[list[str], list[str], np.ndarray]:
         if self._listing is None:
             fs, root = open_filesystem(self.url, self.storage_options)
             if not fs.exists(root) or not fs.isdir(root):
-                raise DataError(f"Image folder {self.url!r} does not exist or is not a directory.")
+                raise DataError(
+                    f"Image folder {self._redact(self.url)!r} does not exist or is not a directory."
+                )
             names = (posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False))
             classes = sorted(
                 n for n in names if n not in (".", "..") and fs.isdir(posixpath.join(root, n))
@@ -63,12 +78,13 @@ class ImageFolderSource(Source):
                 labels += [label] * len(kept)
             if empty and paths:
                 raise DataError(
-                    f"Class folder(s) {empty} under {self.url!r} hold no images with extensions "
-                    f"{self.extensions}; remove them or add images (labels count every folder)."
+                    f"Class folder(s) {empty} under {self._redact(self.url)!r} hold no images "
+                    f"with extensions {self.extensions}; remove them or add images (labels "
+                    "count every folder)."
                 )
             if not paths:
                 raise DataError(
-                    f"Image folder {self.url!r} holds no images: expected "
+                    f"Image folder {self._redact(self.url)!r} holds no images: expected "
                     f"<class>/<file> with extensions {self.extensions}."
                 )
             self._listing = (classes, paths, np.asarray(labels, dtype=np.int64))
@@ -92,10 +108,10 @@ class ImageFolderSource(Source):
         return digest.hexdigest()[:16]
 
     def describe(self) -> str:
-        return f"ImageFolderSource({self.url!r})"
+        return f"ImageFolderSource({self._redact(self.url)!r})"
 
     def locate(self, index: int) -> str:
-        return f"{self._list()[1][index]!r} (sample {index})"
+        return f"{self._redact(self._list()[1][index])!r} (sample {index})"
 
     def read(self, indices: np.ndarray) -> pa.Table:
         _, paths, labels = self._list()
@@ -103,12 +119,21 @@ class ImageFolderSource(Source):
         fs, _ = open_filesystem(self.url, self.storage_options)
 
         def fetch() -> dict[str, bytes]:
-            return fs.cat(chosen, on_error="return")
+            blobs = fs.cat(chosen, on_error="return")
+            for value in blobs.values():  # a transient error retries the batch's reads
+                if isinstance(value, Exception) and not isinstance(value, PERMANENT_ERRORS):
+                    raise value
+            return blobs
 
-        blobs = call_with_retries(fetch, what=f"reading {len(chosen)} images under {self.url!r}")
+        blobs = call_with_retries(
+            fetch,
+            what=f"reading {len(chosen)} images under {self._redact(self.url)!r}",
+            policy=self.retry,
+            redact=self._redact,
+        )
         for path in chosen:
             if isinstance(blobs.get(path), BaseException):
-                raise DataError(f"Cannot read image {path!r}: {blobs[path]}")
+                raise DataError(self._redact(f"Cannot read image {path!r}: {blobs[path]}"))
         images = [blobs[p] for p in chosen]
         count_bytes(sum(len(b) for b in images))
         return pa.table(

@@ -1,0 +1,138 @@
+"""Keep credentials out of every message, log line and record iolib writes.
+
+Why a module of its own: URLs and storage options travel into error messages
+(sources), log lines (storage), observations and reports (bench). Each of those
+places passes its text through `redact_text` with the secrets of the URLs and options
+it was given, so a key in ``s3://KEY:SECRET@bucket/...`` or in
+``storage_options={"key": ..., "secret": ...}`` is printed as ``***``.
+
+>>> redact_url("s3://AKIA1234:s3cr3t@bucket/train.parquet")
+'s3://***@bucket/train.parquet'
+>>> redact_options({"key": "AKIA1234", "client_kwargs": {"region_name": "eu-west-1"}})
+{'key': '***', 'client_kwargs': {'region_name': 'eu-west-1'}}
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+MASK = "***"
+# Option and query-parameter names whose values are credentials (case-insensitive, anywhere
+# in the name): s3fs key/secret/token, gcsfs token, adlfs account_key/sas_token,
+# http auth and password, signed-URL signatures.
+_SENSITIVE = re.compile(
+    r"key|secret|token|passw|credential|signature|sig$|auth|session", re.IGNORECASE
+)
+# scheme://user:password@host or scheme://token@host
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s@'\"]+)@")
+# "secret": "value", secret=value, 'token': 'value' (JSON, Python reprs, query strings)
+_ASSIGNED = re.compile(
+    r"(?P<name>[\"']?[A-Za-z0-9_-]*(?:key|secret|token|passw\w*|credential\w*|signature|auth\w*)"
+    r"[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\"'&,}\s]+)",
+    re.IGNORECASE,
+)
+_MIN_SECRET = 4  # shorter values would mask innocent text everywhere
+
+
+def is_sensitive(name: str) -> bool:
+    """True for option names that hold credentials ("key", "secret", "token", ...)."""
+    return bool(_SENSITIVE.search(name))
+
+
+def secrets_in(urls: Iterable[str] = (), options: Any = None) -> frozenset[str]:
+    """Every credential value found in `urls` (user info, signed query parameters) and in
+    `options` (values under sensitive names, at any depth)."""
+    found: set[str] = set()
+    for url in urls:
+        for part in str(url).split("::"):
+            found.update(_url_secrets(part))
+    _collect(options, found, sensitive=False)
+    return frozenset(s for s in found if len(s) >= _MIN_SECRET)
+
+
+def _url_secrets(url: str) -> set[str]:
+    out: set[str] = set()
+    match = _USERINFO.search(url)
+    if match:
+        user = match.group("user")
+        out.add(user)
+        out.update(user.split(":", 1))
+    if "?" in url:
+        with _suppress():
+            for name, value in parse_qsl(urlsplit(url).query):
+                if is_sensitive(name):
+                    out.add(value)
+    return out
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is not None and issubclass(exc[0], ValueError)  # type: ignore[arg-type]
+
+
+def _collect(value: Any, found: set[str], sensitive: bool) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _collect(v, found, sensitive or is_sensitive(str(k)))
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            _collect(v, found, sensitive)
+    elif isinstance(value, (str, bytes)) and sensitive:
+        found.add(value.decode(errors="replace") if isinstance(value, bytes) else value)
+    elif isinstance(value, str) and "://" in value:
+        found.update(_url_secrets(value))
+
+
+def redact_url(url: str) -> str:
+    """`url` with its user info and signed query parameters masked."""
+    return redact_text(url)
+
+
+def redact_options(options: Any) -> Any:
+    """A copy of `options` with every value under a sensitive name masked."""
+    if isinstance(options, dict):
+        return {
+            k: (MASK if is_sensitive(str(k)) and not isinstance(v, dict) else redact_options(v))
+            for k, v in options.items()
+        }
+    if isinstance(options, (list, tuple)):
+        return type(options)(redact_options(v) for v in options)
+    if isinstance(options, str):
+        return redact_text(options)
+    return options
+
+
+def redact_text(text: str, secrets: Iterable[str] = (), *, assignments: bool = True) -> str:
+    """`text` with URL user info, each of `secrets` and (unless `assignments` is False, as
+    for tracebacks that quote source lines) `name=value` credentials masked."""
+    text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", str(text))
+    if assignments:
+        text = _ASSIGNED.sub(lambda m: f"{m.group('name')}{MASK}", text)
+    for secret in sorted(set(secrets), key=len, reverse=True):  # longest first
+        if len(secret) >= _MIN_SECRET:
+            text = text.replace(secret, MASK)
+    return text
+
+
+class Redactor:
+    """Redacts text with the secrets of one source's URLs and options; picklable.
+
+    >>> Redactor(["s3://b/x"], {"secret": "hunter22"})("denied: hunter22")
+    'denied: ***'
+    """
+
+    def __init__(self, urls: Iterable[str] = (), options: Any = None) -> None:
+        self.secrets = secrets_in(urls, options)
+
+    def __call__(self, text: str, *, assignments: bool = True) -> str:
+        return redact_text(text, self.secrets, assignments=assignments)
+
+    def changes(self, text: str) -> bool:
+        """True when `text` holds something this redactor masks."""
+        return self(text) != text
