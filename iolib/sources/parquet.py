@@ -101,7 +101,8 @@ class ParquetSource(Source):
     columns: the columns to read (None: all). Reading fewer columns reads fewer bytes.
     cache_bytes: bound on decoded row groups kept per process. Default (None): the whole
         dataset when it takes under a quarter of the free memory (later epochs read
-        nothing); else what the loader's shuffle mode needs: a window of row groups plus
+        nothing; fixed-width columns are then held as contiguous arrays, see
+        `iolib.sources.dense`); else what the loader's shuffle mode needs: a window of row groups plus
         those in flight for "block", a few for sequential reads, the whole dataset (capped
         at half the free memory) for "global". Too small a cache makes each batch re-read
         its row groups; pass an int to bound memory yourself.
