@@ -132,12 +132,15 @@ def epoch_rate(loader, samples: int, repeats: int) -> tuple[float, list[float]]:
 
 def run(args: argparse.Namespace) -> list[dict]:
     data = Path(args.data)
-    images, tokens = make_images(data, args.images), make_tokens(data, args.tokens)
+    workloads = {
+        "images": (lambda: make_images(data, args.images), TorchImages,
+                   {"transform": iolib_image_transform}, 64),
+        "tokens": (lambda: make_tokens(data, args.tokens), TorchTokens, {}, 256),
+    }  # fmt: skip
     rows = []
-    for workload, path, torch_ds, iolib_kwargs, batch in (
-        ("images", images, TorchImages, {"transform": iolib_image_transform}, 64),
-        ("tokens", tokens, TorchTokens, {}, 256),
-    ):
+    for workload in args.workloads:
+        make, torch_ds, iolib_kwargs, batch = workloads[workload]
+        path = make()
         dataset = torch_ds(path)
         n = len(dataset)
         torch_loader = torch.utils.data.DataLoader(
@@ -224,6 +227,9 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=4000, help="JPEGs in the images workload")
     parser.add_argument("--tokens", type=int, default=200_000, help="rows in the tokens workload")
     parser.add_argument("--data", default=str(HERE / "data"), help="where workloads are made")
+    parser.add_argument(
+        "--workloads", nargs="+", choices=("images", "tokens"), default=["images", "tokens"]
+    )
     parser.add_argument("--out", default=str(HERE / "results" / "loaders.md"))
     args = parser.parse_args()
     write_report(run(args), args, Path(args.out))

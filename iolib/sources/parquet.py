@@ -25,6 +25,7 @@ from cachetools import LRUCache
 from iolib.errors import ConfigError, DataError
 from iolib.redact import Redactor
 from iolib.sources.base import Source
+from iolib.sources.dense import DenseColumns
 from iolib.storage import RetryPolicy, call_with_retries, count_bytes, open_filesystem
 
 _GLOB_CHARS = "*?["
@@ -100,7 +101,8 @@ class ParquetSource(Source):
     columns: the columns to read (None: all). Reading fewer columns reads fewer bytes.
     cache_bytes: bound on decoded row groups kept per process. Default (None): the whole
         dataset when it takes under a quarter of the free memory (later epochs read
-        nothing); else what the loader's shuffle mode needs: a window of row groups plus
+        nothing; fixed-width columns are then held as contiguous arrays, see
+        `iolib.sources.dense`); else what the loader's shuffle mode needs: a window of row groups plus
         those in flight for "block", a few for sequential reads, the whole dataset (capped
         at half the free memory) for "global". Too small a cache makes each batch re-read
         its row groups; pass an int to bound memory yourself.
@@ -128,6 +130,7 @@ class ParquetSource(Source):
         self.columns = list(columns) if columns is not None else None
         self.storage_options = dict(storage_options or {})
         self._fixed_cache = cache_bytes is not None
+        self._dense_wanted = False  # set by fit_cache when the whole dataset is kept
         self.cache_bytes = cache_bytes if cache_bytes is not None else MIN_CACHE_BYTES
         self._files: list[_FileMeta] | None = None
         self._init_runtime()
@@ -139,9 +142,11 @@ class ParquetSource(Source):
         self._cache: LRUCache = LRUCache(maxsize=self.cache_bytes, getsizeof=lambda t: t.nbytes)
         self._local = threading.local()
         self._in_flight: dict[int, _Flight] = {}
+        self._dense: DenseColumns | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("urls", "columns", "storage_options", "cache_bytes", "_fixed_cache", "_files")
+        keep += ("_dense_wanted",)
         keep += ("retry",)
         keep += ("_starts", "_groups")
         return {k: v for k, v in self.__dict__.items() if k in keep}
@@ -261,10 +266,15 @@ class ParquetSource(Source):
         ]
         available = psutil.virtual_memory().available
         everything = int(1.25 * sum(sizes))
-        if everything <= available // 4:
+        keep_all = everything <= available // 4
+        self._dense_wanted = keep_all and DenseColumns.supports(self.schema)
+        if not self._dense_wanted:
+            self._dense = None
+        if keep_all:
             # The whole dataset fits easily: keep it, as a user holding a table in memory
             # would; epochs after the first then read nothing (decoding nested Parquet
-            # columns runs at ~100-200 MB/s, slower than many disks).
+            # columns runs at ~100-200 MB/s, slower than many disks). Fixed-width columns
+            # are then kept as contiguous arrays, for one-copy batch gathers.
             row_groups = len(sizes)
         want = int(1.25 * max(sizes, default=0) * min(row_groups, len(sizes)))
         cap = available // 2
@@ -322,14 +332,21 @@ class ParquetSource(Source):
         """Rows at `indices`, in that order, as one Arrow table: a fresh copy (collate hands
         its memory to tensors without copying again).
 
-        Arrow's `take` per row group plus one reordering `take` copies each byte twice but
-        releases the GIL; a single-copy numpy gather measured faster on one thread and
-        slower with two, since it holds the GIL."""
+        From the dense store when there is one (one `np.take` per column); else Arrow's
+        `take` per row group plus one reordering `take` (two copies, GIL released)."""
         indices = np.asarray(indices, dtype=np.int64)
         starts = self._rg_starts
         if indices.size and (indices.min() < 0 or indices.max() >= starts[-1]):
             raise IndexError(f"sample indices outside 0..{starts[-1] - 1}")
         groups = np.searchsorted(starts, indices, side="right") - 1
+        dense = self._dense_columns()
+        if dense is not None and indices.size:
+            for group in dense.missing(groups):
+                if not dense.fill(group, self._row_group(group, keep=False)):
+                    self._drop_dense(group)
+                    break
+            else:
+                return dense.take(indices)
         order = np.argsort(groups, kind="stable")
         pieces, boundaries = [], np.flatnonzero(np.diff(groups[order])) + 1
         for chunk in np.split(order, boundaries) if indices.size else []:
@@ -343,9 +360,26 @@ class ParquetSource(Source):
         inverse[order] = np.arange(order.size)
         return batch.take(pa.array(inverse))
 
-    def _row_group(self, group: int) -> pa.Table:
+    def _dense_columns(self) -> DenseColumns | None:
+        """The contiguous column store, made on first use where fit_cache chose it."""
+        if not self._dense_wanted or self._fixed_cache:
+            return None
+        with self._lock:
+            if self._dense is None and self._dense_wanted:
+                self._dense = DenseColumns(self.schema, self._rg_starts)
+            return self._dense
+
+    def _drop_dense(self, group: int) -> None:
+        """A row group held nulls: go back to Arrow tables for good (nulls survive there)."""
+        log.info("%s: row group %d holds nulls; batches are gathered from Arrow tables",
+                 self.describe(), group)  # fmt: skip
+        with self._lock:
+            self._dense_wanted, self._dense = False, None
+
+    def _row_group(self, group: int, keep: bool = True) -> pa.Table:
         """A row group from the cache, else from storage. Threads that miss the same row
-        group at once share one read (the first reads, the others wait for it)."""
+        group at once share one read (the first reads, the others wait for it). `keep`:
+        put it in the cache (not when it goes to the dense store)."""
         with self._lock:
             cached = self._cache.get(group)
             if cached is not None:
@@ -367,7 +401,8 @@ class ParquetSource(Source):
             raise
         finally:
             with self._lock:
-                if flight.table is not None and flight.table.nbytes <= self.cache_bytes:
+                fits = flight.table is not None and flight.table.nbytes <= self.cache_bytes
+                if keep and fits:
                     self._cache[group] = flight.table
                 del self._in_flight[group]
             flight.done.set()

@@ -1,0 +1,108 @@
+"""A whole dataset's fixed-width columns as contiguous arrays, for one-copy batch gathers.
+
+When a dataset fits in memory and every column read is fixed-width (numbers, or
+fixed-size lists of numbers, without nulls), a batch is one `np.take` per column from
+one array: a single copy with the GIL released. Gathering from Arrow row groups instead
+takes per row group and then reorders (two copies plus Arrow's per-call overhead):
+measured 0.2 against 0.8 ms for a batch of 256 rows of 2,048 int32 on one core.
+
+Row groups are copied in as they are first read, so the first epoch reads storage as
+before; the arrays are allocated at once but take memory page by page as they fill.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+
+
+def dense_shape(kind: pa.DataType) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """The numpy dtype and per-row shape that hold values of `kind`, or None when the
+    type is not fixed-width numeric (strings, binary, variable lists, booleans...)."""
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(kind):
+        shape.append(kind.list_size)
+        kind = kind.value_type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        return None
+    return np.dtype(kind.to_pandas_dtype()), tuple(shape)
+
+
+def _values(column: pa.ChunkedArray, rows: int, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A column's values as a [rows, *shape] array (zero-copy where Arrow allows), or
+    None if any value or list item is null."""
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    for _ in shape:
+        if array.null_count:
+            return None
+        array = array.flatten()  # honours slicing offsets
+    if array.null_count:
+        return None
+    return array.to_numpy(zero_copy_only=False).reshape((rows, *shape))
+
+
+def _to_arrow(values: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """Rows of `values` as an Arrow array of `kind`, sharing their memory."""
+    if not pa.types.is_fixed_size_list(kind):
+        return pa.array(values.reshape(-1), type=kind)
+    inner = _to_arrow(values.reshape(-1, *values.shape[2:]), kind.value_type)
+    return pa.FixedSizeListArray.from_arrays(inner, type=kind)
+
+
+class DenseColumns:
+    """The columns of `schema` for `total` rows, filled one row group at a time."""
+
+    def __init__(self, schema: pa.Schema, starts: np.ndarray) -> None:
+        self.schema = schema
+        self.starts = starts
+        total = int(starts[-1])
+        self.arrays: dict[str, np.ndarray] = {}
+        for field in schema:
+            dtype, shape = dense_shape(field.type)  # type: ignore[misc]
+            self.arrays[field.name] = np.empty((total, *shape), dtype=dtype)
+        self.filled = np.zeros(len(starts) - 1, dtype=bool)
+        self.complete = False  # every row group filled: reads skip the bookkeeping
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def supports(schema: pa.Schema) -> bool:
+        return len(schema) > 0 and all(dense_shape(f.type) is not None for f in schema)
+
+    def missing(self, groups: np.ndarray) -> list[int]:
+        """Row groups among `groups` not copied in yet."""
+        if self.complete:
+            return []
+        return [int(g) for g in np.unique(groups) if not self.filled[g]]
+
+    def fill(self, group: int, table: pa.Table) -> bool:
+        """Copy row group `group` in. False (nothing kept) if it holds a null, which these
+        arrays cannot represent: the caller then goes back to reading Arrow tables."""
+        start, stop = int(self.starts[group]), int(self.starts[group + 1])
+        parts = {}
+        for field in self.schema:
+            values = _values(
+                table.column(field.name), stop - start, self.arrays[field.name].shape[1:]
+            )
+            if values is None:
+                return False
+            parts[field.name] = values
+        with self._lock:
+            if not self.filled[group]:
+                for name, values in parts.items():
+                    self.arrays[name][start:stop] = values
+                self.filled[group] = True
+                self.complete = bool(self.filled.all())
+        return True
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        """Rows at `indices` (all in filled row groups), in that order: one copy."""
+        columns = [
+            _to_arrow(np.take(self.arrays[f.name], indices, axis=0), f.type) for f in self.schema
+        ]
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
