@@ -60,7 +60,8 @@ class ImagePipeline:
     scale, ratio: RandomResizedCrop's area-fraction and aspect-ratio ranges.
     crop_fraction: eval crop size / resize size (0.875: 224 of 256).
     threads: decode threads per DALI pipeline (one pipeline per loader worker);
-        default: all cores. Raising it past the free cores only adds contention.
+        default: all cores. With W loader workers, about cores / W: raising it past the
+        free cores only adds contention.
     """
 
     size: int = 224

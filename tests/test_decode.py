@@ -103,6 +103,23 @@ def test_jpeg_header_fast_path_agrees_with_pillow(blobs):
         assert tuple(probe(blob, 10**9)) == expected
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"\xff", b"\xd9", b"\xda", b"\x00", b"\xff\xd9", b"\xff\xda"])))
+def test_truncation_check_is_no_scan_after_the_last_eoi(parts):
+    """The fast check gives the verdict of its definition: the last SOS lies after the
+    last EOI (both found by a full backward scan)."""
+    from iolib.decode.probe import BadImage, _check_complete
+
+    data = b"".join(parts)
+    truncated = data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda")
+    try:
+        _check_complete(data, "JPEG")
+        flagged = False
+    except BadImage:
+        flagged = True
+    assert flagged == truncated
+
+
 # --- configuration ---------------------------------------------------------------------
 
 
@@ -201,6 +218,25 @@ def test_dali_deterministic_across_threads(blobs):
     with ThreadPoolExecutor(max_workers=2) as pool:
         outs = list(pool.map(lambda c: _run(pipe, blobs[c[0] : c[1]], idx[c[0] : c[1]], 9), chunks))
     assert torch.equal(torch.cat([o["image"] for o, _ in outs]), serial["image"])
+
+
+def test_dali_cpu_batches_outlive_later_runs_and_their_pipeline(blobs):
+    """CPU outputs are DALI's buffers handed over without a copy: a batch still held
+    must not change when the pipeline runs again, is rebuilt (larger batch) or is gone."""
+    idx = np.arange(N)
+    expected = [_run(_dali(), blobs[lo : lo + 8], idx[lo : lo + 8])[0]["image"] for lo in (0, 8)]
+    pipe = _dali()
+    held = [_run(pipe, blobs[lo : lo + 8], idx[lo : lo + 8])[0]["image"] for lo in (0, 8)]
+    for lo in range(16, N, 8):  # later runs of the same pipeline
+        _run(pipe, blobs[lo : lo + 8], idx[lo : lo + 8])
+    _run(pipe, blobs, idx)  # a larger batch: this thread's pipeline is rebuilt
+    pipe._runtime.clear()  # and the backend holding the pipelines dropped
+    import gc
+
+    gc.collect()
+    _run(_dali(), blobs, idx + 1)  # new allocations that could reuse freed memory
+    for got, want in zip(held, expected, strict=True):
+        assert torch.equal(got, want)
 
 
 def test_augmentation_depends_on_seed_and_epoch_only(blobs):

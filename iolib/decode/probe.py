@@ -120,8 +120,10 @@ def _check_complete(data: bytes, fmt: str) -> None:
 
     A JPEG ends its last scan with an EOI marker; inside entropy-coded data 0xFF is
     always stuffed, so an EOI after the last SOS marker means the scan data is whole.
-    (An embedded EXIF thumbnail sits before the main scans and cannot fool this.)"""
-    if fmt in ("JPEG", "MPO") and data.rfind(_JPEG_EOI) < data.rfind(_JPEG_SOS):
+    (An embedded EXIF thumbnail sits before the main scans and cannot fool this.)
+    Searched as "no SOS after the last EOI": the EOI is normally in the last bytes, so
+    this reads a few bytes where ``rfind(SOS)`` would scan the whole file (~30 us)."""
+    if fmt in ("JPEG", "MPO") and data.find(_JPEG_SOS, data.rfind(_JPEG_EOI) + 1) >= 0:
         raise BadImage("the JPEG is truncated (no end-of-image marker after its last scan)")
     if fmt == "PNG" and data.rfind(b"IEND") < 0:
         raise BadImage("the PNG is truncated (no IEND chunk)")
