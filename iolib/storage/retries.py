@@ -1,0 +1,119 @@
+"""Retries: which storage errors are transient, and how they are retried.
+
+Why here: every read iolib makes (row groups, images, footers) goes through
+`call_with_retries`, so one policy decides backoff, jitter, attempts and timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from iolib.errors import ConfigError, DataError
+from iolib.storage.counters import _counters
+from iolib.storage.timeouts import _with_timeout
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# Errors that a second attempt cannot fix: the object is not there, or its bytes are wrong.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    ValueError,
+    TypeError,
+    DataError,
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient storage errors are retried, and when a request counts as stuck.
+
+    attempts: total tries per request (default 5); more hides longer outages but delays
+        the error a user waits for.
+    base_delay_s: first backoff (default 0.05 s), doubled each try, with full jitter.
+    max_delay_s: cap on one backoff (default 2 s).
+    timeout_s: a request (one row-group read, one batch of image reads) still running
+        after this many seconds is abandoned as stuck and retried; None = wait forever.
+        Default 120 s: a stuck read fails within about attempts x (timeout_s + max_delay_s).
+        Raise it for very large row groups on slow links. The abandoned request's thread
+        cannot be stopped; it ends when the request does.
+    """
+
+    attempts: int = 5
+    base_delay_s: float = 0.05
+    max_delay_s: float = 2.0
+    timeout_s: float | None = 120.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ConfigError(f"`attempts` must be at least 1. Found: {self.attempts}.")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError(
+                "`timeout_s` must be a positive number of seconds or None. "
+                f"Found: {self.timeout_s!r}."
+            )
+
+
+def call_with_retries(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    policy: RetryPolicy | None = None,
+    on_retry: Callable[[BaseException], None] | None = None,
+    seed: int | None = None,
+    redact: Callable[[str], str] = str,
+) -> T:
+    """Call `fn`; retry transient errors with exponential backoff and full jitter.
+
+    Permanent errors (missing object, bad bytes) raise at once. A call that runs past
+    `policy.timeout_s` counts as a transient TimeoutError. After the last attempt the error
+    is re-raised as an OSError that names `what` and the attempts made; `redact` cleans
+    the text of the underlying error (credentials) before it is shown or logged.
+    """
+    policy = policy or RetryPolicy()
+    jitter = random.Random(seed)  # only the pace depends on it, never the data
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return _with_timeout(fn, policy.timeout_s, what)
+        except PERMANENT_ERRORS as exc:
+            if isinstance(exc, (DataError, ConfigError)):
+                raise  # ours: already names the file and the fix
+            raise _permanent(exc, what, attempt, redact) from (
+                exc if redact(str(exc)) == str(exc) else None
+            )
+        except Exception as exc:
+            reason = redact(f"{type(exc).__name__}: {exc}")
+            if attempt == policy.attempts:
+                raise OSError(
+                    f"{what}: failed after {attempt} attempts; last error: {reason}"
+                ) from (exc if redact(str(exc)) == str(exc) else None)
+            _counters().retries += 1
+            if on_retry is not None:
+                on_retry(exc)
+            delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
+            log.debug("retrying %s after %s (attempt %d)", what, reason, attempt)
+            time.sleep(jitter.uniform(0, delay))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _permanent(
+    exc: BaseException, what: str, attempt: int, redact: Callable[[str], str]
+) -> BaseException:
+    """The same error type, with a message naming `what` and the attempts made."""
+    text = (
+        f"{what}: failed on attempt {attempt} with a permanent error (not retried): "
+        f"{redact(f'{type(exc).__name__}: {exc}')}"
+    )
+    try:
+        return type(exc)(text)
+    except Exception:  # an exception type with other constructor arguments
+        return OSError(text)

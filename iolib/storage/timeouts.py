@@ -1,0 +1,101 @@
+"""Per-request timeouts: a storage call runs on a helper thread that can be abandoned.
+
+Why a thread: a stuck read inside pyarrow or a C client cannot be interrupted, only
+left behind; the caller gets a TimeoutError and retries on a fresh helper.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class _Helper:
+    """One thread that runs a worker's storage calls, so a stuck call can be abandoned.
+
+    Each calling thread keeps its own helper (thread-local), so per-thread state of the
+    callee (open Parquet handles) is reused across calls. A helper whose call timed out
+    is retired: it exits when that call returns, and the caller gets a fresh helper."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.owner = threading.current_thread()
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.retired = False
+        self.thread = threading.Thread(target=self._run, name="iolib-io", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.retired:
+            try:
+                fn, box, done = self.jobs.get(timeout=_HELPER_IDLE_S)
+            except queue.Empty:
+                if not self.owner.is_alive():  # its worker is gone: so is the helper
+                    return
+                continue
+            if fn is None:
+                return
+            with _BUSY_LOCK:
+                _BUSY.add(self)
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # handed to the caller, never lost
+                box.append((False, exc))
+            finally:
+                with _BUSY_LOCK:
+                    _BUSY.discard(self)
+            done.set()
+
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and not self.retired and self.thread.is_alive()
+
+
+_HELPERS = threading.local()
+_BUSY: set[_Helper] = set()  # helpers inside a call (an abandoned stuck one included)
+_BUSY_LOCK = threading.Lock()
+_EXIT_WAIT_S = 10.0
+
+
+@atexit.register
+def _wait_for_busy_helpers() -> None:
+    """At exit, give calls still running (a timed-out read) a bounded time to return:
+    a daemon thread inside pyarrow or a C client while the interpreter finalizes can
+    crash it."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    with _BUSY_LOCK:
+        busy = list(_BUSY)
+    for helper in busy:
+        helper.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_HELPER_IDLE_S = 0.5  # how often an idle helper checks that its caller still exists
+
+
+def _with_timeout(fn: Callable[[], T], timeout_s: float | None, what: str) -> T:
+    if timeout_s is None:
+        return fn()
+    helper = getattr(_HELPERS, "helper", None)
+    if helper is None or not helper.alive():  # first call, or forked into a new process
+        helper = _HELPERS.helper = _Helper()
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+    helper.jobs.put((fn, box, done))
+    if not done.wait(timeout_s):
+        helper.retired = True
+        helper.jobs.put((None, None, None))  # lets it exit once the stuck call returns
+        _HELPERS.helper = None
+        raise TimeoutError(f"no answer within {timeout_s:g} s (RetryPolicy.timeout_s)")
+    ok, value = box.pop()
+    if ok:
+        return value
+    try:
+        raise value
+    finally:
+        del value  # else error -> traceback -> this frame -> error: a cycle kept until GC
