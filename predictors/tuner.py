@@ -364,7 +364,9 @@ class LearnedTuner:
         if len(same) < self.shift_window:
             return None
         window = same[-self.shift_window :]
-        now = _nominal_service_ms(self._mean_features(window))
+        # Medians: the first batches of new workers pay for connections and file footers
+        # and would make a baseline that a steady service then reads as a speed-up.
+        now = median(_nominal_service_ms(self._mean_features([s])) for s in window)
         if not self._rebased:
             self._planned_service, self._rebased = now, True
             return None
