@@ -6,19 +6,22 @@ reason; the loader applies it (`engine.set_workers`, `engine.set_depth`). Tuners
 change which samples come in which order, only how many workers build batches and how
 many batches may be in flight or ready.
 
-The learned tuner:
+The learned tuner (the model proposes, measurement decides):
 
-1. starts safe (2 workers, depth 2 by default) and measures for `warmup_batches`;
+1. starts at the least memory (1 worker, depth 1) and measures for `warmup_batches`;
 2. turns the measured per-batch service times into the model's features, predicts
    utilization for every candidate (workers, depth) whose memory bound
-   `depth * batch_memory_bytes` fits the budget, and takes the one with the least memory
-   whose predicted utilization meets `target + margin` (the margin is the model's
-   measured error on unseen workloads);
-3. keeps comparing: a service-time change beyond `shift_ratio` (a storage slowdown or
-   its recovery) re-decides at once; observed utilization that departs from the
-   prediction rescales the service time the model is given (effective vs measured)
-   and re-decides;
-4. when nothing within the budget reaches the target, says so, names the bottleneck
+   `depth * batch_memory_bytes` fits the budget (clipped by first principles, with
+   depth slack for jitter), and takes the one with the least memory whose predicted
+   utilization meets `target + margin` (the margin is the model's measured error on
+   unseen workloads);
+3. every `check_batches` settled batches: below the target it escalates (the shortfall,
+   uncapped, rescales the service time the model is given; a measured climb when the
+   re-plan asks for nothing larger; a stop, with the bottleneck named, when a climb
+   raised neither utilization nor the measured service rate); well above the target
+   twice in a row it tries the next cheaper depth and keeps it only if the target holds;
+4. a lasting service-time change (a storage slowdown or its recovery) re-decides at once;
+5. when nothing within the budget reaches the target, says so, names the bottleneck
    stage and takes the configuration with the highest predicted utilization.
 
 Example:
