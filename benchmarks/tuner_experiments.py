@@ -2,6 +2,9 @@
 infeasible target, for the learned tuner against its baselines, in one run.
 
     python benchmarks/tuner_experiments.py            # about 10 minutes on 2 cores
+    python benchmarks/tuner_experiments.py --only shift      # one part, merged into
+    python benchmarks/tuner_experiments.py --only steady --cases images   # tuning.json
+    python benchmarks/tuner_experiments.py --only steady --tuners learned --verbose  # iterate
 
 Workloads: fixed-length token rows in Parquet, one 1 MiB row group per batch, read
 through the throttled storage wrapper with the row-group cache off, so every batch costs
@@ -22,7 +25,6 @@ Results: benchmarks/results/tuning.md, tuning.json and PNG plots beside them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import json
 import statistics
@@ -39,7 +41,6 @@ import pyarrow.parquet as pq
 
 from iolib import DataLoader
 from iolib.sources import ParquetSource
-from iolib.storage import open_filesystem
 
 HERE = Path(__file__).parent
 BATCH = 64
@@ -86,10 +87,35 @@ def source_for(path: Path, profile: str | None, tag: str) -> ParquetSource:
     return ParquetSource(f"throttled::file://{path}", storage_options=options, cache_bytes=1)
 
 
-def set_slowdown(source: ParquetSource, factor: float, base: Any) -> None:
-    """Make the source's throttled storage `factor` times slower (1: back to `base`)."""
-    fs, _ = open_filesystem(source.urls[0], source.storage_options)
-    fs.profile = dataclasses.replace(base, latency_ms=base.latency_ms * factor)
+_SLOWDOWN: dict[str, float] = {}  # storage tag -> latency factor, for every thread
+
+
+def _install_slowdown() -> None:
+    """Let `set_slowdown` reach every thread's storage instance.
+
+    fsspec keeps one filesystem instance per thread, so changing the profile of the
+    main thread's instance (what this script did before) slowed only the reads made
+    from the main thread: worker threads kept the fast profile and the "10x slowdown"
+    was mostly not there. The factor is now looked up by the source's tag on every
+    request, from whatever thread makes it."""
+    from iolib.storage import ThrottledFileSystem
+
+    if getattr(ThrottledFileSystem, "_bench_slowdown", False):
+        return
+    original = ThrottledFileSystem._request
+
+    def _request(self: Any, kind: str, path: str, start: Any, end: Any) -> Any:
+        started, latency = original(self, kind, path, start, end)
+        return started, latency * _SLOWDOWN.get(self.storage_options.get("tag"), 1.0)
+
+    ThrottledFileSystem._request = _request  # type: ignore[method-assign]
+    ThrottledFileSystem._bench_slowdown = True  # type: ignore[attr-defined]
+
+
+def set_slowdown(source: ParquetSource, factor: float) -> None:
+    """Make the source's throttled storage latency `factor` times longer (1: back)."""
+    _install_slowdown()
+    _SLOWDOWN[source.storage_options["throttled"]["tag"]] = factor
 
 
 def decode_images(batch: dict, indices: np.ndarray, *, seed: int, epoch: int):
@@ -156,11 +182,29 @@ def batches_to_target(util: list[float], target: float, start: int = 0) -> int |
     return int(hits[0]) + 10 if hits.size else None
 
 
+def batches_to_recover(
+    util: list[float], target: float, start: int, window: int = 5, hold: int = 10
+) -> int | None:
+    """Batches from `start` (the shift) until the rolling utilization (over `window`
+    batches) is back at or above the target, and stays there for `hold` batches, after
+    first dropping below it; 0 if it never dropped, None if it never came back."""
+    smooth = rolling(util[start:], window)
+    below = np.flatnonzero(smooth < target)
+    if not below.size:
+        return 0
+    ok = smooth[below[0] :] >= target
+    for i in range(len(ok) - hold + 1):
+        if ok[i : i + hold].all():  # back, and staying back for `hold` batches
+            return int(below[0] + i) + window
+    return None
+
+
 def summary(result: dict[str, Any], target: float, tail: int) -> dict[str, Any]:
     util = result["utilization"]
     return {
         "utilization": statistics.mean(util[-tail:]),
         "peak_mib": result["peak_bytes"] / 2**20,
+        "held_mib": statistics.mean(result["memory"][-tail:]) / 2**20,
         "workers": result["workers"][-1],
         "depth": result["depth"][-1],
         "batches_to_target": batches_to_target(util, target),
@@ -185,6 +229,16 @@ def tuners(target: float, budget: int, oracle: tuple[int, int]) -> dict[str, dic
         "torch-default": {"prefetch": StaticDefaultTuner(workers=2), "num_workers": 2},
         "oracle": {"num_workers": oracle[0], "prefetch": oracle[1]},
     }
+
+
+def selected(table: dict[str, dict[str, Any]], args: argparse.Namespace) -> list:
+    """The tuners named by --tuners (all when empty)."""
+    names = [n for n in args.tuners.split(",") if n] if args.tuners else list(table)
+    return [(n, table[n]) for n in names]
+
+
+def wants_oracle(args: argparse.Namespace) -> bool:
+    return not args.tuners or "oracle" in args.tuners.split(",")
 
 
 def find_oracle(
@@ -223,11 +277,17 @@ def steady(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
     out = {}
     for workload, profile, step_ms in STEADY:
         key = f"{workload}/{profile}/{step_ms:g}ms"
+        if args.cases and not any(c in key for c in args.cases.split(",")):
+            continue
         path, decode = paths[workload], decode_images if workload == "images" else None
         batches = args.batches if workload == "tokens" else args.batches // 3
-        oracle, grid = find_oracle(path, profile, args.target, step_ms, 40, decode)
+        oracle, grid = (
+            find_oracle(path, profile, args.target, step_ms, 40, decode)
+            if wants_oracle(args)
+            else ((1, 1), [])
+        )
         out[key] = {"oracle_grid": grid, "tuners": {}}
-        for name, kwargs in tuners(args.target, args.budget, oracle).items():
+        for name, kwargs in selected(tuners(args.target, args.budget, oracle), args):
             src = source_for(path, PROFILES[profile], f"{name}-{profile}")
             result = run(
                 lambda s=src, k=kwargs, f=decode: DataLoader(s, batch_size=BATCH, decode=f, **k),
@@ -240,6 +300,12 @@ def steady(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
                 "decisions": (result["tuner"] or {}).get("decisions"),
             }
             out[key]["tuners"][name] = r
+            if args.verbose:
+                for d in r["decisions"] or []:
+                    print(
+                        f"    {d['batch']:4d} {d['workers']:3d} {d['depth']:3d} {d['reason'][:150]}"
+                    )
+                print("    trace", [round(u, 2) for u in rolling(result["utilization"], 5)[::3]])
             print(
                 f"steady {key:28s} {name:13s} {r['utilization']:.2f} util, "
                 f"{r['peak_mib']:.1f} MiB, target after {r['batches_to_target']}",
@@ -249,39 +315,51 @@ def steady(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
 
 
 def shift(args: argparse.Namespace, path: Path) -> dict[str, Any]:
-    from iolib.storage import PROFILES as THROTTLES
-
-    base = THROTTLES["object-store"]
     n = args.batches * 3 // 2
     start, stop = n // 3, 2 * n // 3
-    out = {"start": start, "stop": stop, "tuners": {}}
-    oracle, _ = find_oracle(path, "object-store", args.target, args.step_ms, 40)
+    out = {"start": start, "stop": stop, "step_ms": args.shift_step_ms, "tuners": {}}
+    oracle, _ = (
+        find_oracle(path, "object-store", args.target, args.shift_step_ms, 40)
+        if wants_oracle(args)
+        else ((1, 1), [])
+    )
     out["oracle"] = oracle
-    for name, kwargs in tuners(args.target, args.budget, oracle).items():
+    for name, kwargs in selected(tuners(args.target, args.budget, oracle), args):
         src = source_for(path, "object-store", f"shift-{name}")
 
         def on_batch(k: int, src: ParquetSource = src) -> None:
             if k == start:
-                set_slowdown(src, 10.0, base)
+                set_slowdown(src, 10.0)
             elif k == stop:
-                set_slowdown(src, 1.0, base)
+                set_slowdown(src, 1.0)
 
         result = run(
-            lambda s=src, k=kwargs: DataLoader(s, batch_size=BATCH, **k), n, args.step_ms, on_batch
+            lambda s=src, k=kwargs: DataLoader(s, batch_size=BATCH, **k),
+            n,
+            args.shift_step_ms,
+            on_batch,
         )
         util = result["utilization"]
         out["tuners"][name] = {
             "trace": util,
             "memory": result["memory"],
             "workers": result["workers"],
-            "recovered_after": batches_to_target(util, args.target, start),
+            "recovered_after": batches_to_recover(util, args.target, start),
+            "recovered_after_stop": batches_to_recover(util, args.target, stop),
             "memory_before_mib": statistics.mean(result["memory"][start - 20 : start]) / 2**20,
             "memory_during_mib": statistics.mean(result["memory"][stop - 20 : stop]) / 2**20,
             "memory_after_mib": statistics.mean(result["memory"][-20:]) / 2**20,
             "decisions": (result["tuner"] or {}).get("decisions"),
         }
+        r = out["tuners"][name]
+        if args.verbose:
+            for d in r["decisions"] or []:
+                print(f"    {d['batch']:4d} {d['workers']:3d} {d['depth']:3d} {d['reason'][:150]}")
+            print("    trace", [round(u, 2) for u in rolling(util, 5)[::3]])
         print(
-            f"shift {name:13s} recovered after {out['tuners'][name]['recovered_after']} batches",
+            f"shift {name:13s} back above target {r['recovered_after']} batches after the "
+            f"slowdown, {r['recovered_after_stop']} after the recovery; MiB before/during/after "
+            f"{r['memory_before_mib']:.1f}/{r['memory_during_mib']:.1f}/{r['memory_after_mib']:.1f}",
             flush=True,
         )
     return out
@@ -334,38 +412,55 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
     lines = [
         "# Tuner experiments",
         "",
-        f"Command: `python benchmarks/tuner_experiments.py {' '.join(_run_args())}`  ",
-        f"Target utilization {args.target}, batch {BATCH}, step per case (shift and "
-        f"infeasible runs: {args.step_ms:g} ms), "
+        "Commands (each part run on its own, under the CPU lock, merged into tuning.json): "
+        "`python benchmarks/tuner_experiments.py --only steady --cases tokens`, "
+        "`... --only steady --cases images`, `... --only shift`, `... --only infeasible`  ",
+        f"Target utilization {args.target}, batch {BATCH}, step per case (infeasible run: "
+        f"{args.step_ms:g} ms), "
         f"memory budget {args.budget / 2**20:.0f} MiB, {args.batches} batches per run.",
         "",
         "## 1. Steady workloads",
         "",
-        "| workload / storage / step | tuner | utilization (last third) | peak MiB | workers "
-        "| depth | batches to target |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "Peak MiB: the most bytes in flight or ready at any time of the run (the loader's "
+        "`peak_bytes_in_flight`, the same measure for every tuner); held MiB: the mean over "
+        "the last third.",
+        "",
+        "| workload / storage / step | tuner | utilization (last third) | peak MiB | held MiB "
+        "| workers | depth | batches to target |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for profile, res in results["steady"].items():
         for name, r in res["tuners"].items():
             lines.append(
                 f"| {profile} | {name} | {r['utilization']:.2f} | {r['peak_mib']:.1f} | "
-                f"{r['workers']} | {r['depth']} | {r['batches_to_target']} |"
+                f"{r.get('held_mib', float('nan')):.1f} | {r['workers']} | {r['depth']} | "
+                f"{r['batches_to_target']} |"
             )
     s = results["shift"]
     lines += [
         "",
         "## 2. Regime shift",
         "",
-        f"Storage latency x10 from batch {s['start']} to {s['stop']}. ![shift](tuning-shift.png)",
+        f"Tokens on `object-store`, step {s.get('step_ms', args.shift_step_ms):g} ms, storage "
+        f"latency x10 from batch {s['start']} to {s['stop']} (every worker thread's storage, "
+        f"see `set_slowdown`). ![shift](tuning-shift.png)",
         "",
-        "| tuner | utilization before | during | after | MiB before | MiB during | MiB after |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "Batches to recover: from the slowdown (and from the recovery) until the 5-batch "
+        "rolling utilization is back at or above the target (and stays there 10 batches) after "
+        "first dropping below it "
+        "(0: it never dropped; None: it never came back). MiB: mean bytes in flight over the "
+        "20 batches before the slowdown, before it ends, and at the end of the run.",
+        "",
+        "| tuner | utilization before | during | after | batches to recover (slowdown) "
+        "| (recovery) | MiB before | MiB during | MiB after |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, r in s["tuners"].items():
         u, a, b = r["trace"], s["start"], s["stop"]
         parts = [statistics.mean(x) for x in (u[:a], u[a:b], u[b:])]
         lines.append(
             f"| {name} | {parts[0]:.2f} | {parts[1]:.2f} | {parts[2]:.2f} | "
+            f"{r['recovered_after']} | {r.get('recovered_after_stop')} | "
             f"{r['memory_before_mib']:.1f} | {r['memory_during_mib']:.1f} | "
             f"{r['memory_after_mib']:.1f} |"
         )
@@ -384,6 +479,10 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
     (out / "tuning.md").write_text("\n".join(lines))
 
 
+def _steady_keys() -> list[str]:
+    return [f"{w}/{p}/{step:g}ms" for w, p, step in STEADY]
+
+
 def _run_args() -> list[str]:
     return [a for a in sys.argv[1:] if a != "--from-json"]
 
@@ -392,10 +491,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--step-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--shift-step-ms",
+        type=float,
+        default=100.0,
+        help="step of the regime-shift run: long enough that the 10x slower storage can "
+        "still be kept up with by 32 workers inside the budget (a batch then costs ~2 s)",
+    )
     parser.add_argument("--batches", type=int, default=150)
     parser.add_argument("--budget", type=int, default=64 * 2**20)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--from-json", action="store_true", help="re-render tuning.json only")
+    parser.add_argument(
+        "--only",
+        choices=("steady", "shift", "infeasible"),
+        action="append",
+        help="run only these experiments (repeatable; for iterating: results are not "
+        "written unless all three run)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="print decisions and traces")
+    parser.add_argument(
+        "--cases",
+        default="",
+        help="steady cases to run, comma-separated substrings of 'tokens/nas/2ms' etc.",
+    )
+    parser.add_argument(
+        "--tuners",
+        default="",
+        help="tuners to run, comma-separated (learned,hill-climb,torch-default,oracle)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_json:
@@ -403,13 +527,25 @@ def main() -> None:
         plots(results, args.out, args.target)
         write_markdown(results, args, args.out)
         return
+    only = set(args.only or ("steady", "shift", "infeasible"))
     with tempfile.TemporaryDirectory() as tmp:
         tokens, images = make_tokens(Path(tmp)), make_images(Path(tmp))
         results = {
-            "steady": steady(args, {"tokens": tokens, "images": images}),
-            "shift": shift(args, tokens),
-            "infeasible": infeasible(args, images),
+            "steady": steady(args, {"tokens": tokens, "images": images})
+            if "steady" in only
+            else {},
+            "shift": shift(args, tokens) if "shift" in only else {},
+            "infeasible": infeasible(args, images) if "infeasible" in only else {},
         }
+    if args.tuners:
+        return  # some tuners only: printed above, nothing written
+    previous = args.out / "tuning.json"
+    if (len(only) < 3 or args.cases) and previous.exists():
+        # A subset (to keep each run short): merge into the last full results.
+        old = json.loads(previous.read_text())
+        old["steady"].update(results["steady"])
+        results = {**old, **{k: v for k, v in results.items() if k != "steady" and v}}
+        results["steady"] = {k: old["steady"][k] for k in _steady_keys() if k in old["steady"]}
     (args.out / "tuning.json").write_text(json.dumps(results, default=float))
     print(
         json.dumps(

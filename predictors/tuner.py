@@ -6,19 +6,22 @@ reason; the loader applies it (`engine.set_workers`, `engine.set_depth`). Tuners
 change which samples come in which order, only how many workers build batches and how
 many batches may be in flight or ready.
 
-The learned tuner:
+The learned tuner (the model proposes, measurement decides):
 
-1. starts safe (2 workers, depth 2 by default) and measures for `warmup_batches`;
+1. starts at the least memory (1 worker, depth 1) and measures for `warmup_batches`;
 2. turns the measured per-batch service times into the model's features, predicts
    utilization for every candidate (workers, depth) whose memory bound
-   `depth * batch_memory_bytes` fits the budget, and takes the one with the least memory
-   whose predicted utilization meets `target + margin` (the margin is the model's
-   measured error on unseen workloads);
-3. keeps comparing: a service-time change beyond `shift_ratio` (a storage slowdown or
-   its recovery) re-decides at once; observed utilization that departs from the
-   prediction rescales the service time the model is given (effective vs measured)
-   and re-decides;
-4. when nothing within the budget reaches the target, says so, names the bottleneck
+   `depth * batch_memory_bytes` fits the budget (clipped by first principles, with
+   depth slack for jitter), and takes the one with the least memory whose predicted
+   utilization meets `target + margin` (the margin is the model's measured error on
+   unseen workloads);
+3. every `check_batches` settled batches: below the target it escalates (the shortfall,
+   uncapped, rescales the service time the model is given; a measured climb when the
+   re-plan asks for nothing larger; a stop, with the bottleneck named, when a climb
+   raised neither utilization nor the measured service rate); well above the target
+   twice in a row it tries the next cheaper depth and keeps it only if the target holds;
+4. a lasting service-time change (a storage slowdown or its recovery) re-decides at once;
+5. when nothing within the budget reaches the target, says so, names the bottleneck
    stage and takes the configuration with the highest predicted utilization.
 
 Example:
@@ -32,7 +35,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import median
+from statistics import median, pstdev
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -198,7 +201,8 @@ def _bottleneck(read_ms: float, decode_ms: float, transform_ms: float) -> str:
 
 
 class LearnedTuner:
-    """Online controller: the least memory whose predicted utilization meets the target."""
+    """Online controller: the least memory whose predicted utilization meets the target,
+    corrected by what it then measures (escalate when short, step down when ahead)."""
 
     def __init__(
         self,
@@ -208,14 +212,18 @@ class LearnedTuner:
         memory_budget_bytes: float | None = None,
         max_workers: int | None = None,
         max_depth: int = 64,
-        start: tuple[int, int] = (2, 2),
-        warmup_batches: int = 6,
+        start: tuple[int, int] = (1, 1),
+        warmup_batches: int = 4,
         window: int = 16,
         shift_window: int = 8,
         settle_batches: int = 4,
         shift_ratio: float = 1.6,
         divergence: float = 0.04,
         margin: float | None = None,
+        check_batches: int = 8,
+        step_down_margin: float = 0.03,
+        min_gain: float = 0.02,
+        shift_batches: int = 4,
     ) -> None:
         if model is None:
             from predictors.model import load_default
@@ -232,15 +240,27 @@ class LearnedTuner:
         self.shift_window = shift_window
         self.shift_ratio = shift_ratio
         self.divergence = divergence
+        self.check_batches = check_batches
+        self.step_down_margin = step_down_margin
+        self.min_gain = min_gain
+        self.shift_batches = shift_batches
         error = model.utilization_error if margin is None else margin
         self.margin = min(max(error, 0.0), (1.0 - self.target) / 2)  # keep target+margin < 1
-        self._recent: deque[TunerState] = deque(maxlen=window)
+        self._recent: deque[TunerState] = deque(maxlen=max(window, check_batches + settle_batches))
         self._current: Decision | None = None
         self._planned_at = 0
+        self._checked_at = 0
+        self._ahead = 0  # checks in a row well above the target
         self._planned_service = 0.0
         self._rebased = False
-        self._divergences = 0  # large prediction errors in a row
-        self._slowness = 1.0  # effective / measured service time, learned from divergence
+        self._divergences = 0  # large prediction errors of the learned model
+        self._slowness = 1.0  # effective / measured service time, learned from observation
+        self._move = "plan"  # how the current configuration came about
+        self._parent: tuple[Decision, float] | None = None  # the one before, and its utilization
+        self._floor = 0.0  # memory at or below which a step down already failed
+        self._waited = False  # a flat climb was given one more window
+        self._parent_rate = 0.0  # the service rate measured before the last escalation
+        self._ceiling = math.inf  # memory above which more workers and depth did not help
         self.history: list[tuple[int, Decision]] = []
 
     # --- the protocol -----------------------------------------------------------
@@ -262,16 +282,34 @@ class LearnedTuner:
             return self._plan(state, "first decision after measuring")
         shift = self._service_shift()
         if shift is not None:
-            before, now = shift
-            self._slowness = 1.0
+            before, now, fresh = shift
+            self._floor, self._ceiling, self._parent = 0.0, math.inf, None
+            if now < before:
+                # Faster: what was learned under the slow regime (contention of many
+                # workers included) would keep memory that is no longer needed.
+                self._slowness = 1.0
             return self._plan(
                 state,
                 f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms",
-                last=4,
+                fresh,
             )
-        since = state.batch_index - self._planned_at
-        if since >= self.settle_batches + 5 and self._diverged():
-            return self._plan(state, self._divergence_note)
+        observed = self._observed()
+        if observed is None:
+            return self._hold()
+        if observed < self.target:
+            return self._escalate(state, observed)
+        if self._move == "step-down":
+            self._move = "kept-step-down"  # the cheaper configuration held the target
+        elif self._move in ("plan", "escalate", "reverted"):
+            self._move, self._parent = "settled", None
+        if observed >= self.target + self.step_down_margin:
+            self._ahead += 1
+            if self._ahead >= 2:  # two windows in a row: one lucky window is not enough
+                return self._step_down(state, observed)
+            self._checked_at = state.batch_index
+            return self._hold()
+        self._ahead = 0
+        self._checked_at = state.batch_index
         return self._hold()
 
     # --- internals ----------------------------------------------------------------
@@ -297,32 +335,74 @@ class LearnedTuner:
         states = list(self._recent)[-last:] if last else list(self._recent)
         return self._mean_features(states)
 
-    def _service_shift(self) -> tuple[float, float] | None:
-        """A lasting change of the service time under an unchanged configuration.
-
-        The baseline is re-measured after each decision from `shift_window` batches run
-        under the new configuration: more workers slow each read down (they share the
-        link and the cores), and that self-inflicted change must not read as a storage
-        slowdown, or the tuner would chase it with still more workers."""
+    def _settled(self) -> list[TunerState]:
+        """Batches measured under the current configuration, after it settled."""
         current = self._current
         if current is None:
-            return None
-        same = [
+            return []
+        return [
             s
             for s in self._recent
             if s.batch_index >= self._planned_at + self.settle_batches
             and (s.workers, s.depth) == (current.workers, current.depth)
         ]
+
+    def _observed(self) -> float | None:
+        """Utilization over the last `check_batches` settled batches (None: too few yet)."""
+        settled = [s for s in self._settled() if s.batch_index > self._checked_at]
+        settled = settled[-self.check_batches :]
+        if len(settled) < self.check_batches:
+            return None
+        return self._utilization(settled)
+
+    def _service_shift(self) -> tuple[float, float, int] | None:
+        """A lasting change of the service time under an unchanged configuration:
+        (baseline ms, now ms, how many recent batches show the new regime).
+
+        The baseline is re-measured after each decision from `shift_window` batches run
+        under the new configuration: more workers slow each read down (they share the
+        link and the cores), and that self-inflicted change must not read as a storage
+        slowdown, or the tuner would chase it with still more workers."""
+        same = self._settled()
         if len(same) < self.shift_window:
             return None
-        now = _nominal_service_ms(self._mean_features(same[-self.shift_window :]))
+        window = same[-self.shift_window :]
+        # Medians: the first batches of new workers pay for connections and file footers
+        # and would make a baseline that a steady service then reads as a speed-up.
+        now = median(_nominal_service_ms(self._mean_features([s])) for s in window)
         if not self._rebased:
             self._planned_service, self._rebased = now, True
             return None
-        ratio = now / max(self._planned_service, 1e-9)
-        if ratio > self.shift_ratio or ratio < 1 / self.shift_ratio:
-            return self._planned_service, now
-        return None
+        base = max(self._planned_service, 1e-9)
+        ratio = now / base
+        if not (ratio > self.shift_ratio or ratio < 1 / self.shift_ratio):
+            return None
+        # A lasting change shows in every recent batch, not in one late one: the last
+        # `shift_batches` must each sit beyond sqrt(shift_ratio) of the baseline (one
+        # lognormal straggler lifts an 8-batch mean past 1.6x; four in a row rarely do).
+        # They are also the batches planned from: a window that mixes both regimes would
+        # under-provision a slowdown and hold memory after a recovery.
+        edge = math.sqrt(self.shift_ratio)
+        fresh = window[-self.shift_batches :]
+        per_batch = [_nominal_service_ms(self._mean_features([s])) / base for s in fresh]
+        if (ratio > 1 and min(per_batch) < edge) or (ratio < 1 and max(per_batch) > 1 / edge):
+            return None
+        if ratio > 1 and self._utilization(fresh) >= self.target:
+            return None  # slower, but still fast enough: nothing to fix
+        return self._planned_service, now, len(fresh)
+
+    def _service_rate(self) -> float:
+        """Batches per second the busy workers could build, from the measured stage times
+        of the last settled window (what more workers raise unless a stage is shared)."""
+        settled = self._settled()[-self.check_batches :] or list(self._recent)[-4:]
+        s = settled[-1]
+        service = median(x.service_ms for x in settled)
+        return max(1, min(s.workers, s.depth)) / max(service, 1e-6)
+
+    @staticmethod
+    def _utilization(states: list[TunerState]) -> float:
+        step = sum(s.step_ms for s in states)
+        return step / max(step + sum(s.stall_ms for s in states), 1e-9)
 
     @staticmethod
     def _mean_features(states: list[TunerState]) -> dict[str, Any]:
@@ -332,58 +412,226 @@ class LearnedTuner:
             for k in rows[-1]
         }
 
-    def _diverged(self) -> bool:
+    def _memory(self, decision: Decision, state: TunerState) -> float:
+        return decision.depth * state.one_batch_bytes
+
+    def _escalate(self, state: TunerState, observed: float) -> Decision:
+        """Observed utilization is below the target: more workers and depth, never less.
+
+        The correction is the measured shortfall itself (predicted / observed), applied to
+        the service time the model is given and not capped: a 7x shortfall (retries,
+        faults, contention the stage times do not show) asks for 7x the concurrency at
+        once. When the re-plan still asks for nothing larger, the tuner climbs one step
+        by measurement; when a climb did not raise utilization, more of the same will not
+        either, and it says so and holds the better of the two."""
         current = self._current
-        if current is None:
-            return False
-        settled = [
-            s for s in self._recent if s.batch_index >= self._planned_at + self.settle_batches
-        ]
-        settled = [s for s in settled if (s.workers, s.depth) == (current.workers, current.depth)]
-        if len(settled) < 5:
-            return False
-        step = sum(s.step_ms for s in settled)
-        observed = step / max(step + sum(s.stall_ms for s in settled), 1e-9)
+        assert current is not None  # decide() plans before it checks
+        here = self._memory(current, state)
+        m = self._smoothed()
+        if self._move == "step-down" and self._parent is not None:
+            parent, _ = self._parent
+            self._floor = max(self._floor, here)
+            self._move, self._parent = "reverted", None
+            return self._apply(
+                state,
+                parent.workers,
+                parent.depth,
+                f"stepping back up: {current.workers} workers, depth {current.depth} measured "
+                f"{observed:.2f} < target {self.target:.2f}",
+                parent.predicted,
+            )
+        # This configuration fell short: stepping down to it (or below) later is pointless.
+        self._floor = max(self._floor, here)
+        if self._move == "escalate" and self._parent is not None:
+            parent, before = self._parent
+            # More concurrency did not help when utilization did not rise AND the
+            # measured service rate (busy workers / service time per batch) did not
+            # either: a shared stage (cores, link) is saturated. If the rate rose, the
+            # flat utilization is noise or a backlog still draining: keep climbing.
+            rate_gain = self._service_rate() / max(self._parent_rate, 1e-9)
+            # A rate that fell by a third or more is not saturation but a slower service
+            # (a slowdown that began meanwhile): the comparison says nothing then.
+            flat = observed < before + self.min_gain and 0.67 <= rate_gain < 1.1
+            if flat and not self._waited:
+                # New workers pay for their first batches (connections, file footers):
+                # judge the climb on one more window before calling it useless.
+                self._waited, self._checked_at = True, state.batch_index
+                return self._hold()
+            if flat:
+                keep = observed >= before
+                best = current if keep else parent
+                self._ceiling = here if keep else here - 1.0
+                self._move, self._parent = "ceiling", None
+                return self._out_of_reach(
+                    state,
+                    best,
+                    f"more workers and depth did not help ({parent.workers}/{parent.depth}: "
+                    f"{before:.2f}, {current.workers}/{current.depth}: {observed:.2f})",
+                    max(observed, before),
+                    m,
+                )
+        if self._move == "ceiling":
+            return self._out_of_reach(state, current, "already at what helps", observed, m)
         predicted = current.predicted.get("utilization", observed)
-        short = observed < predicted - self.divergence and observed < self.target
-        # Above the prediction only counts when not saturated (utilization ~1 hides the rate).
-        long = observed > predicted + self.divergence and observed < 0.99
-        if not (short or long):
-            self._divergences = 0
-            return False
         from predictors.baselines import QueueingModel  # baselines import this module
 
-        self._divergences += 1
-        if self._divergences >= 2 and not isinstance(self.model, QueueingModel):
-            # Twice off by more than the margin: this workload lies outside what the model
-            # learned. First principles extrapolate where the learned corrections do not.
-            self.model, self._slowness = QueueingModel(), 1.0
-            self._divergence_note = (
-                f"observed utilization {observed:.2f} vs predicted {predicted:.2f} twice: "
-                "outside the model's training range, switching to the queueing model"
-            )
-            return True
-        # Bounded: one noisy window must not swing the model by more than 2x.
-        step_change = min(max(predicted / max(observed, 1e-3), 0.5), 2.0)
-        self._slowness *= step_change
-        self._divergence_note = (
-            f"observed utilization {observed:.2f} vs predicted {predicted:.2f}: "
-            f"treating the service as {step_change:.2f}x as slow as measured"
+        note = ""
+        if predicted - observed > self.divergence and not isinstance(self.model, QueueingModel):
+            self._divergences += 1
+            if self._divergences >= 2:
+                # Twice off by more than the margin: this workload lies outside what the
+                # model learned. First principles extrapolate where learned corrections do not.
+                self.model, self._slowness = QueueingModel(), 1.0
+                note = "; outside the model's training range, switching to the queueing model"
+        # Two readings of the shortfall, the larger wins: the prediction's error, and the
+        # service time the observation implies if the workers were the limit
+        # (active * step / utilization), against the one the model was given.
+        # Plan from the last few batches when they show a slowdown under way (the shift
+        # check needs a few more batches to call it): measured, so not capped below.
+        features, step_cap = self._features(), 3 * here
+        recent = self._features(self.shift_batches)
+        if _nominal_service_ms(recent) > math.sqrt(self.shift_ratio) * _nominal_service_ms(
+            features
+        ):
+            features, step_cap = recent, None
+        active = max(1, min(current.workers, current.depth))
+        implied = active * m["step_ms"] / max(observed, 1e-2)
+        given = _nominal_service_ms(features) * self._slowness
+        ratio = max(
+            predicted / max(observed, 1e-2),
+            implied / max(given, 1e-6),
         )
-        return True
+        ratio = min(max(ratio, 1.05), 32.0)
+        self._slowness *= ratio
+        why = (
+            f"observed utilization {observed:.2f} vs predicted {predicted:.2f} (target "
+            f"{self.target:.2f}): treating the service as {self._slowness:.2f}x as slow as "
+            f"measured{note}"
+        )
+        parent = (current, observed)
+        # At most 3x the memory per escalation: the shortfall may come from a stage that
+        # concurrency does not help (shared cores), which the next check then shows.
+        choice = self._choose(state, features, step_cap=step_cap)
+        w, d = choice["workers"], choice["depth"]
+        if d * state.one_batch_bytes <= here and w <= current.workers:
+            climbed = self._climb(state, current)
+            if climbed is None:
+                return self._out_of_reach(
+                    state, current, "no larger configuration fits the budget", observed, m
+                )
+            w, d = climbed
+            choice = {
+                **choice,
+                "workers": w,
+                "depth": d,
+                "note": (
+                    "climbing one step by measurement"
+                    if choice["feasible"]
+                    else f"{choice['note']}; climbing one step by measurement"
+                ),
+            }
+        self._move, self._parent = "escalate", parent
+        self._parent_rate, self._waited = self._service_rate(), False
+        return self._apply(
+            state,
+            w,
+            d,
+            f"{why}; {choice['note']}: {w} workers, depth {d}",
+            choice["predicted"],
+            choice["feasible"],
+            choice["bottleneck"],
+        )
 
-    def _candidates(self, state: TunerState, features: dict[str, Any]) -> pd.DataFrame:
+    def _climb(self, state: TunerState, current: Decision) -> tuple[int, int] | None:
+        """One step up by measurement: the next depth of the grid with about 1.5x the
+        workers, else one more worker at this depth; None when neither fits."""
+        max_workers = self.max_workers or max(2 * state.cpu_count, 4)
+        deeper = [d for d in self._depths(state) if d > current.depth]
+        if deeper:
+            depth = deeper[0]
+            more = max(current.workers + 1, math.ceil(current.workers * 1.5))
+            return max(current.workers, min(max_workers, depth, more)), depth
+        if current.workers < min(max_workers, current.depth):
+            return current.workers + 1, current.depth
+        return None
+
+    def _slack(self, features: dict[str, Any]) -> int:
+        """Batches of depth beyond the workers needed to absorb service-time jitter.
+
+        A batch late by one standard deviation keeps the consumer waiting cv * S ms, i.e.
+        cv * S / step batches that must already be ready; two standard deviations cover
+        most of a lognormal tail. cv is measured over the recent batches (stage times)."""
+        services = [s.service_ms for s in list(self._recent)[-2 * self.shift_window :]]
+        if len(services) < 4 or (mean := sum(services) / len(services)) <= 0:
+            return 0
+        cv = min(pstdev(services) / mean, 1.0)
+        service = _nominal_service_ms(features) * self._slowness
+        step = median(s.step_ms for s in self._recent)
+        return round(2 * cv * service / max(step, 1e-3))
+
+    def _step_down(self, state: TunerState, observed: float) -> Decision:
+        """Utilization holds above target + step_down_margin: try the next cheaper depth,
+        kept if utilization still meets the target, reverted (and not tried again until the
+        regime shifts) if it does not."""
+        current = self._current
+        assert current is not None
+        lower = [d for d in DEPTH_GRID if d < current.depth]
+        if not lower or lower[-1] * state.one_batch_bytes <= self._floor:
+            return self._hold()
+        depth = lower[-1]
+        workers = min(current.workers, depth)
+        self._move, self._parent = "step-down", (current, observed)
+        return self._apply(
+            state,
+            workers,
+            depth,
+            f"measured {observed:.2f} >= target {self.target:.2f} + "
+            f"{self.step_down_margin:.2f}: trying one step less memory ({workers} workers, "
+            f"depth {depth}); kept if utilization still meets the target",
+            {**current.predicted, "memory_bytes": depth * state.one_batch_bytes},
+        )
+
+    def _out_of_reach(
+        self, state: TunerState, best: Decision, why: str, observed: float, m: dict[str, float]
+    ) -> Decision:
+        bottleneck = _bottleneck(m["read_ms"], m["decode_ms"], m["transform_ms"])
+        budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
+        reason = (
+            f"target {self.target:.2f} is out of reach{budget}: {why}; best measured "
+            f"{observed:.2f}. Bottleneck: {bottleneck} (per batch: storage {m['read_ms']:.1f} "
+            f"ms, decode {m['decode_ms']:.1f} ms, transform {m['transform_ms']:.1f} ms, step "
+            f"{m['step_ms']:.1f} ms); taking the best: {best.workers} workers, depth {best.depth}"
+        )
+        self._move, self._parent = "ceiling", None
+        return self._apply(
+            state, best.workers, best.depth, reason, best.predicted, False, bottleneck
+        )
+
+    def _depths(self, state: TunerState, step_cap: float | None = None) -> list[int]:
+        cap = self._memory_cap(state)
+        if step_cap is not None:
+            cap = max(min(cap, step_cap), state.one_batch_bytes)
+        return [d for d in DEPTH_GRID if d <= self.max_depth and d * state.one_batch_bytes <= cap]
+
+    def _memory_cap(self, state: TunerState) -> float:
+        cap = self._ceiling
+        if self.budget is not None:
+            cap = min(cap, self.budget)
+        return max(cap, state.one_batch_bytes)  # one batch always fits (check_budget)
+
+    def _candidates(
+        self, state: TunerState, features: dict[str, Any], step_cap: float | None = None
+    ) -> pd.DataFrame:
         import pandas as pd
 
         max_workers = self.max_workers or max(2 * state.cpu_count, 4)
-        one = state.one_batch_bytes
-        rows = []
-        for d in (x for x in DEPTH_GRID if x <= self.max_depth):
-            if self.budget is not None and d * one > self.budget:
-                continue
-            for w in range(1, max_workers + 1):
-                rows.append((w, d))
-        frame = pd.DataFrame(rows, columns=["workers", "depth"])
+        depths = self._depths(state, step_cap)
+        slack = self._slack(features)
+        rows = [(w, d) for d in depths for w in range(1, max_workers + 1)]
+        # Depth beyond the busy workers is what absorbs late batches; the queueing model
+        # cannot see it, so candidates without that slack are left out (when any remain).
+        slacked = [(w, d) for w, d in rows if d - w >= min(slack, w)]
+        frame = pd.DataFrame(slacked or rows, columns=["workers", "depth"])
         # The correction acts on the service time, not on the prediction: a prediction
         # capped at utilization 1 would otherwise hide how far off the model is.
         slow = self._slowness
@@ -397,12 +645,27 @@ class LearnedTuner:
             frame[name] = value
         return frame
 
-    def _plan(self, state: TunerState, why: str, last: int | None = None) -> Decision:
-        m = self._smoothed(last)
-        features = self._features(last)
-        frame = self._candidates(state, features)
+    def _predict(self, frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+        """The model's predictions, its utilization clipped by first principles (a
+        learned model can predict 0.9 for one worker that the service time allows 0.2),
+        and the first-principles utilization alone."""
+        from predictors.baselines import QueueingModel
+
         pred = self.model.predict(frame)
         util = pred["utilization"].to_numpy()
+        if isinstance(self.model, QueueingModel):
+            return pred, util, util
+        physics = QueueingModel().predict(frame)["utilization"].to_numpy()
+        return pred, np.minimum(util, physics), physics
+
+    def _choose(
+        self, state: TunerState, features: dict[str, Any], step_cap: float | None = None
+    ) -> dict[str, Any]:
+        """The least-memory candidate predicted to meet target + margin (else the best);
+        `step_cap` bounds the memory of this one step (escalations)."""
+        m = self._smoothed()
+        frame = self._candidates(state, features, step_cap)
+        pred, util, physics = self._predict(frame)
         memory = frame["depth"].to_numpy() * state.one_batch_bytes
         required = self.target + self.margin
         order = np.lexsort((frame["depth"], frame["workers"], memory))  # least memory first
@@ -414,23 +677,44 @@ class LearnedTuner:
                 f"least memory predicted to reach {required:.2f} "
                 f"(target {self.target:.2f} + margin {self.margin:.2f})"
             )
+        elif any(physics[j] >= required for j in order):
+            # The model finds nothing, first principles do: try their cheapest and let the
+            # measurement decide (escalation follows if it falls short). Cheaper than
+            # jumping to the largest candidate on a prediction the model is unsure of.
+            i = next(j for j in order if physics[j] >= required)
+            note = (
+                f"the model predicts no candidate reaching {required:.2f}, first principles "
+                "do: trying their least memory and measuring"
+            )
         else:
             # Highest utilization; among near-equals (within 2 %) the least memory.
             best = util.max()
             i = next(j for j in order if util[j] >= best * 0.98)
             feasible = util[i] >= self.target
-            if feasible:
+            capped = step_cap is not None and step_cap < self._memory_cap(state)
+            if capped:
+                # Within the whole budget, does anything reach the target?
+                full = self._predict(self._candidates(state, features))[1].max()
+                feasible = full >= self.target
+                note = "climbing toward it, at most 3x the memory per step"
+            if capped and feasible:
+                pass
+            elif feasible:
                 note = f"reaches the target {self.target:.2f} but not the margin {self.margin:.2f}"
             else:
                 bottleneck = _bottleneck(m["read_ms"], m["decode_ms"], m["transform_ms"])
                 budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
+                best_note = (
+                    "climbing toward the best, at most 3x the memory per step"
+                    if capped
+                    else "taking the best"
+                )
                 note = (
                     f"target {self.target:.2f} is out of reach{budget}: best predicted "
-                    f"{util[i]:.2f}. Bottleneck: {bottleneck} (per batch: storage "
-                    f"{m['read_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, transform "
-                    f"{m['transform_ms']:.1f} ms, step {m['step_ms']:.1f} ms); taking the best"
+                    f"{full if capped else util[i]:.2f}. Bottleneck: {bottleneck} (per batch: "
+                    f"storage {m['read_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, transform "
+                    f"{m['transform_ms']:.1f} ms, step {m['step_ms']:.1f} ms); {best_note}"
                 )
-        w, d = int(frame["workers"].iloc[i]), int(frame["depth"].iloc[i])
         predicted = {
             "utilization": float(util[i]),
             "throughput_sps": float(pred["throughput_sps"].iloc[i]),
@@ -439,13 +723,46 @@ class LearnedTuner:
             "margin": self.margin,
             "service_scale": self._slowness,
         }
-        decision = Decision(
-            w, d, f"{why}; {note}: {w} workers, depth {d}", predicted, feasible, bottleneck
+        return {
+            "workers": int(frame["workers"].iloc[i]),
+            "depth": int(frame["depth"].iloc[i]),
+            "note": note,
+            "predicted": predicted,
+            "feasible": feasible,
+            "bottleneck": bottleneck,
+        }
+
+    def _plan(self, state: TunerState, why: str, last: int | None = None) -> Decision:
+        choice = self._choose(state, self._features(last))
+        self._move, self._parent = "plan", None
+        w, d = choice["workers"], choice["depth"]
+        return self._apply(
+            state,
+            w,
+            d,
+            f"{why}; {choice['note']}: {w} workers, depth {d}",
+            choice["predicted"],
+            choice["feasible"],
+            choice["bottleneck"],
         )
-        self._current = decision
-        self._planned_at = state.batch_index
-        self._planned_service = _nominal_service_ms(features)
-        self._rebased = False  # re-measured under the new configuration (_service_shift)
+
+    def _apply(
+        self,
+        state: TunerState,
+        workers: int,
+        depth: int,
+        reason: str,
+        predicted: dict[str, float],
+        feasible: bool = True,
+        bottleneck: str | None = None,
+    ) -> Decision:
+        decision = Decision(workers, depth, reason, dict(predicted), feasible, bottleneck)
+        current, self._current = self._current, decision
+        self._ahead = 0
+        self._checked_at = state.batch_index  # the next check reads batches after this one
+        if current is None or (current.workers, current.depth) != (workers, depth):
+            self._planned_at = state.batch_index
+            self._rebased = False  # re-measured under the new configuration (_service_shift)
         return self._emit(state, decision)
 
     def _hold(self) -> Decision:

@@ -103,17 +103,18 @@ def test_learned_tuner_reaches_the_target_within_budget(which, learned_model):
 def test_learned_tuner_reacts_to_a_tenfold_storage_slowdown():
     budget = 64 * TOKENS.memory_factor * TOKENS.batch_bytes
     tuner = LearnedTuner(QueueingModel(), target_utilization=0.85, memory_budget_bytes=budget)
-    trace = run_tuner(tuner, TOKENS, 260, slowdown=(80, 180, 10.0))
+    trace = run_tuner(tuner, TOKENS, 300, slowdown=(80, 180, 10.0))
     before = trace.loc[60:79, "workers"].median()
-    shifts = [b for b, d in tuner.history if d.reason.startswith("regime shift") and b >= 80]
-    assert shifts and shifts[0] - 80 <= 20 + int(
-        trace.loc[79, "depth"]
-    )  # in-flight batches hide it
+    # It reacts (a detected shift, or the measured shortfall) with more workers, within
+    # 20 batches once the batches already in flight (up to the depth) are consumed.
+    reactions = [b for b, d in tuner.history if b >= 80 and d.workers > before]
+    assert reactions and reactions[0] - 80 <= 20 + int(trace.loc[79, "depth"])
     during = trace.loc[140:179]
     assert during["workers"].median() > 2 * before
     assert during["utilization"].mean() >= 0.8
-    after = trace.loc[230:259]
-    assert after["bound_bytes"].max() < during["bound_bytes"].max()  # memory released
+    # Memory released once the slow batches already in flight (up to the depth) drained.
+    after = trace.loc[270:299]
+    assert after["bound_bytes"].max() < during["bound_bytes"].max()
     assert trace["bound_bytes"].max() <= budget
 
 
@@ -153,3 +154,56 @@ def test_hill_climber_respects_the_budget():
     trace = run_tuner(HillClimbTuner(memory_budget_bytes=budget), TOKENS, 150)
     assert trace["bound_bytes"].max() <= budget
     assert trace["depth"].max() <= 4
+
+
+def _hidden_cost_run(tuner: LearnedTuner, batches: int, budget_batches: int) -> list[tuple]:
+    """Closed loop on a storage whose real cost the stage times do not show (retries and
+    faults, as in the soak): telemetry reports 2 ms of read per batch, each batch really
+    takes 70 ms of a worker, the step is 10 ms. Utilization at `active` busy workers is
+    min(1, active * 10 / 70), so 7 workers are needed for 0.9. Returns per batch
+    (workers, depth, utilization)."""
+    workers, depth, out = 1, 1, []
+    for k in range(batches):
+        active = min(workers, depth)
+        util = min(1.0, active * 10.0 / 70.0)
+        state = _state(
+            batch_index=k,
+            workers=workers,
+            depth=depth,
+            step_ms=10.0,
+            stall_ms=10.0 / util - 10.0,
+            read_ms=2.0,
+            decode_ms=0.0,
+            bytes_per_batch=1e6,
+            batch_memory_bytes=1e6,
+            rows_per_read=64,
+        )
+        out.append((workers, depth, util))
+        decision = tuner.decide(state)
+        assert decision.depth * 1e6 <= budget_batches * 1e6  # never over the budget
+        workers, depth = decision.workers, decision.depth
+    return out
+
+
+def test_low_utilization_with_hidden_service_cost_escalates():
+    """Regression (soak): observed 0.14 vs predicted 1.00 held 1 worker / depth 1 for the
+    whole run, because the correction was capped at 2x per step and reset by every
+    detected shift. Now the shortfall itself sizes the correction and the tuner climbs."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    trace = _hidden_cost_run(tuner, 80, 64)
+    assert trace[10][2] < 0.5  # it starts far below the target
+    reached = next((k for k, (_, _, u) in enumerate(trace) if u >= 0.9), None)
+    assert reached is not None and reached <= 40, trace
+    # One step-down trial may dip below (and is reverted); then it stays at the target.
+    assert all(u >= 0.9 for _, _, u in trace[-10:])
+    assert max(d for _, d, _ in trace) <= 16  # without running to the budget
+
+
+def test_low_utilization_within_a_tight_budget_climbs_to_it_and_says_so():
+    budget = 4  # batches: 4 workers at most are useful, 0.57 at best
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=budget * 1e6)
+    trace = _hidden_cost_run(tuner, 80, budget)
+    assert trace[-1][:2] == (4, 4)
+    last = tuner.history[-1][1]
+    assert not last.feasible and last.bottleneck == "storage"
+    assert "out of reach" in last.reason

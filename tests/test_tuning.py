@@ -47,7 +47,7 @@ def test_auto_gives_the_same_batches_as_a_fixed_depth(token_dir) -> None:
 
 def test_learned_tuner_reaches_target_within_budget() -> None:
     """Per batch: 16 samples x 2 ms = 32 ms of I/O per worker; a 12 ms step needs about
-    3 workers for 0.85 utilization. The tuner starts at 2."""
+    3 workers for 0.85 utilization. The tuner starts at 1 worker, depth 1."""
     budget = 40 * 16 * 256 * 4  # room for 40 batches of 16 KiB
     loader = DataLoader(
         SlowReads(),
