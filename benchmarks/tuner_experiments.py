@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -412,9 +413,9 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
     lines = [
         "# Tuner experiments",
         "",
-        "Commands (each part run on its own, under the CPU lock, merged into tuning.json): "
-        "`python benchmarks/tuner_experiments.py --only steady --cases tokens`, "
-        "`... --only steady --cases images`, `... --only shift`, `... --only infeasible`  ",
+        "Command: `python benchmarks/tuner_experiments.py` (or its parts, `--only steady "
+        "--cases tokens`, `--only shift`..., merged into tuning.json); "
+        f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
         f"Target utilization {args.target}, batch {BATCH}, step per case (infeasible run: "
         f"{args.step_ms:g} ms), "
         f"memory budget {args.budget / 2**20:.0f} MiB, {args.batches} batches per run.",
