@@ -519,11 +519,10 @@ class LearnedTuner:
                 return self._out_of_reach(
                     state, current, "no larger configuration fits the budget", observed, m
                 )
-            w, d = climbed
             choice = {
                 **choice,
-                "workers": w,
-                "depth": d,
+                "workers": climbed[0],
+                "depth": climbed[1],
                 "note": (
                     "climbing one step by measurement"
                     if choice["feasible"]
@@ -532,15 +531,7 @@ class LearnedTuner:
             }
         self._move, self._parent = "escalate", parent
         self._parent_rate, self._waited = self._service_rate(), False
-        return self._apply(
-            state,
-            w,
-            d,
-            f"{why}; {choice['note']}: {w} workers, depth {d}",
-            choice["predicted"],
-            choice["feasible"],
-            choice["bottleneck"],
-        )
+        return self._apply_choice(state, why, choice)
 
     def _climb(self, state: TunerState, current: Decision) -> tuple[int, int] | None:
         """One step up by measurement: the next depth of the grid with about 1.5x the
@@ -735,6 +726,10 @@ class LearnedTuner:
     def _plan(self, state: TunerState, why: str, last: int | None = None) -> Decision:
         choice = self._choose(state, self._features(last))
         self._move, self._parent = "plan", None
+        return self._apply_choice(state, why, choice)
+
+    def _apply_choice(self, state: TunerState, why: str, choice: dict[str, Any]) -> Decision:
+        """Apply a candidate chosen by `_choose` (or a climb), saying why and what."""
         w, d = choice["workers"], choice["depth"]
         return self._apply(
             state,
