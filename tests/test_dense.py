@@ -95,3 +95,36 @@ def test_loader_batches_same_from_dense_and_arrow(tmp_path, shuffle) -> None:
     reference = run(2**26)  # Arrow row groups
     for kw in ({}, {"num_workers": 2}, {"num_workers": 2, "worker_mode": "process"}):
         assert_batches_equal(run(None, **kw), reference, f"dense, {kw}")
+
+
+def test_each_row_group_is_read_once_by_racing_threads(tmp_path) -> None:
+    """A thread that found a row group missing just before another filled it must not
+    read it again (it did: the reader left the single-flight before filling the store)."""
+    import threading
+    from collections import Counter
+
+    fetched: Counter = Counter()
+
+    class Counting(ParquetSource):
+        def _fetch_row_group(self, group: int):
+            fetched[group] += 1
+            return super()._fetch_row_group(group)
+
+    url = write_mixed(tmp_path / "d", rows=900)
+    for _ in range(5):
+        source = Counting(url)
+        source.fit_cache(1)
+        fetched.clear()
+        orders = [np.random.default_rng(seed).permutation(900) for seed in range(4)]
+        threads = [
+            threading.Thread(
+                target=lambda o=o, s=source: [s.read(o[i : i + 7]) for i in range(0, 900, 7)]
+            )
+            for o in orders
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert source._dense.complete
+        assert set(fetched.values()) == {1}, fetched

@@ -343,7 +343,8 @@ class ParquetSource(Source):
         dense = self._dense_columns()
         if dense is not None and indices.size:
             for group in dense.missing(groups):
-                if not dense.fill(group, self._row_group(group, keep=False)):
+                table = self._row_group(group, dense=dense)
+                if not dense.filled[group] and not dense.fill(group, table):
                     self._drop_dense(group)
                     break
             else:
@@ -377,11 +378,16 @@ class ParquetSource(Source):
         with self._lock:
             self._dense_wanted, self._dense = False, None
 
-    def _row_group(self, group: int, keep: bool = True) -> pa.Table:
+    def _row_group(self, group: int, dense: DenseColumns | None = None) -> pa.Table | None:
         """A row group from the cache, else from storage. Threads that miss the same row
-        group at once share one read (the first reads, the others wait for it). `keep`:
-        put it in the cache (not when it goes to the dense store)."""
+        group at once share one read (the first reads, the others wait for it).
+
+        With `dense`, the reader copies the row group into that store before the others
+        are let go, and it is not cached; None when the store already holds it (another
+        thread filled it since this one looked)."""
         with self._lock:
+            if dense is not None and dense.filled[group]:
+                return None
             cached = self._cache.get(group)
             if cached is not None:
                 return cached
@@ -395,15 +401,18 @@ class ParquetSource(Source):
                 raise flight.error
             return flight.table
         try:
-            flight.table = self._fetch_row_group(group)
-            return flight.table
+            table = self._fetch_row_group(group)
+            if dense is not None:
+                dense.fill(group, table)  # unfilled if it holds a null: the caller checks
+            flight.table = table
+            return table
         except BaseException as exc:
             flight.error = exc
             raise
         finally:
             with self._lock:
                 fits = flight.table is not None and flight.table.nbytes <= self.cache_bytes
-                if keep and fits:
+                if dense is None and fits:
                     self._cache[group] = flight.table
                 del self._in_flight[group]
             flight.done.set()
