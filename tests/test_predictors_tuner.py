@@ -207,3 +207,29 @@ def test_low_utilization_within_a_tight_budget_climbs_to_it_and_says_so():
     last = tuner.history[-1][1]
     assert not last.feasible and last.bottleneck == "storage"
     assert "out of reach" in last.reason
+
+
+def test_a_small_shortfall_is_measured_twice_before_memory_is_bought():
+    """0.885 against a 0.90 target is within one window's noise: the tuner measures a
+    second window before escalating (one such window used to buy 5x the memory the
+    target needed), and escalates when the shortfall persists."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    workers, depth, changes = 1, 1, []
+    for k in range(60):
+        state = _state(
+            batch_index=k,
+            workers=workers,
+            depth=depth,
+            stall_ms=10.0 / 0.885 - 10.0,
+            read_ms=2.0,
+            decode_ms=0.0,
+            batch_memory_bytes=1e6,
+            rows_per_read=64,
+        )
+        decision = tuner.decide(state)
+        if (decision.workers, decision.depth) != (workers, depth):
+            changes.append(k)
+        workers, depth = decision.workers, decision.depth
+    planned = tuner.warmup_batches  # the first plan keeps 1 worker, depth 1 here
+    assert changes, "a persistent shortfall must still be acted on"
+    assert changes[0] >= planned + 2 * tuner.check_batches, changes
