@@ -102,7 +102,3 @@ class DenseColumns:
             _to_arrow(np.take(self.arrays[f.name], indices, axis=0), f.type) for f in self.schema
         ]
         return pa.Table.from_arrays(columns, schema=self.schema)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays.values())
