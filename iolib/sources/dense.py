@@ -72,8 +72,6 @@ class DenseColumns:
 
     def missing(self, groups: np.ndarray) -> list[int]:
         """Row groups among `groups` not copied in yet."""
-        if self.complete:
-            return []
         return [int(g) for g in np.unique(groups) if not self.filled[g]]
 
     def fill(self, group: int, table: pa.Table) -> bool:

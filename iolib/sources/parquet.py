@@ -339,16 +339,10 @@ class ParquetSource(Source):
         starts = self._rg_starts
         if indices.size and (indices.min() < 0 or indices.max() >= starts[-1]):
             raise IndexError(f"sample indices outside 0..{starts[-1] - 1}")
-        groups = np.searchsorted(starts, indices, side="right") - 1
         dense = self._dense_columns()
-        if dense is not None and indices.size:
-            for group in dense.missing(groups):
-                table = self._row_group(group, dense=dense)
-                if not dense.filled[group] and not dense.fill(group, table):
-                    self._drop_dense(group)
-                    break
-            else:
-                return dense.take(indices)
+        if dense is not None and indices.size and self._fill_dense(dense, indices):
+            return dense.take(indices)
+        groups = np.searchsorted(starts, indices, side="right") - 1
         order = np.argsort(groups, kind="stable")
         pieces, boundaries = [], np.flatnonzero(np.diff(groups[order])) + 1
         for chunk in np.split(order, boundaries) if indices.size else []:
@@ -364,12 +358,25 @@ class ParquetSource(Source):
 
     def _dense_columns(self) -> DenseColumns | None:
         """The contiguous column store, made on first use where fit_cache chose it."""
-        if not self._dense_wanted or self._fixed_cache:
-            return None
+        if self._dense is not None or not self._dense_wanted or self._fixed_cache:
+            return self._dense  # the per-batch path: no lock once the store exists
         with self._lock:
             if self._dense is None and self._dense_wanted:
                 self._dense = DenseColumns(self.schema, self._rg_starts)
             return self._dense
+
+    def _fill_dense(self, dense: DenseColumns, indices: np.ndarray) -> bool:
+        """Copy in the row groups `indices` need; False if one holds a null (the store is
+        then dropped and the caller reads Arrow tables)."""
+        if dense.complete:
+            return True
+        groups = np.searchsorted(self._rg_starts, indices, side="right") - 1
+        for group in dense.missing(groups):
+            table = self._row_group(group, dense=dense)
+            if not dense.filled[group] and not dense.fill(group, table):
+                self._drop_dense(group)
+                return False
+        return True
 
     def _drop_dense(self, group: int) -> None:
         """A row group held nulls: go back to Arrow tables for good (nulls survive there)."""
