@@ -280,3 +280,18 @@ def test_wrapper_entry_points_and_public_names_resolve():
             assert installed[name].load() is cls
     for name in iolib.storage.__all__:
         assert getattr(iolib.storage, name) is not None
+
+
+def test_exit_hook_stops_idle_io_helpers(monkeypatch):
+    # An idle helper wakes every _HELPER_IDLE_S; one waking while the interpreter
+    # finalizes aborted the process (3 of 12 runs of a script exiting after an epoch).
+    from iolib.storage import timeouts
+
+    monkeypatch.setattr(timeouts, "_exiting", False)  # restored after the test
+    assert timeouts._with_timeout(lambda: 1, 5.0, "x") == 1  # starts this thread's helper
+    helpers = [h for h in list(timeouts._ALL) if h.thread.is_alive()]
+    assert helpers, "the call should have started a helper thread"
+    timeouts._stop_helpers()
+    assert not any(h.thread.is_alive() for h in helpers)
+    assert timeouts._with_timeout(lambda: 2, 5.0, "x") == 2  # after the hook: inline
+    assert not any(h.thread.is_alive() for h in list(timeouts._ALL))
