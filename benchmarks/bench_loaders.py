@@ -1,13 +1,21 @@
 """iolib.DataLoader against torch.utils.data.DataLoader, same workload, same run.
 
 Workloads (made on first use under --data, default benchmarks/data/):
-  images: Parquet shards of 256x256 JPEGs, decoded with Pillow and resized to 224.
+  images: Parquet of 256x256 JPEGs, decoded with Pillow and resized to 224 (uint8
+    [3, 224, 224]). torch: Pillow decode + Pillow resize in ``__getitem__``; iolib: its
+    Pillow backend, ``ImagePipeline(backend="pil")`` (Pillow decode, torch's SIMD
+    antialiased resize with DALI's edge rule, written into the batch).
+  images-same-transform: both loaders run the identical per-sample Python function
+    (Pillow decode + Pillow resize): the loaders alone, doing the same work.
+  images-fast-resize: torch's Dataset uses iolib's resize per sample too, against
+    iolib's pipeline: how much of the images gain is the resize kernel, not the loader.
   tokens: Parquet of fixed-length int32 sequences (2048 tokens) with a label.
 The torch side is what a user would write: a map-style Dataset holding the pyarrow
 table, ``__getitem__`` returning one sample as tensors, persistent workers. Each loader
-runs one warm-up epoch, then ``--repeats`` timed epochs; samples/s is the median.
+runs one warm-up epoch, then ``--repeats`` timed epochs, the two loaders taking turns
+epoch by epoch; samples/s is the median.
 
-    python benchmarks/bench_loaders.py --workers 2 --repeats 3
+    python benchmarks/bench_loaders.py --workers 2 --repeats 5
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 import iolib
+from iolib.decode.resize import resize_window
+from iolib.images import ImagePipeline
 from iolib.sources import ParquetSource
 
 HERE = Path(__file__).parent
@@ -86,16 +96,28 @@ def decode_resize(data: bytes) -> torch.Tensor:
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
 
 
+def decode_fast_resize(data: bytes) -> torch.Tensor:
+    """JPEG bytes -> [3, 224, 224] uint8: Pillow decode, iolib's resize (torch kernel)."""
+    image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    return torch.from_numpy(resize_window(image, np.empty((3, SIZE, SIZE), np.uint8)))
+
+
 class TorchImages(Dataset):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, decode=decode_resize) -> None:
         self.table = pq.read_table(path)
+        self.decode = decode
 
     def __len__(self) -> int:
         return self.table.num_rows
 
     def __getitem__(self, index: int):
         image = self.table.column("image")[index].as_py()
-        return decode_resize(image), torch.tensor(self.table.column("label")[index].as_py())
+        return self.decode(image), torch.tensor(self.table.column("label")[index].as_py())
+
+
+class TorchImagesFastResize(TorchImages):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, decode_fast_resize)
 
 
 class TorchTokens(Dataset):
@@ -115,26 +137,56 @@ def iolib_image_transform(sample: dict, rng: np.random.Generator) -> dict:
     return {"image": decode_resize(sample["image"]), "label": sample["label"]}
 
 
+# iolib's own Pillow path: the whole 256x256 image (crop_fraction=1) resized to 224, as
+# uint8 NCHW like the torch side. Eval mode: no random crop, as decode_resize.
+PIL_PIPELINE = ImagePipeline(
+    size=SIZE, train=False, crop_fraction=1.0, backend="pil", device="cpu",
+    layout="NCHW", dtype="uint8",
+)  # fmt: skip
+
+
+def pixel_difference(path: Path, rows: int = 32) -> tuple[int, float]:
+    """Max and mean |iolib pipeline - torch side| over the first rows, in uint8 levels:
+    both sides do the same work (the borders differ by the edge rule: Pillow truncates
+    the filter at the image edge, iolib clamps like DALI)."""
+    table = pq.read_table(path).slice(0, rows)
+    blobs = table.column("image").to_pylist()
+    ours, _ = PIL_PIPELINE({"image": blobs}, np.arange(rows), seed=0, epoch=0)
+    theirs = torch.stack([decode_resize(b) for b in blobs])
+    diff = (ours["image"].int() - theirs.int()).abs()
+    return int(diff.max()), float(diff.float().mean())
+
+
 # -- measurement -----------------------------------------------------------------------
-def epoch_rate(loader, samples: int, repeats: int) -> tuple[float, list[float]]:
-    for _ in loader:  # warm-up: worker start, caches
-        pass
-    rates = []
+def epoch_rate(loader, samples: int) -> float:
+    """Samples/s over one epoch (checks that every sample came)."""
+    start = time.perf_counter()
+    count = 0
+    for batch in loader:
+        count += len(batch[1]) if isinstance(batch, (list, tuple)) else len(batch["label"])
+    assert count == samples, f"{count} samples, expected {samples}"
+    return count / (time.perf_counter() - start)
+
+
+def interleaved_rates(loaders: list, samples: int, repeats: int) -> list[list[float]]:
+    """One warm-up epoch each (worker start, caches), then `repeats` rounds of one epoch
+    per loader in turn: a burst of load on this shared machine hits both sides alike."""
+    for loader in loaders:
+        epoch_rate(loader, samples)
+    rates: list[list[float]] = [[] for _ in loaders]
     for _ in range(repeats):
-        start = time.perf_counter()
-        count = 0
-        for batch in loader:
-            count += len(batch[1]) if isinstance(batch, (list, tuple)) else len(batch["label"])
-        rates.append(count / (time.perf_counter() - start))
-        assert count == samples, f"{count} samples, expected {samples}"
-    return statistics.median(rates), rates
+        for loader, out in zip(loaders, rates, strict=True):
+            out.append(epoch_rate(loader, samples))
+    return rates
 
 
 def run(args: argparse.Namespace) -> list[dict]:
     data = Path(args.data)
+    images = lambda: make_images(data, args.images)  # noqa: E731
     workloads = {
-        "images": (lambda: make_images(data, args.images), TorchImages,
-                   {"transform": iolib_image_transform}, 64),
+        "images": (images, TorchImages, {"decode": PIL_PIPELINE}, 64),
+        "images-same-transform": (images, TorchImages, {"transform": iolib_image_transform}, 64),
+        "images-fast-resize": (images, TorchImagesFastResize, {"decode": PIL_PIPELINE}, 64),
         "tokens": (lambda: make_tokens(data, args.tokens), TorchTokens, {}, 256),
     }  # fmt: skip
     rows = []
@@ -159,12 +211,14 @@ def run(args: argparse.Namespace) -> list[dict]:
             persistent_workers=True,
             **iolib_kwargs,
         )
-        t_med, t_all = epoch_rate(torch_loader, n, args.repeats)
-        i_med, i_all = epoch_rate(ours, n, args.repeats)
+        t_all, i_all = interleaved_rates([torch_loader, ours], n, args.repeats)
+        t_med, i_med = statistics.median(t_all), statistics.median(i_all)
         del torch_loader
         ours.close()
+        pixels = pixel_difference(path) if "decode" in iolib_kwargs else None
         rows.append(
             {
+                "pixel_diff_max_mean": pixels,
                 "workload": workload,
                 "samples": n,
                 "batch_size": batch,
@@ -200,11 +254,24 @@ def write_report(rows: list[dict], args: argparse.Namespace, out: Path) -> None:
             f"| {r['workload']} | {r['samples']} | {r['batch_size']} | {r['workers']} | "
             f"{r['torch_sps']:,.0f} | {r['iolib_sps']:,.0f} | {r['ratio']:.2f}x |"
         )
-    lines += ["", f"Medians of {args.repeats} timed epochs after one warm-up epoch; all rates:", ""]
+    lines += [
+        "",
+        f"Medians of {args.repeats} timed epochs per loader after one warm-up epoch each, "
+        "the loaders taking turns epoch by epoch; all rates:",
+        "",
+    ]
     lines += [
         f"- {r['workload']}: torch {_fmt(r['torch_all'])}; iolib {_fmt(r['iolib_all'])}"
         for r in rows
     ]
+    diffs = [(r["workload"], r["pixel_diff_max_mean"]) for r in rows if r["pixel_diff_max_mean"]]
+    if diffs:
+        lines += [
+            "",
+            "Same pixels? |iolib - torch| in uint8 levels over 32 images (max, mean):",
+            "",
+        ]
+        lines += [f"- {name}: {d[0]}, {d[1]:.3f}" for name, d in diffs]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
@@ -223,13 +290,12 @@ def _cpu_count() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="workers on both sides (default 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed epochs (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed epochs (default 5)")
     parser.add_argument("--images", type=int, default=4000, help="JPEGs in the images workload")
     parser.add_argument("--tokens", type=int, default=200_000, help="rows in the tokens workload")
     parser.add_argument("--data", default=str(HERE / "data"), help="where workloads are made")
-    parser.add_argument(
-        "--workloads", nargs="+", choices=("images", "tokens"), default=["images", "tokens"]
-    )
+    names = ("images", "images-same-transform", "images-fast-resize", "tokens")
+    parser.add_argument("--workloads", nargs="+", choices=names, default=list(names))
     parser.add_argument("--out", default=str(HERE / "results" / "loaders.md"))
     args = parser.parse_args()
     write_report(run(args), args, Path(args.out))

