@@ -1,7 +1,7 @@
 """The tuner experiments of docs/tuning.md: steady workloads, a regime shift, and an
 infeasible target, for the learned tuner against its baselines, in one run.
 
-    python benchmarks/tuner_experiments.py            # about 10 minutes on 2 cores
+    python benchmarks/tuner_experiments.py            # about 25 minutes on 2 cores
     python benchmarks/tuner_experiments.py --only shift      # one part, merged into
     python benchmarks/tuner_experiments.py --only steady --cases images   # tuning.json
     python benchmarks/tuner_experiments.py --only steady --tuners learned --verbose  # iterate
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -212,6 +213,20 @@ def summary(result: dict[str, Any], target: float, tail: int) -> dict[str, Any]:
     }
 
 
+def _median(values: list[Any]) -> Any:
+    """Median of repeats; None (never reached) counts as the largest value."""
+    ranked = sorted(values, key=lambda v: math.inf if v is None else v)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def median_of_repeats(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """One row from `--repeats` runs: the median of each key (the lower middle one for an
+    even count), the other fields from the first run, every run's values under "repeats"."""
+    row = {**runs[0], **{k: _median([r[k] for r in runs]) for k in keys}}
+    row["repeats"] = [{k: r[k] for k in keys} for r in runs]
+    return row
+
+
 def tuners(target: float, budget: int, oracle: tuple[int, int]) -> dict[str, dict[str, Any]]:
     from predictors.baselines import HillClimbTuner, StaticDefaultTuner
 
@@ -288,18 +303,27 @@ def steady(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
             else ((1, 1), [])
         )
         out[key] = {"oracle_grid": grid, "tuners": {}}
-        for name, kwargs in selected(tuners(args.target, args.budget, oracle), args):
-            src = source_for(path, PROFILES[profile], f"{name}-{profile}")
-            result = run(
-                lambda s=src, k=kwargs, f=decode: DataLoader(s, batch_size=BATCH, decode=f, **k),
-                batches,
-                step_ms,
-            )
-            r = {
-                **summary(result, args.target, batches // 3),
-                "trace": result["utilization"],
-                "decisions": (result["tuner"] or {}).get("decisions"),
-            }
+        for name, _ in selected(tuners(args.target, args.budget, oracle), args):
+            runs = []
+            for repeat in range(args.repeats):
+                kwargs = tuners(args.target, args.budget, oracle)[name]  # a fresh tuner
+                src = source_for(path, PROFILES[profile], f"{name}-{profile}-{repeat}")
+                result = run(
+                    lambda s=src, k=kwargs, f=decode: DataLoader(
+                        s, batch_size=BATCH, decode=f, **k
+                    ),
+                    batches,
+                    step_ms,
+                )
+                runs.append(
+                    {
+                        **summary(result, args.target, batches // 3),
+                        "trace": result["utilization"],
+                        "decisions": (result["tuner"] or {}).get("decisions"),
+                    }
+                )
+            keys = ("utilization", "peak_mib", "held_mib", "batches_to_target")
+            r = median_of_repeats(runs, keys)
             out[key]["tuners"][name] = r
             if args.verbose:
                 for d in r["decisions"] or []:
@@ -325,34 +349,23 @@ def shift(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         else ((1, 1), [])
     )
     out["oracle"] = oracle
-    for name, kwargs in selected(tuners(args.target, args.budget, oracle), args):
-        src = source_for(path, "object-store", f"shift-{name}")
-
-        def on_batch(k: int, src: ParquetSource = src) -> None:
-            if k == start:
-                set_slowdown(src, 10.0)
-            elif k == stop:
-                set_slowdown(src, 1.0)
-
-        result = run(
-            lambda s=src, k=kwargs: DataLoader(s, batch_size=BATCH, **k),
-            n,
-            args.shift_step_ms,
-            on_batch,
-        )
-        util = result["utilization"]
-        out["tuners"][name] = {
-            "trace": util,
-            "memory": result["memory"],
-            "workers": result["workers"],
-            "recovered_after": batches_to_recover(util, args.target, start),
-            "recovered_after_stop": batches_to_recover(util, args.target, stop),
-            "memory_before_mib": statistics.mean(result["memory"][start - 20 : start]) / 2**20,
-            "memory_during_mib": statistics.mean(result["memory"][stop - 20 : stop]) / 2**20,
-            "memory_after_mib": statistics.mean(result["memory"][-20:]) / 2**20,
-            "decisions": (result["tuner"] or {}).get("decisions"),
-        }
+    for name, _ in selected(tuners(args.target, args.budget, oracle), args):
+        runs = [
+            shift_run(
+                args,
+                path,
+                f"shift-{name}-{repeat}",
+                tuners(args.target, args.budget, oracle)[name],  # a fresh tuner each run
+                n,
+                start,
+                stop,
+            )
+            for repeat in range(args.repeats)
+        ]
+        keys = ("recovered_after", "recovered_after_stop", "memory_during_mib", "memory_after_mib")
+        out["tuners"][name] = median_of_repeats(runs, keys)
         r = out["tuners"][name]
+        util = r["trace"]
         if args.verbose:
             for d in r["decisions"] or []:
                 print(f"    {d['batch']:4d} {d['workers']:3d} {d['depth']:3d} {d['reason'][:150]}")
@@ -360,10 +373,46 @@ def shift(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         print(
             f"shift {name:13s} back above target {r['recovered_after']} batches after the "
             f"slowdown, {r['recovered_after_stop']} after the recovery; MiB before/during/after "
-            f"{r['memory_before_mib']:.1f}/{r['memory_during_mib']:.1f}/{r['memory_after_mib']:.1f}",
+            f"{r['memory_before_mib']:.1f}/{r['memory_during_mib']:.1f}/{r['memory_after_mib']:.1f}"
+            f"; repeats {[x['recovered_after'] for x in r['repeats']]}",
             flush=True,
         )
     return out
+
+
+def shift_run(
+    args: argparse.Namespace,
+    path: Path,
+    tag: str,
+    kwargs: dict[str, Any],
+    n: int,
+    start: int,
+    stop: int,
+) -> dict[str, Any]:
+    """One regime-shift run: storage latency x10 from batch `start` to `stop`."""
+    src = source_for(path, "object-store", tag)
+
+    def on_batch(k: int) -> None:
+        if k == start:
+            set_slowdown(src, 10.0)
+        elif k == stop:
+            set_slowdown(src, 1.0)
+
+    result = run(
+        lambda: DataLoader(src, batch_size=BATCH, **kwargs), n, args.shift_step_ms, on_batch
+    )
+    util = result["utilization"]
+    return {
+        "trace": util,
+        "memory": result["memory"],
+        "workers": result["workers"],
+        "recovered_after": batches_to_recover(util, args.target, start),
+        "recovered_after_stop": batches_to_recover(util, args.target, stop),
+        "memory_before_mib": statistics.mean(result["memory"][start - 20 : start]) / 2**20,
+        "memory_during_mib": statistics.mean(result["memory"][stop - 20 : stop]) / 2**20,
+        "memory_after_mib": statistics.mean(result["memory"][-20:]) / 2**20,
+        "decisions": (result["tuner"] or {}).get("decisions"),
+    }
 
 
 def infeasible(args: argparse.Namespace, images: Path) -> dict[str, Any]:
@@ -424,18 +473,20 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
         "",
         "Peak MiB: the most bytes in flight or ready at any time of the run (the loader's "
         "`peak_bytes_in_flight`, the same measure for every tuner); held MiB: the mean over "
-        "the last third.",
+        "the last third. Each figure is the median of the runs (`--repeats`); workers and "
+        "depth are the first run's final ones; every run is in tuning.json.",
         "",
         "| workload / storage / step | tuner | utilization (last third) | peak MiB | held MiB "
-        "| workers | depth | batches to target |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| workers | depth | batches to target | peak MiB, each run |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for profile, res in results["steady"].items():
         for name, r in res["tuners"].items():
+            each = ", ".join(f"{x['peak_mib']:.1f}" for x in r.get("repeats", [r]))
             lines.append(
                 f"| {profile} | {name} | {r['utilization']:.2f} | {r['peak_mib']:.1f} | "
                 f"{r.get('held_mib', float('nan')):.1f} | {r['workers']} | {r['depth']} | "
-                f"{r['batches_to_target']} |"
+                f"{r['batches_to_target']} | {each} |"
             )
     s = results["shift"]
     lines += [
@@ -452,18 +503,22 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
         "(0: it never dropped; None: it never came back). MiB: mean bytes in flight over the "
         "20 batches before the slowdown, before it ends, and at the end of the run.",
         "",
+        "Batches to recover and MiB during / after are medians of the runs; utilization and "
+        "MiB before come from the first run (the plot's).",
+        "",
         "| tuner | utilization before | during | after | batches to recover (slowdown) "
-        "| (recovery) | MiB before | MiB during | MiB after |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| (recovery) | MiB before | MiB during | MiB after | to recover, each run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, r in s["tuners"].items():
         u, a, b = r["trace"], s["start"], s["stop"]
         parts = [statistics.mean(x) for x in (u[:a], u[a:b], u[b:])]
+        each = ", ".join(str(x["recovered_after"]) for x in r.get("repeats", [r]))
         lines.append(
             f"| {name} | {parts[0]:.2f} | {parts[1]:.2f} | {parts[2]:.2f} | "
             f"{r['recovered_after']} | {r.get('recovered_after_stop')} | "
             f"{r['memory_before_mib']:.1f} | {r['memory_during_mib']:.1f} | "
-            f"{r['memory_after_mib']:.1f} |"
+            f"{r['memory_after_mib']:.1f} | {each} |"
         )
     i = results["infeasible"]
     lines += [
@@ -500,6 +555,12 @@ def main() -> None:
         "still be kept up with by 32 workers inside the budget (a batch then costs ~2 s)",
     )
     parser.add_argument("--batches", type=int, default=150)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per tuner and case; tables show medians, tuning.json every run",
+    )
     parser.add_argument("--budget", type=int, default=64 * 2**20)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--from-json", action="store_true", help="re-render tuning.json only")

@@ -287,7 +287,7 @@ class DataLoader:
                 self.telemetry.on_memory(engine.bytes_in_flight() + result[1].nbytes)
                 self.telemetry.on_batch(waited, result[1])
                 if self._autotune is not None:
-                    self._tune(engine, result[1], waited)
+                    self._tune(engine, result[1], waited, epoch_start=k == 0)
                 self._position = self._advance(tasks, position, k + 1)
                 if batch is None:  # every sample of it skipped (on_error="skip"); counted
                     continue
@@ -300,10 +300,11 @@ class DataLoader:
             if iteration == self._iteration and (not finished or not self.persistent_workers):
                 self._close_engine(force=not finished)
 
-    def _tune(self, engine: Engine, meta: Any, waited: float) -> None:
+    def _tune(self, engine: Engine, meta: Any, waited: float, *, epoch_start: bool) -> None:
         steps = self.telemetry.steps
         change = self._autotune.observe(
             meta,
+            epoch_start=epoch_start,
             waited_s=waited,
             step_s=steps[-1] if steps else 0.0,
             workers=engine.workers,

@@ -112,8 +112,10 @@ class AutoPrefetch:
         workers: int,
         depth: int,
         bytes_in_flight: int,
+        epoch_start: bool = False,
     ) -> tuple[int, int] | None:
-        """Report one batch; returns a new (workers, depth) when the tuner changes them."""
+        """Report one batch; returns a new (workers, depth) when the tuner changes them.
+        `epoch_start`: the first batch of an iteration (it waited for an empty pipeline)."""
         from predictors.tuner import TunerState
 
         stages = meta.stage_ms
@@ -132,6 +134,7 @@ class AutoPrefetch:
             cpu_count=self.cpu_count,
             batch_memory_bytes=float(max(meta.nbytes, 1)),
             rows_per_read=self.rows_per_read,
+            epoch_start=epoch_start,
         )
         self._batch += 1
         try:

@@ -233,3 +233,97 @@ def test_a_small_shortfall_is_measured_twice_before_memory_is_bought():
     planned = tuner.warmup_batches  # the first plan keeps 1 worker, depth 1 here
     assert changes, "a persistent shortfall must still be acted on"
     assert changes[0] >= planned + 2 * tuner.check_batches, changes
+
+
+def _closed_loop(tuner: LearnedTuner, utilization, batches: int, **state) -> list[tuple]:
+    """Drive `tuner` where `utilization(workers, depth, k, since)` is what batch k measures
+    (`since`: batches since the configuration last changed). Returns (workers, depth, util)
+    per batch."""
+    workers, depth = tuner.start
+    changed, out = 0, []
+    for k in range(batches):
+        util = utilization(workers, depth, k, k - changed)
+        s = _state(
+            batch_index=k,
+            workers=workers,
+            depth=depth,
+            stall_ms=state.get("step_ms", 10.0) * (1 / util - 1),
+            **{"read_ms": 2.0, "decode_ms": 0.0, "batch_memory_bytes": 1e6, **state},
+        )
+        out.append((workers, depth, util))
+        decision = tuner.decide(s)
+        if (decision.workers, decision.depth) != (workers, depth):
+            workers, depth, changed = decision.workers, decision.depth, k + 1
+    return out
+
+
+def test_a_safe_start_that_measures_the_target_is_kept():
+    """The model sees 30 ms of service against a 10 ms step and would buy 3+ workers,
+    but the safe start already measures 0.97: memory is bought for a measured shortfall,
+    never for a predicted one (images: the oracle's 1 worker / depth 1, where the tuner
+    used to plan 2 / 2 and then chase CPU contention up to 6 / 6)."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    trace = _closed_loop(tuner, lambda w, d, k, since: 0.97, 60, read_ms=30.0)
+    assert {(w, d) for w, d, _ in trace} == {(1, 1)}, trace
+    assert "no memory to buy" in tuner.history[-1][1].reason
+
+
+def test_first_batch_of_each_epoch_is_not_judged():
+    """Every 12th batch starts an epoch and waits for an empty pipeline (no configuration
+    shortens that wait); the rest measure 0.97. Judged with them, each window read about
+    0.6 and the tuner bought memory every epoch; left out, it holds."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    workers, depth, seen = 1, 1, set()
+    for k in range(72):
+        first = k % 12 == 0
+        state = _state(
+            batch_index=k,
+            workers=workers,
+            depth=depth,
+            stall_ms=80.0 if first else 10.0 * (1 / 0.97 - 1),
+            read_ms=2.0,
+            decode_ms=0.0,
+            batch_memory_bytes=1e6,
+            epoch_start=first,
+        )
+        decision = tuner.decide(state)
+        workers, depth = decision.workers, decision.depth
+        seen.add((workers, depth))
+    assert seen == {(1, 1)}, seen
+
+
+def test_a_failed_step_down_returns_to_the_cheapest_proven_configuration():
+    """4 workers / depth 8 meets the target; depth 6 holds for one window, then falls
+    to 0.6. The tuner goes back to 4 / 8, which it measured, instead of re-planning from
+    the model (which bought 2x that memory on object-store), and never goes deeper."""
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        return 0.99 if d >= 8 or since < 16 else 0.6
+
+    tuner = LearnedTuner(
+        QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6, start=(4, 8)
+    )
+    trace = _closed_loop(tuner, util, 120, read_ms=60.0, step_ms=20.0)
+    configs = [(w, d) for w, d, _ in trace]
+    assert (4, 6) in configs, "the tuner should try one step less memory"
+    assert configs[-1] == (4, 8), configs
+    assert max(d for _, d in configs) == 8
+    assert any("stepping back up" in d.reason for _, d in tuner.history)
+
+
+def test_workers_that_lower_utilization_are_given_back():
+    """On 2 cores, decode workers take CPU from the step: each added worker lowers
+    utilization (0.80, 0.70, 0.60...) while the reported service time stays flat. The tuner
+    stops climbing, says the target is out of reach and keeps the better configuration."""
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        return max(0.3, 0.9 - 0.1 * min(w, d))
+
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    trace = _closed_loop(tuner, util, 120, read_ms=30.0, cpu_count=2)
+    most = max(min(w, d) for w, d, _ in trace)
+    assert most <= 4, trace  # one climb, found worse, given back (it used to keep climbing)
+    assert any("did not help" in d.reason for _, d in tuner.history)
+    last = tuner.history[-1][1]
+    assert not last.feasible and min(last.workers, last.depth) < most, last
+    assert trace[-1][:2] == (last.workers, last.depth)

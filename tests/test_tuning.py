@@ -86,6 +86,29 @@ def test_a_baseline_tuner_plugs_in_by_object() -> None:
     assert (loader.stats()["workers"], loader.stats()["depth"]) == (3, 6)
 
 
+def test_the_tuner_is_told_which_batch_starts_an_iteration() -> None:
+    """The first batch of each pass waited for an empty pipeline, whatever the
+    configuration: the loader marks it so the tuner leaves it out of its judgement."""
+    from predictors.baselines import StaticDefaultTuner
+
+    class Recording(StaticDefaultTuner):
+        def __init__(self) -> None:
+            super().__init__(workers=2)
+            self.states: list = []
+
+        def decide(self, state):
+            self.states.append(state)
+            return super().decide(state)
+
+    tuner = Recording()
+    loader = DataLoader(
+        SlowReads(40, 0.0), batch_size=10, worker_mode="thread", num_workers=2, prefetch=tuner
+    )
+    for _ in range(2):
+        assert len(list(loader)) == 4
+    assert [s.epoch_start for s in tuner.states] == [True, False, False, False] * 2
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
