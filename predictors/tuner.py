@@ -6,21 +6,31 @@ reason; the loader applies it (`engine.set_workers`, `engine.set_depth`). Tuners
 change which samples come in which order, only how many workers build batches and how
 many batches may be in flight or ready.
 
-The learned tuner (the model proposes, measurement decides):
+The learned tuner (the model proposes, measurement decides; memory is bought only for a
+measured shortfall):
 
 1. starts at the least memory (1 worker, depth 1) and measures for `warmup_batches`;
-2. turns the measured per-batch service times into the model's features, predicts
-   utilization for every candidate (workers, depth) whose memory bound
+   if that already meets the target it stays there;
+2. otherwise turns the measured per-batch service times into the model's features,
+   predicts utilization for every candidate (workers, depth) whose memory bound
    `depth * batch_memory_bytes` fits the budget (clipped by first principles, with
    depth slack for jitter), and takes the one with the least memory whose predicted
    utilization meets `target + margin` (the margin is the model's measured error on
    unseen workloads);
-3. every `check_batches` settled batches: below the target it escalates (the shortfall,
-   uncapped, rescales the service time the model is given; a measured climb when the
-   re-plan asks for nothing larger; a stop, with the bottleneck named, when a climb
-   raised neither utilization nor the measured service rate); well above the target
-   twice in a row it tries the next cheaper depth and keeps it only if the target holds;
-4. a lasting service-time change (a storage slowdown or its recovery) re-decides at once;
+3. every `check_batches` settled batches (an iteration's first batch and new workers'
+   first batches are not judged) it compares utilization with the goal (the target,
+   raised by what epoch starts cost):
+   - below it by less than `recheck_margin`, right after a climb, or at a configuration
+     that met it before: one more window, judged with this one (8 batches are noisy);
+   - below it: back to the cheapest configuration measured to meet it, if one holds
+     more memory; else escalate (the shortfall rescales the service time the model is
+     given; one step buys 1.5x to 3x the memory, more for a larger shortfall; a measured
+     climb when the re-plan asks for nothing larger; a stop, with the bottleneck named,
+     when a climb did not raise utilization, or lowered it);
+   - above it by `step_down_margin` twice in a row: the next cheaper depth, kept only
+     if the goal holds (reverted at once if not);
+4. a lasting service-time change (a storage slowdown or its recovery) re-plans at once,
+   a slowdown with `surge` times the measured service so the buffer refills quickly;
 5. when nothing within the budget reaches the target, says so, names the bottleneck
    stage and takes the configuration with the highest predicted utilization.
 
@@ -41,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from predictors.errors import TunerConfigError
+from predictors.signals import epoch_goal, large_change, memory_step, moderate_change, slowing
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -415,8 +426,7 @@ class LearnedTuner:
         if not self._epoch_stalls or not self._epoch_length:
             return
         step = median(s.step_ms for s in self._recent)
-        allowed = step / self.target - median(self._epoch_stalls) / self._epoch_length
-        self._goal = self.target if allowed <= 0 else min(0.98, max(self.target, step / allowed))
+        self._goal = epoch_goal(self.target, step, median(self._epoch_stalls), self._epoch_length)
 
     @property
     def goal(self) -> float:
@@ -450,15 +460,8 @@ class LearnedTuner:
         under way (the shift check needs a few more batches to call it)."""
         # Settled batches only: the first batches of new workers pay for opening files,
         # which read as a slowdown and once bought 3x the memory uncapped.
-        # Medians, against `shift_ratio`: with lognormal jitter a 4-batch mean above 1.26x
-        # an 8-batch mean is common (it bought 3x the memory on object-store), and with
-        # read-ahead one batch of a real slowdown can be cheap (so not "each batch").
-        settled = self._settled()
-        if len(settled) < 2 * self.shift_batches:
-            return False
-        service = [_nominal_service_ms(self._mean_features([s])) for s in settled]
-        before = median(service[: -self.shift_batches])
-        return median(service[-self.shift_batches :]) > self.shift_ratio * before
+        service = [_nominal_service_ms(self._mean_features([s])) for s in self._settled()]
+        return slowing(service, self.shift_batches, self.shift_ratio)
 
     def _smoothed(self, last: int | None = None) -> dict[str, float]:
         """Medians over the recent batches of the stage times (for reasons and bottlenecks)."""
@@ -520,38 +523,20 @@ class LearnedTuner:
             self._planned_mean = sum(services) / len(services)
             return None
         fresh = window[-self.shift_batches :]
-        # A large change (5x either way) is called on the last few batches, without the
-        # vote below: with read-ahead every other batch is served from memory, so a
-        # tenfold slowdown never shows in every batch and went unseen for 9+ batches.
-        # Slower: two batches beyond 5x (a lognormal straggler pair that far is rare),
-        # planned from the first of them on (earlier ones would under-provision).
-        # Faster: the mean below a fifth and no batch above the old mean (cheap batches
-        # served from read-ahead come in both regimes).
-        planned_mean = max(self._planned_mean, 1e-9)
         recent = services[-self.shift_batches :]
-        slow = [i for i, x in enumerate(recent) if x > 5 * planned_mean]
-        self._suspect = len(slow) == 1  # one batch so far: a slowdown may be starting
-        if len(slow) >= 2:
-            if self._utilization(fresh[slow[0] :]) >= self._goal:
+        # A large change first (planned from the batches of the new regime on: earlier
+        # ones would under-provision a slowdown), then a moderate one (`signals`).
+        change, first = large_change(recent, self._planned_mean)
+        self._suspect = change == "one-slow"  # one batch so far: a slowdown may be starting
+        if change == "faster":
+            return self._planned_mean, _mean(recent), len(recent)
+        if change == "slower":
+            if self._utilization(fresh[first:]) >= self._goal:
                 return None  # slower, but still fast enough: nothing to fix
-            return planned_mean, _mean(recent[slow[0] :]), len(recent) - slow[0]
-        if _mean(recent) < planned_mean / 5 and max(recent) < planned_mean:
-            return planned_mean, _mean(recent), len(recent)
-        base = max(self._planned_service, 1e-9)
-        ratio = now / base
-        if not (ratio > self.shift_ratio or ratio < 1 / self.shift_ratio):
-            return None
-        # A lasting change shows in every recent batch, not in one late one: the last
-        # `shift_batches` must each sit beyond sqrt(shift_ratio) of the baseline (one
-        # lognormal straggler lifts an 8-batch mean past 1.6x; four in a row rarely do).
-        # They are also the batches planned from: a window that mixes both regimes would
-        # under-provision a slowdown and hold memory after a recovery.
-        edge = math.sqrt(self.shift_ratio)
-        per_batch = [_nominal_service_ms(self._mean_features([s])) / base for s in fresh]
-        if (ratio > 1 and min(per_batch) < edge) or (ratio < 1 and max(per_batch) > 1 / edge):
-            return None
-        if ratio > 1 and self._utilization(fresh) >= self._goal:
-            return None  # slower, but still fast enough: nothing to fix
+            return self._planned_mean, _mean(recent[first:]), len(recent) - first
+        change = moderate_change(services, self._planned_service, self.shift_ratio, len(fresh))
+        if change == "none" or (change == "slower" and self._utilization(fresh) >= self._goal):
+            return None  # no lasting change, or slower but still fast enough
         return self._planned_service, now, len(fresh)
 
     def _service_rate(self) -> float:
@@ -665,7 +650,7 @@ class LearnedTuner:
         # (active * step / utilization), against the one the model was given.
         # Plan from the last few batches when they show a slowdown under way (the shift
         # check needs a few more batches to call it): measured, so not capped below.
-        features, step_cap = self._features(), self._step_factor(observed) * here
+        features, step_cap = self._features(), memory_step(self._goal, observed) * here
         self._urgent = self._slowing()
         if self._urgent:
             features, step_cap = self._features(self.shift_batches), None
@@ -708,13 +693,6 @@ class LearnedTuner:
         self._move, self._parent = "escalate", parent
         self._parent_rate, self._waited = self._service_rate(), False
         return self._apply_choice(state, why, choice)
-
-    def _step_factor(self, observed: float) -> float:
-        """How much more memory one escalation may buy: (target / observed)^2, between
-        1.5x and 3x. A window at 0.84 against 0.90 is partly noise and asks for a small
-        step (3x there set the run's peak at twice the oracle's memory on object-store);
-        a window at 0.14 asks for 3x at once."""
-        return min(3.0, max(1.5, (self._goal / max(observed, 1e-2)) ** 2))
 
     def _climb(self, state: TunerState, current: Decision) -> tuple[int, int] | None:
         """One step up by measurement: the next depth of the grid with about 1.5x the
