@@ -110,7 +110,7 @@ def epoch_goal(
     0.9
     """
     allowed = step_ms / target - start_wait_ms / max(epoch_batches, 1)
-    if allowed <= 0:
+    if allowed <= 0 or start_wait_ms <= 0:
         return target
     return min(cap, max(target, step_ms / allowed))
 

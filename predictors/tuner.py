@@ -280,6 +280,7 @@ class LearnedTuner:
         self._planned_service = 0.0  # median service time per batch after the last change
         self._planned_mean = 0.0  # and its mean
         self._suspect = False  # one recent batch far slower than the baseline
+        self._deferred = 0  # batches a due escalation has waited on a suspect batch
         self._goal = self.target  # what windows between epoch starts must reach
         self._last_epoch_start: int | None = None
         self._epoch_length = 0
@@ -338,11 +339,14 @@ class LearnedTuner:
         observed = self._observed()
         if observed is None:
             return self._hold()
-        if observed < self._goal and self._suspect:
+        if observed < self._goal and self._suspect and self._deferred < 2:
             # One batch 5x slower than the baseline: the next one or two tell a slowdown
             # (planned for at once, above) from a straggler. Escalating now would size
             # the step from the old regime, and the new baseline would hide the shift.
+            # At most two batches: stragglers are common under contention.
+            self._deferred += 1
             return self._hold()
+        self._deferred = 0
         if observed < self._goal and self._behind is not None:
             observed = (observed + self._behind) / 2  # judge both windows together
         elif observed < self._goal:
@@ -527,7 +531,8 @@ class LearnedTuner:
         # A large change first (planned from the batches of the new regime on: earlier
         # ones would under-provision a slowdown), then a moderate one (`signals`).
         change, first = large_change(recent, self._planned_mean)
-        self._suspect = change == "one-slow"  # one batch so far: a slowdown may be starting
+        # One batch so far, among the last two: a slowdown may be starting.
+        self._suspect = change == "one-slow" and first >= len(recent) - 2
         if change == "faster":
             return self._planned_mean, _mean(recent), len(recent)
         if change == "slower":

@@ -109,6 +109,31 @@ def test_the_tuner_is_told_which_batch_starts_an_iteration() -> None:
     assert [s.epoch_start for s in tuner.states] == [True, False, False, False] * 2
 
 
+def test_time_the_loader_spends_in_next_counts_as_stall() -> None:
+    """Everything the consumer waits for inside `__next__` is stall, the loader's own
+    work included (here a tuner that takes 20 ms to decide): counted as the consumer's
+    step it made utilization read far above what the training loop saw."""
+    from predictors.baselines import StaticDefaultTuner
+
+    class SlowToDecide(StaticDefaultTuner):
+        def decide(self, state):
+            time.sleep(0.02)
+            return super().decide(state)
+
+    loader = DataLoader(
+        SlowReads(80, 0.0),
+        batch_size=4,
+        worker_mode="thread",
+        num_workers=2,
+        prefetch=SlowToDecide(workers=2),
+    )
+    for _ in loader:
+        time.sleep(0.005)  # the step: a fifth of what each __next__ takes
+    stats = loader.stats()
+    assert stats["stall_fraction"] > 0.6, stats
+    assert stats["utilization"] < 0.4, stats
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
