@@ -321,12 +321,11 @@ class LearnedTuner:
             before, now, fresh = shift
             self._floor, self._ceiling, self._parent = 0.0, math.inf, None
             self._good.clear()
+            why = f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms"
             if now < before:
                 # Faster: what was learned under the slow regime (contention of many
                 # workers included) would keep memory that is no longer needed.
                 self._slowness = 1.0
-            why = f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms"
-            if now < before:
                 return self._plan(state, why, fresh)
             # Slower: plan for `surge` times the measured service. The consumer is already
             # waiting and the buffer refills only at the surplus rate, so the least that
@@ -406,7 +405,7 @@ class LearnedTuner:
             state,
             w,
             d,
-            f"the safe start ({w} workers, depth {d}) measured {observed:.2f} >= target "
+            f"the safe start ({w} workers, depth {d}) measured {observed:.2f} >= "
             f"{self._target_text()}: keeping it, no memory to buy",
             {"utilization": observed, "memory_bytes": d * state.one_batch_bytes},
         )
@@ -674,7 +673,7 @@ class LearnedTuner:
             f"measured{note}"
         )
         parent = (current, observed)
-        # A bounded memory step per escalation (`_step_factor`): the shortfall may come
+        # A bounded memory step per escalation (`memory_step`): the shortfall may come
         # from a stage that concurrency does not help (shared cores), which the next
         # check then shows.
         choice = self._choose(state, features, step_cap=step_cap)
