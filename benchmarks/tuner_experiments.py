@@ -479,8 +479,8 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
     lines = [
         "# Tuner experiments",
         "",
-        "Command: `python benchmarks/tuner_experiments.py` (or its parts, `--only steady "
-        "--cases tokens`, `--only shift`..., merged into tuning.json); "
+        f"Command: `python benchmarks/tuner_experiments.py {' '.join(_run_args())}` (parts "
+        "run with `--only` are merged into tuning.json); "
         f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
         f"Target utilization {args.target}, batch {BATCH}, step per case (infeasible run: "
         f"{args.step_ms:g} ms), "
