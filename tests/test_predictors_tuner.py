@@ -296,9 +296,9 @@ def _epochs_run(
 
 def test_first_batch_of_each_epoch_is_not_judged():
     """Every 6th batch starts an epoch and waits 9 ms for an empty pipeline (no
-    configuration shortens that wait); the rest measure 0.99, enough for the epoch as a
-    whole (0.90). Judged with them, windows read about 0.81 and the tuner bought memory
-    that could not help; left out, it holds."""
+    configuration shortens that wait); the rest measure 0.99, above what the goal
+    between epoch starts asks (0.98, its cap). Judged with the epoch starts, windows
+    read about 0.81 and the tuner bought memory that could not help; left out, it holds."""
     tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
     seen = _epochs_run(tuner, 96, 6, lambda w, d: 0.99, start_stall=9.0, step_ms=10.0)
     assert seen == {(1, 1)}, seen
