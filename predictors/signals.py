@@ -8,16 +8,12 @@ the state (baselines, windows) and decides what to do with the verdicts.
 
 from __future__ import annotations
 
-from statistics import median
+from statistics import fmean, median
 from typing import Literal
 
 __all__ = ["epoch_goal", "large_change", "memory_step", "moderate_change", "slowing"]
 
 Change = Literal["slower", "faster", "one-slow", "none"]
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def large_change(
@@ -48,7 +44,7 @@ def large_change(
         return "slower", slow[0]
     if len(slow) == 1:
         return "one-slow", slow[0]
-    if _mean(recent) < base / factor and max(recent) < base:
+    if fmean(recent) < base / factor and max(recent) < base:
         return "faster", 0
     return "none", 0
 

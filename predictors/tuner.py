@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import median, pstdev
+from statistics import fmean, median, pstdev
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -208,10 +208,6 @@ def _nominal_service_ms(f: dict[str, Any]) -> float:
     return (
         f["storage_latency_ms"] * requests + transfer + f["decode_ms_per_sample"] * f["batch_size"]
     )
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def _bottleneck(read_ms: float, decode_ms: float, transform_ms: float) -> str:
@@ -397,9 +393,9 @@ class LearnedTuner:
         (memory is bought for a measured shortfall, never for a predicted one), else plan.
         The first batch waited for an empty pipeline and is left out."""
         measured = [s for s in self._recent if s.batch_index > 0 and not s.epoch_start]
-        if not measured or self._utilization(measured) < self._goal:
+        observed = self._utilization(measured) if measured else 0.0
+        if observed < self._goal:
             return self._plan(state, "first decision after measuring")
-        observed = self._utilization(measured)
         w, d = self._safe_start(state)
         decision = self._apply(
             state,
@@ -421,15 +417,15 @@ class LearnedTuner:
         the other batches must reach step / (step / target - s / E) for the epoch as a
         whole to reach the target (12-batch epochs of Pillow decode: 0.90 -> 0.96).
         The first iteration's first batch is left out (it also opens the files)."""
-        if state.epoch_start:
-            if self._last_epoch_start is not None:
-                self._epoch_length = state.batch_index - self._last_epoch_start
-                self._epoch_stalls.append(state.stall_ms)
-            self._last_epoch_start = state.batch_index
-        if not self._epoch_stalls or not self._epoch_length:
-            return
-        step = median(s.step_ms for s in self._recent)
-        self._goal = epoch_goal(self.target, step, median(self._epoch_stalls), self._epoch_length)
+        if not state.epoch_start:
+            return  # the goal changes only when an epoch start is measured
+        if self._last_epoch_start is not None:
+            self._epoch_length = state.batch_index - self._last_epoch_start
+            self._epoch_stalls.append(state.stall_ms)
+            step = median(s.step_ms for s in self._recent)
+            stall = median(self._epoch_stalls)
+            self._goal = epoch_goal(self.target, step, stall, self._epoch_length)
+        self._last_epoch_start = state.batch_index
 
     @property
     def goal(self) -> float:
@@ -523,7 +519,7 @@ class LearnedTuner:
         now = median(services)
         if not self._rebased:
             self._planned_service, self._rebased = now, True
-            self._planned_mean = sum(services) / len(services)
+            self._planned_mean = fmean(services)
             return None
         fresh = window[-self.shift_batches :]
         recent = services[-self.shift_batches :]
@@ -533,11 +529,11 @@ class LearnedTuner:
         # One batch so far, among the last two: a slowdown may be starting.
         self._suspect = change == "one-slow" and first >= len(recent) - 2
         if change == "faster":
-            return self._planned_mean, _mean(recent), len(recent)
+            return self._planned_mean, fmean(recent), len(recent)
         if change == "slower":
             if self._utilization(fresh[first:]) >= self._goal:
                 return None  # slower, but still fast enough: nothing to fix
-            return self._planned_mean, _mean(recent[first:]), len(recent) - first
+            return self._planned_mean, fmean(recent[first:]), len(recent) - first
         change = moderate_change(services, self._planned_service, self.shift_ratio, len(fresh))
         if change == "none" or (change == "slower" and self._utilization(fresh) >= self._goal):
             return None  # no lasting change, or slower but still fast enough

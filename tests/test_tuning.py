@@ -86,49 +86,44 @@ def test_a_baseline_tuner_plugs_in_by_object() -> None:
     assert (loader.stats()["workers"], loader.stats()["depth"]) == (3, 6)
 
 
+def _recorded_run(batches: int, delay_s: float = 0.0, step_s: float = 0.0):
+    """Iterate a 40-sample loader `batches` // 4 passes through a static tuner that records
+    the states it is given and takes `delay_s` to decide; returns (loader, states)."""
+    from predictors.baselines import StaticDefaultTuner
+
+    states: list = []
+
+    class Recording(StaticDefaultTuner):
+        def decide(self, state):
+            states.append(state)
+            time.sleep(delay_s)
+            return super().decide(state)
+
+    loader = DataLoader(
+        SlowReads(40, 0.0),
+        batch_size=10,
+        worker_mode="thread",
+        num_workers=2,
+        prefetch=Recording(workers=2),
+    )
+    for _ in range(batches // 4):
+        for _ in loader:
+            time.sleep(step_s)
+    return loader, states
+
+
 def test_the_tuner_is_told_which_batch_starts_an_iteration() -> None:
     """The first batch of each pass waited for an empty pipeline, whatever the
     configuration: the loader marks it so the tuner leaves it out of its judgement."""
-    from predictors.baselines import StaticDefaultTuner
-
-    class Recording(StaticDefaultTuner):
-        def __init__(self) -> None:
-            super().__init__(workers=2)
-            self.states: list = []
-
-        def decide(self, state):
-            self.states.append(state)
-            return super().decide(state)
-
-    tuner = Recording()
-    loader = DataLoader(
-        SlowReads(40, 0.0), batch_size=10, worker_mode="thread", num_workers=2, prefetch=tuner
-    )
-    for _ in range(2):
-        assert len(list(loader)) == 4
-    assert [s.epoch_start for s in tuner.states] == [True, False, False, False] * 2
+    _, states = _recorded_run(8)
+    assert [s.epoch_start for s in states] == [True, False, False, False] * 2
 
 
 def test_time_the_loader_spends_in_next_counts_as_stall() -> None:
     """Everything the consumer waits for inside `__next__` is stall, the loader's own
     work included (here a tuner that takes 20 ms to decide): counted as the consumer's
     step it made utilization read far above what the training loop saw."""
-    from predictors.baselines import StaticDefaultTuner
-
-    class SlowToDecide(StaticDefaultTuner):
-        def decide(self, state):
-            time.sleep(0.02)
-            return super().decide(state)
-
-    loader = DataLoader(
-        SlowReads(80, 0.0),
-        batch_size=4,
-        worker_mode="thread",
-        num_workers=2,
-        prefetch=SlowToDecide(workers=2),
-    )
-    for _ in loader:
-        time.sleep(0.005)  # the step: a fifth of what each __next__ takes
+    loader, _ = _recorded_run(20, delay_s=0.02, step_s=0.005)  # step: a fifth of __next__
     stats = loader.stats()
     assert stats["stall_fraction"] > 0.6, stats
     assert stats["utilization"] < 0.4, stats
