@@ -104,7 +104,11 @@ class Engine:
         self._ready_bytes: dict[int, int] = {}
         self._generation = 0
         self._tasks: Sequence[Any] = ()
-        self._submitted = self._next = 0
+        # Batch numbers count on across sequences joined by `follow`: the current sequence
+        # holds numbers base .. base + len(tasks) - 1, the following one the next ones.
+        self._base = self._submitted = self._next = 0
+        self._make_following: Callable[[], Sequence[Any]] | None = None
+        self._following: Sequence[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._todo: queue.Queue = queue.Queue()
         self._procs: list[Any] = []  # [process, task queue, retiring]
@@ -158,20 +162,57 @@ class Engine:
             self._ready_bytes.clear()
             self._held.clear()
         self._drain_todo()
-        self._tasks, self._submitted, self._next = tasks, 0, 0
+        self._tasks, self._base, self._submitted, self._next = tasks, 0, 0, 0
+        self._make_following = self._following = None
         if self._target_workers and not self._started:
             self._resize()
+
+    def follow(self, make_tasks: Callable[[], Sequence[Any]]) -> None:
+        """Queue the sequence that comes next (the next epoch): once every task of this
+        one is submitted, `make_tasks()` is called and its tasks are submitted too, so its
+        first batches are ready when it starts (`advance`) instead of being awaited
+        behind an empty pipeline."""
+        self._make_following, self._following = make_tasks, None
+
+    def advance(self) -> Sequence[Any]:
+        """Make the followed sequence current, keeping what was already read of it;
+        call once this one is consumed. Returns its tasks."""
+        if self._next < self._base + len(self._tasks) or self._make_following is None:
+            raise RuntimeError("advance() needs a followed sequence and this one consumed")
+        following = self._following
+        if following is None:
+            following = self._make_following()
+        self._base += len(self._tasks)
+        self._tasks, self._make_following, self._following = following, None, None
+        return following
 
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def _task(self, number: int) -> Any:
+        """The task numbered `number`: of this sequence, else of the followed one."""
+        k = number - self._base
+        if k < len(self._tasks):
+            return self._tasks[k]
+        assert self._following is not None  # _top_up made it before submitting from it
+        return self._following[k - len(self._tasks)]
+
+    def _submittable(self) -> int:
+        """How many numbers exist to submit: this sequence's, and the followed one's."""
+        end = self._base + len(self._tasks)
+        if self._submitted >= end and self._make_following is not None:
+            if self._following is None:
+                self._following = self._make_following()
+            end += len(self._following)
+        return end
+
     def next(self) -> tuple[Any, float]:
         """The next result in order and the seconds the consumer waited for it."""
-        if self._next >= len(self._tasks):
+        if self._next >= self._base + len(self._tasks):
             raise StopIteration
         begin = time.perf_counter()
         if not self._target_workers:
-            result = self.fn(self._tasks[self._next])
+            result = self.fn(self._task(self._next))
         else:
             self._top_up()
             result = self._wait_for(self._next)
@@ -181,9 +222,11 @@ class Engine:
         return result, time.perf_counter() - begin
 
     def _top_up(self) -> None:
-        while self._submitted < len(self._tasks) and self._submitted - self._next < self._depth:
+        while self._submitted - self._next < self._depth:
+            if self._submitted >= self._submittable():
+                break
             number = self._submitted
-            item = (self._generation, number, self._tasks[number])
+            item = (self._generation, number, self._task(number))
             if self.mode == "thread":
                 self._todo.put(item)
             else:
@@ -202,11 +245,12 @@ class Engine:
                 self._cv.notify_all()
 
     def _wait_for(self, number: int) -> Any:
+        shown = number - self._base  # the batch's number within its epoch
         deadline = time.monotonic() + self.timeout if self.timeout > 0 else None
         while True:
             if self._closed:
                 raise RuntimeError(
-                    f"The loader's workers were stopped while batch {number} was awaited."
+                    f"The loader's workers were stopped while batch {shown} was awaited."
                 )
             if self.mode == "process":
                 self._collect()
@@ -220,10 +264,10 @@ class Engine:
                         continue
             if deadline is not None and time.monotonic() > deadline:
                 raise WorkerError(
-                    f"Timed out after {self.timeout:g} s waiting for batch {number} "
+                    f"Timed out after {self.timeout:g} s waiting for batch {shown} "
                     f"(`timeout` argument); {len(self._ready)} later batches were ready.",
                     stage="wait",
-                    batch=number,
+                    batch=shown,
                 )
             if self.mode == "process":
                 self._check_processes()
@@ -336,7 +380,7 @@ class Engine:
                     f"{proc.exitcode}. A negative code is the signal that killed it "
                     "(e.g. -9: out of memory or SIGKILL).",
                     stage="worker",
-                    batch=self._next,
+                    batch=self._next - self._base,
                 )
 
     # -- shutdown ------------------------------------------------------------------------

@@ -149,6 +149,7 @@ class DataLoader:
         self.collate_fn, self.transform, self.decode = collate_fn, transform, decode
         self.telemetry = Telemetry()
         self._engine: Engine | None = None
+        self._followed: tuple[int, int] | None = None  # (epoch, position) read ahead
         self._epoch, self._position = 0, 0
         self._resume_pending = False
         self._iteration = 0  # identifies the live iterator; older ones are superseded
@@ -268,10 +269,14 @@ class DataLoader:
         return workers + 2
 
     def _iterate(self, iteration: int, epoch: int, position: int) -> Iterator[Any]:
-        tasks = self._tasks(epoch, position)
         self.source.fit_cache(self._cache_row_groups())
         engine = self._engine_for()
-        engine.start(tasks)
+        if self._followed == (epoch, position):
+            tasks = engine.advance()  # read ahead while the last epoch ended (_follow)
+        else:
+            tasks = self._tasks(epoch, position)
+            engine.start(tasks)
+        self._followed = self._follow(engine, tasks, epoch)
         self.telemetry.start_epoch()
         finished = False
         try:
@@ -306,6 +311,26 @@ class DataLoader:
             # workers its successor is using.
             if iteration == self._iteration and (not finished or not self.persistent_workers):
                 self._close_engine(force=not finished)
+
+    def _follow(self, engine: Engine, tasks: Any, epoch: int) -> tuple[int, int] | None:
+        """With persistent workers, read the next epoch's first batches while this one
+        ends: its first batch was otherwise awaited behind an empty pipeline (25-75 ms
+        on `nas` at 8-24 workers, a 160-batch epoch's whole margin to the target).
+
+        Only for the loader's own order: a user's sampler may be told its epoch by the
+        training loop after this one ends (torch's DistributedSampler.set_epoch), so
+        drawing from it early could draw the wrong order. What is read ahead is the
+        batches of (epoch + 1, position 0), exactly what iter() would start there; any
+        other next iteration (set_epoch, load_state_dict elsewhere) discards them."""
+        if not (
+            self.persistent_workers
+            and engine.workers
+            and isinstance(tasks, _EpochTasks)
+            and self.sampler is None
+        ):
+            return None
+        engine.follow(lambda: self._tasks(epoch + 1, 0))
+        return epoch + 1, 0
 
     def _tune(self, engine: Engine, meta: Any, waited: float, *, epoch_start: bool) -> None:
         steps = self.telemetry.steps
@@ -357,7 +382,7 @@ class DataLoader:
     def _close_engine(self, force: bool = False) -> None:
         if self._engine is not None and (force or not self.persistent_workers):
             self._engine.close()
-            self._engine = None
+            self._engine, self._followed = None, None
 
     def close(self) -> None:
         """Stop workers now (they also stop at the epoch's end unless persistent)."""

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from functools import partial
 from pathlib import Path
 
@@ -153,3 +154,75 @@ def test_every_rank_gets_its_slice(token_dir) -> None:
         ids = np.concatenate([b["id"] for batches in ranks for b in batches])
         assert set(ids.tolist()) == set(range(100))
         assert len(ids) - len(set(ids.tolist())) < world  # only tail padding repeats
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block"])
+def test_persistent_workers_reading_ahead_give_each_epoch_its_own_batches(
+    token_dir, shuffle
+) -> None:
+    """Persistent workers read the next epoch's first batches while an epoch ends. Every
+    pass must still get exactly what a fresh loader gives that epoch: after a plain pass,
+    after set_epoch(the next epoch) as torch scripts call it, after a jump to another
+    epoch (the read-ahead is discarded) and after load_state_dict."""
+    loader = parquet_loader(
+        token_dir, shuffle, num_workers=3, prefetch=6, persistent_workers=True, timeout=30
+    )
+    passes = {0: list(loader)}
+    loader.set_epoch(1)
+    passes[1] = list(loader)
+    passes[2] = list(loader)  # epochs advance after a complete pass
+    loader.set_epoch(5)
+    passes[5] = list(loader)
+    for epoch, got in passes.items():
+        want = epoch_batches(parquet_loader(token_dir, shuffle), epoch)
+        assert_batches_equal(got, want, f"epoch {epoch}")
+
+    # Restored mid-epoch after a pass that read ahead into the next epoch's start.
+    other = parquet_loader(token_dir, shuffle)
+    other.set_epoch(7)
+    batches = iter(other)
+    head = [next(batches), next(batches)]
+    state = other.state_dict()
+    list(loader)  # epoch 6, reading ahead into epoch 7 from position 0
+    loader.load_state_dict(state)
+    rest = list(loader)
+    assert_batches_equal(head + rest, epoch_batches(parquet_loader(token_dir, shuffle), 7))
+    loader.close()
+
+
+def test_persistent_workers_start_the_next_epoch_before_it_is_asked_for() -> None:
+    """The read-ahead itself: with persistent workers, samples of the next epoch are
+    requested while the training loop is still between epochs (this fails when the
+    workers sit idle until the next iter(), as torch's persistent workers do)."""
+    requested: list[int] = []
+
+    class Recording(Dataset):
+        def __len__(self) -> int:
+            return 12
+
+        def __getitem__(self, index: int):
+            requested.append(index)
+            return torch.tensor([index])
+
+    loader = DataLoader(
+        Recording(),
+        batch_size=3,
+        shuffle=True,
+        num_workers=2,
+        prefetch=2,
+        worker_mode="thread",  # `requested` is shared with the workers
+        persistent_workers=True,
+    )
+    first = list(loader)
+    deadline = time.monotonic() + 10
+    while len(requested) <= 12 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(requested) > 12, "no sample of epoch 1 was read before iter() asked for it"
+    second = list(loader)
+    assert_batches_equal(
+        second, epoch_batches(DataLoader(Recording(), batch_size=3, shuffle=True), 1)
+    )
+    assert_batches_equal(
+        first, epoch_batches(DataLoader(Recording(), batch_size=3, shuffle=True), 0)
+    )
+    loader.close()

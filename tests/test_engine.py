@@ -150,6 +150,32 @@ def test_persistent_workers_survive_epochs_and_close() -> None:
     assert loader._engine is None
 
 
+def test_follow_reads_the_next_sequence_ahead_and_advance_keeps_it() -> None:
+    engine = Engine(lambda task: task, workers=2, depth=3)
+    engine.start([0, 1, 2])
+    engine.follow(lambda: [10, 11, 12, 13])
+    assert [engine.next()[0] for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(StopIteration):
+        engine.next()  # the followed sequence starts only when advanced to
+    deadline = time.monotonic() + 10
+    while engine.batches_ready() < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert engine.batches_ready() == 3, "the next sequence's first batches, up to the depth"
+    assert list(engine.advance()) == [10, 11, 12, 13]
+    assert [engine.next()[0] for _ in range(4)] == [10, 11, 12, 13]
+    with pytest.raises(StopIteration):
+        engine.next()
+    with pytest.raises(RuntimeError, match="advance"):
+        engine.advance()  # nothing followed
+    engine.start([5, 6])  # a new start discards whatever was read ahead
+    engine.follow(lambda: [99])
+    engine.start([7])
+    assert engine.next()[0] == 7
+    with pytest.raises(RuntimeError, match="advance"):
+        engine.advance()
+    engine.close()
+
+
 def test_superseded_iterator_does_not_stop_the_live_one(token_dir) -> None:
     from iolib.sources import ParquetSource
 
