@@ -385,8 +385,11 @@ class DataLoader:
             self._engine, self._followed = None, None
 
     def close(self) -> None:
-        """Stop workers now (they also stop at the epoch's end unless persistent)."""
+        """Stop workers now (they also stop at the epoch's end unless persistent), and
+        the tuner's thread once it has decided on every batch (stats() shows them all)."""
         self._close_engine(force=True)
+        if self._autotune is not None:
+            self._autotune.close()
 
     def __del__(self) -> None:
         engine = getattr(self, "_engine", None)

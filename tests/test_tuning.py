@@ -86,9 +86,10 @@ def test_a_baseline_tuner_plugs_in_by_object() -> None:
     assert (loader.stats()["workers"], loader.stats()["depth"]) == (3, 6)
 
 
-def _recorded_run(batches: int, delay_s: float = 0.0, step_s: float = 0.0):
+def _recorded_run(batches: int, delay_s: float = 0.0, step_s: float = 0.0, loader_cls=DataLoader):
     """Iterate a 40-sample loader `batches` // 4 passes through a static tuner that records
-    the states it is given and takes `delay_s` to decide; returns (loader, states)."""
+    the states it is given and takes `delay_s` to decide; returns (loader, states) once
+    the loader is closed (its tuner has then seen every batch)."""
     from predictors.baselines import StaticDefaultTuner
 
     states: list = []
@@ -99,7 +100,7 @@ def _recorded_run(batches: int, delay_s: float = 0.0, step_s: float = 0.0):
             time.sleep(delay_s)
             return super().decide(state)
 
-    loader = DataLoader(
+    loader = loader_cls(
         SlowReads(40, 0.0),
         batch_size=10,
         worker_mode="thread",
@@ -109,7 +110,16 @@ def _recorded_run(batches: int, delay_s: float = 0.0, step_s: float = 0.0):
     for _ in range(batches // 4):
         for _ in loader:
             time.sleep(step_s)
+    loader.close()
     return loader, states
+
+
+class SlowPinning(DataLoader):
+    """A loader whose own work inside `__next__` (pinning, here) takes 20 ms."""
+
+    def _pin(self, batch):
+        time.sleep(0.02)
+        return super()._pin(batch)
 
 
 def test_the_tuner_is_told_which_batch_starts_an_iteration() -> None:
@@ -121,12 +131,24 @@ def test_the_tuner_is_told_which_batch_starts_an_iteration() -> None:
 
 def test_time_the_loader_spends_in_next_counts_as_stall() -> None:
     """Everything the consumer waits for inside `__next__` is stall, the loader's own
-    work included (here a tuner that takes 20 ms to decide): counted as the consumer's
-    step it made utilization read far above what the training loop saw."""
-    loader, _ = _recorded_run(20, delay_s=0.02, step_s=0.005)  # step: a fifth of __next__
+    work included (here pinning that takes 20 ms): counted as the consumer's step it
+    made utilization read far above what the training loop saw."""
+    loader, _ = _recorded_run(20, step_s=0.005, loader_cls=SlowPinning)  # a fifth of it
     stats = loader.stats()
     assert stats["stall_fraction"] > 0.6, stats
     assert stats["utilization"] < 0.4, stats
+
+
+def test_a_slow_tuner_decides_off_the_training_loop_and_sees_every_batch() -> None:
+    """The tuner decides on its own thread: a decision that takes 20 ms (a learned
+    re-plan takes about 50) must not make the training loop wait, and the tuner must
+    still see every batch, in order, epoch starts marked."""
+    loader, states = _recorded_run(40, delay_s=0.02, step_s=0.005)
+    assert [s.batch_index for s in states] == list(range(40))
+    assert [s.epoch_start for s in states] == [True, False, False, False] * 10
+    stats = loader.stats()
+    # Deciding inline, each batch would wait >= 20 ms for a 5 ms step: stall above 0.8.
+    assert stats["stall_fraction"] < 0.5, stats
 
 
 @pytest.mark.parametrize(
