@@ -241,6 +241,7 @@ class LearnedTuner:
         shift_batches: int = 4,
         recheck_margin: float = 0.1,
         surge: float = 2.0,
+        record_batches: int = 64,
     ) -> None:
         if model is None:
             from predictors.model import load_default
@@ -292,6 +293,8 @@ class LearnedTuner:
         self._ceiling = math.inf  # memory above which more workers and depth did not help
         # Configurations measured to meet the target under this regime, by (workers, depth).
         self._good: dict[tuple[int, int], Decision] = {}
+        # (step, step + stall) ms of the current configuration's settled batches, recent.
+        self._record: deque[tuple[float, float]] = deque(maxlen=record_batches)
         self.history: list[tuple[int, Decision]] = []
 
     # --- the protocol -----------------------------------------------------------
@@ -299,6 +302,7 @@ class LearnedTuner:
         check_budget(self.budget, state.one_batch_bytes)
         self._recent.append(state)
         self._charge_epoch_starts(state)
+        self._keep_record(state)
         if state.batch_index < self.warmup_batches:
             w, d = self._safe_start(state)
             return self._emit(
@@ -317,6 +321,7 @@ class LearnedTuner:
             before, now, fresh = shift
             self._floor, self._ceiling, self._parent = 0.0, math.inf, None
             self._good.clear()
+            self._record.clear()  # measured under the old regime
             why = f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms"
             if now < before:
                 # Faster: what was learned under the slow regime (contention of many
@@ -342,6 +347,12 @@ class LearnedTuner:
             self._deferred += 1
             return self._hold()
         self._deferred = 0
+        if observed < self._goal and self._holds_on_record(observed):
+            # One short window of a configuration whose record meets the goal: at 4 ms
+            # steps an 8-batch window spans two service times, and such dips (0.84 after
+            # 270 batches at 0.9+) bought workers that then slowed everything down.
+            self._checked_at = state.batch_index
+            return self._hold()
         if observed < self._goal and self._behind is not None:
             observed = (observed + self._behind) / 2  # judge both windows together
         elif observed < self._goal:
@@ -462,6 +473,29 @@ class LearnedTuner:
         service = [_nominal_service_ms(self._mean_features([s])) for s in self._settled()]
         return slowing(service, self.shift_batches, self.shift_ratio)
 
+    def _keep_record(self, state: TunerState) -> None:
+        current = self._current
+        settled = (
+            current is not None
+            and (state.workers, state.depth) == (current.workers, current.depth)
+            and state.batch_index >= self._planned_at + self._settle
+            and not state.epoch_start
+        )
+        if settled:
+            self._record.append((state.step_ms, state.step_ms + state.stall_ms))
+
+    def _holds_on_record(self, observed: float) -> bool:
+        """True when a small shortfall (under `recheck_margin`) in the last window is
+        outweighed by the configuration's record: its last `record_batches` settled
+        batches (at least three windows of them) meet the goal, and no slowdown shows."""
+        if len(self._record) < 3 * self.check_batches:
+            return False
+        if self._goal - observed >= self.recheck_margin:
+            return False
+        busy = sum(step for step, _ in self._record)
+        total = sum(wall for _, wall in self._record)
+        return busy / max(total, 1e-9) >= self._goal and not self._slowing()
+
     def _smoothed(self, last: int | None = None) -> dict[str, float]:
         """Medians over the recent batches of the stage times (for reasons and bottlenecks)."""
         states = list(self._recent)[-last:] if last else list(self._recent)
@@ -528,15 +562,20 @@ class LearnedTuner:
         change, first = large_change(recent, self._planned_mean)
         # One batch so far, among the last two: a slowdown may be starting.
         self._suspect = change == "one-slow" and first >= len(recent) - 2
+        # A speed-up matters only for releasing memory, so only while utilization meets
+        # the goal: still short, the baseline moved with contention (fewer files opening,
+        # a quieter core), and re-planning from it went back down to a configuration
+        # already measured short (nas at 2 ms: down and up again every 50-100 batches).
+        short = self._utilization(fresh) < self._goal
         if change == "faster":
-            return self._planned_mean, fmean(recent), len(recent)
+            return None if short else (self._planned_mean, fmean(recent), len(recent))
         if change == "slower":
             if self._utilization(fresh[first:]) >= self._goal:
                 return None  # slower, but still fast enough: nothing to fix
             return self._planned_mean, fmean(recent[first:]), len(recent) - first
         change = moderate_change(services, self._planned_service, self.shift_ratio, len(fresh))
-        if change == "none" or (change == "slower" and self._utilization(fresh) >= self._goal):
-            return None  # no lasting change, or slower but still fast enough
+        if change == "none" or (change == "slower" and not short) or (change == "faster" and short):
+            return None  # no lasting change, slower but fast enough, or faster but short
         return self._planned_service, now, len(fresh)
 
     def _service_rate(self) -> float:
@@ -608,10 +647,11 @@ class LearnedTuner:
             # A rate that fell by a third or more is not saturation but a slower service
             # (a slowdown that began meanwhile): the comparison says nothing then.
             flat = observed < before + self.min_gain and 0.67 <= rate_gain < 1.1
-            # Utilization fell while the service rate held: the added workers took the
-            # CPU from the others or from the step (Pillow decode on 2 cores), however
-            # the rate reads. More of the same would lower it further.
-            flat = flat or (observed < before - 2 * self.min_gain and rate_gain >= 0.67)
+            # Utilization fell, in two windows: the added workers took the CPU from the
+            # others or from the step (Pillow decode on 2 cores), however the rate reads.
+            # That includes a rate that fell: on nas at 2 ms, 16 -> 24 workers doubled each
+            # read's time (the cores, not the storage) and the climbs went on to 28.
+            flat = flat or observed < before - 2 * self.min_gain
             # A step that added no busy worker (depth only) says nothing about concurrency.
             flat = flat and min(current.workers, current.depth) > min(parent.workers, parent.depth)
             if flat and not self._waited:
@@ -923,6 +963,7 @@ class LearnedTuner:
             added = workers - current.workers if current else 0
             self._settle = self.settle_batches + (current.depth if added > 0 else 0) + max(0, added)
             self._rebased = False  # re-measured under the new configuration (_service_shift)
+            self._record.clear()
         return self._emit(state, decision)
 
     def _hold(self) -> Decision:
