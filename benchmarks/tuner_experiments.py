@@ -1,7 +1,7 @@
 """The tuner experiments of docs/tuning.md: steady workloads, a regime shift, and an
 infeasible target, for the learned tuner against its baselines, in one run.
 
-    python benchmarks/tuner_experiments.py            # about 25 minutes on 2 cores
+    python benchmarks/tuner_experiments.py            # about 30 minutes on 2 cores
     python benchmarks/tuner_experiments.py --only shift      # one part, merged into
     python benchmarks/tuner_experiments.py --only steady --cases images   # tuning.json
     python benchmarks/tuner_experiments.py --only steady --tuners learned --verbose  # iterate
@@ -11,7 +11,9 @@ through the throttled storage wrapper with the row-group cache off, so every bat
 a storage request (what a first epoch over remote shards looks like); and JPEG images
 decoded with Pillow (decode-bound on 2 cores). Each steady case has a step time that
 makes the loader the bottleneck at PyTorch's default (2 workers, depth 4). The consumer
-sleeps the step (a GPU step frees the CPU). Tuners:
+sleeps the step (a GPU step frees the CPU). Every loader has persistent workers (they
+read the next epoch's first batches while one ends); utilization is step time over wall
+time, weighted by time, over the last third of each run. Tuners:
 
 - learned: ``prefetch="auto"`` (predictors.tuner.LearnedTuner with the shipped model);
 - hill-climb: a tf.data-style autotuner (predictors.baselines.HillClimbTuner);
@@ -465,7 +467,7 @@ def infeasible(args: argparse.Namespace, images: Path) -> dict[str, Any]:
     result = run(lambda: loader, 30, args.step_ms)
     report = result["tuner"] or {}
     return {
-        "feasible": report.get("feasible"),
+        "feasible": bool(report.get("feasible")),  # numpy's bool_ would be written as 0.0
         "bottleneck": report.get("bottleneck"),
         "reason": report.get("reason"),
         "utilization": utilization(result, -15),
@@ -481,12 +483,14 @@ def plots(results: dict[str, Any], out: Path, target: float) -> None:
     shift_res = results["shift"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for name, r in shift_res["tuners"].items():
-        top.plot(rolling(r), label=name)
+        smooth = rolling(r)
+        # Each value at the last batch of its window, so a drop shows after its cause.
+        top.plot(np.arange(len(smooth)) + 9, smooth, label=name)
         bottom.plot(np.asarray(r["memory"]) / 2**20, label=name)
     for ax in (top, bottom):
         ax.axvspan(shift_res["start"], shift_res["stop"], color="grey", alpha=0.15)
     top.axhline(target, color="black", linestyle="--", linewidth=1)
-    top.set_ylabel("utilization (rolling 10)")
+    top.set_ylabel("utilization (last 10 batches)")
     bottom.set_ylabel("MiB in flight")
     bottom.set_xlabel("batch (grey: storage 10x slower)")
     top.legend(loc="lower left")
@@ -566,7 +570,7 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
         "## 3. Infeasible target",
         "",
         f"Images decoded with Pillow on 2 cores at a {args.step_ms} ms step: feasible = "
-        f"{i['feasible']}, bottleneck = {i['bottleneck']}, utilization reached "
+        f"{bool(i['feasible'])}, bottleneck = {i['bottleneck']}, utilization reached "
         f"{i['utilization']:.2f}.",
         "",
         f"The tuner's words: {i['reason']}",

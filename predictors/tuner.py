@@ -22,6 +22,7 @@ measured shortfall):
    raised by what epoch starts cost):
    - below it by less than `recheck_margin`, right after a climb, or at a configuration
      that met it before: one more window, judged with this one (8 batches are noisy);
+     held when the configuration's last `record_batches` settled batches meet it;
    - below it: back to the cheapest configuration measured to meet it, if one holds
      more memory; else escalate (the shortfall rescales the service time the model is
      given; one step buys 1.5x to 3x the memory, more for a larger shortfall; a measured
@@ -30,7 +31,8 @@ measured shortfall):
    - above it by `step_down_margin` twice in a row: the next cheaper depth, kept only
      if the goal holds (reverted at once if not);
 4. a lasting service-time change (a storage slowdown or its recovery) re-plans at once,
-   a slowdown with `surge` times the measured service so the buffer refills quickly;
+   a slowdown with `surge` times the measured service so the buffer refills quickly
+   (a slowdown only while short of the goal, a speed-up only while meeting it);
 5. when nothing within the budget reaches the target, says so, names the bottleneck
    stage and takes the configuration with the highest predicted utilization.
 
