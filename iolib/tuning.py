@@ -15,6 +15,7 @@ applies a decision at the next batch after it is made.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -205,12 +206,28 @@ class AutoPrefetch:
         return not self._states.unfinished_tasks
 
     def close(self, timeout: float = 5.0) -> None:
-        """Decide on what was handed over (stats then show every decision), then stop."""
-        if self._thread is not None and self._thread.is_alive():
+        """Decide on what was handed over (stats then show every decision), then stop.
+        Never waits much longer than `timeout`."""
+        thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
             self.wait_idle(timeout)
-            self._states.put(None)
-            self._thread.join(timeout)
-        self._thread = None
+            with contextlib.suppress(queue.Full):
+                self._states.put(None, timeout=timeout)
+            thread.join(timeout)
+            return
+        # The thread had already left on an idle timeout, possibly just as a state came.
+        while True:
+            try:
+                state = self._states.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if state is not None:
+                    self._decide(state)
+            except Exception:  # closing: the training loop is done with the tuner
+                log.debug("tuner error while closing", exc_info=True)
+            finally:
+                self._states.task_done()
 
     def _decide(self, state: Any) -> tuple[int, int] | None:
         """The tuner's decision for `state`; the (workers, depth) to apply if it changed."""
