@@ -353,3 +353,48 @@ def test_workers_that_lower_utilization_are_given_back():
     last = tuner.history[-1][1]
     assert not last.feasible and min(last.workers, last.depth) < most, last
     assert trace[-1][:2] == (last.workers, last.depth)
+
+
+def test_a_short_dip_at_a_configuration_with_a_good_record_is_held():
+    """A configuration measures 0.92 for 100 batches, then 0.86 for 16 (two windows):
+    its record (the last 64 settled batches) still meets the target, so nothing is bought.
+    Two short windows alone used to buy workers, which on 2 cores then slowed every read."""
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        return 0.86 if 100 <= k < 116 else 0.92
+
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    trace = _closed_loop(tuner, util, 160)
+    assert [b for b, d in tuner.history if b >= 100] == [], tuner.history[-1][1].reason
+    assert trace[-1][:2] == trace[99][:2]
+
+
+def test_a_speed_up_while_still_short_does_not_plan_back_down():
+    """Under CPU contention the service time per batch moves with the workers. After a
+    climb it may read 2x faster while utilization is still short of the goal: that is no
+    reason to re-plan for less (it used to go back down to what had measured short)."""
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        return min(0.85, 0.3 + 0.1 * min(w, d))
+
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    read = iter([30.0] * 60 + [12.0] * 100)
+    trace = []
+    workers, depth = tuner.start
+    for k in range(160):
+        u = util(workers, depth, k, 0)
+        s = _state(
+            batch_index=k,
+            workers=workers,
+            depth=depth,
+            stall_ms=10.0 * (1 / u - 1),
+            read_ms=next(read),
+            decode_ms=0.0,
+            batch_memory_bytes=1e6,
+        )
+        decision = tuner.decide(s)
+        workers, depth = decision.workers, decision.depth
+        trace.append(min(workers, depth))
+    assert max(trace) > 1, "it climbed (the shortfall is real)"
+    faster = [d.reason for b, d in tuner.history if "regime shift" in d.reason]
+    assert faster == [], faster
