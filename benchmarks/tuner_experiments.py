@@ -1,7 +1,7 @@
 """The tuner experiments of docs/tuning.md: steady workloads, a regime shift, and an
 infeasible target, for the learned tuner against its baselines, in one run.
 
-    python benchmarks/tuner_experiments.py            # about 30 minutes on 2 cores
+    python benchmarks/tuner_experiments.py            # about 25 minutes on 2 cores
     python benchmarks/tuner_experiments.py --only shift      # one part, merged into
     python benchmarks/tuner_experiments.py --only steady --cases images   # tuning.json
     python benchmarks/tuner_experiments.py --only steady --tuners learned --verbose  # iterate
