@@ -398,3 +398,32 @@ def test_a_speed_up_while_still_short_does_not_plan_back_down():
     assert max(trace) > 1, "it climbed (the shortfall is real)"
     faster = [d.reason for b, d in tuner.history if "regime shift" in d.reason]
     assert faster == [], faster
+
+
+def test_workers_that_lower_utilization_are_given_back_even_when_reads_slow_down():
+    """CPU contention on 2 cores: each added worker makes every read slower (here the
+    reported read time grows as workers^2.5, so the service rate falls by a third or
+    more) and utilization falls. A falling rate used to be read as a storage slowdown
+    under way, and the tuner kept climbing (16 -> 24 -> 28 workers on nas at 2 ms);
+    now the climb is given back."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    workers, depth = tuner.start
+    active = []
+    for k in range(160):
+        busy = min(workers, depth)
+        u = max(0.3, 0.85 - 0.08 * max(0, busy - 2))
+        s = _state(
+            batch_index=k,
+            workers=workers,
+            depth=depth,
+            stall_ms=10.0 * (1 / u - 1),
+            read_ms=10.0 * busy**2.5,
+            decode_ms=0.0,
+            cpu_count=2,
+            batch_memory_bytes=1e6,
+        )
+        decision = tuner.decide(s)
+        workers, depth = decision.workers, decision.depth
+        active.append(min(workers, depth))
+    assert any("did not help" in d.reason for _, d in tuner.history), tuner.history[-1][1].reason
+    assert active[-1] < max(active), active
