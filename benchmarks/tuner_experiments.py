@@ -194,7 +194,10 @@ def utilization(result: dict[str, Any], begin: int = 0, end: int | None = None) 
     return sum(steps) / max(sum(steps) + sum(waits), 1e-12)
 
 
-def rolling(result: dict[str, Any], window: int = 10, begin: int = 0) -> np.ndarray:
+ROLLING = 10  # batches per rolling utilization in plots and "batches to target"
+
+
+def rolling(result: dict[str, Any], window: int = ROLLING, begin: int = 0) -> np.ndarray:
     """Time-weighted utilization over each run of `window` batches from `begin` on."""
     steps = np.asarray(result["steps"][begin:])
     total = steps + np.asarray(result["waits"][begin:])
@@ -207,7 +210,7 @@ def rolling(result: dict[str, Any], window: int = 10, begin: int = 0) -> np.ndar
 
 def batches_to_target(result: dict[str, Any], target: float) -> int | None:
     hits = np.flatnonzero(rolling(result) >= target)
-    return int(hits[0]) + 10 if hits.size else None
+    return int(hits[0]) + ROLLING if hits.size else None
 
 
 def batches_to_recover(
@@ -485,12 +488,12 @@ def plots(results: dict[str, Any], out: Path, target: float) -> None:
     for name, r in shift_res["tuners"].items():
         smooth = rolling(r)
         # Each value at the last batch of its window, so a drop shows after its cause.
-        top.plot(np.arange(len(smooth)) + 9, smooth, label=name)
+        top.plot(np.arange(len(smooth)) + ROLLING - 1, smooth, label=name)
         bottom.plot(np.asarray(r["memory"]) / 2**20, label=name)
     for ax in (top, bottom):
         ax.axvspan(shift_res["start"], shift_res["stop"], color="grey", alpha=0.15)
     top.axhline(target, color="black", linestyle="--", linewidth=1)
-    top.set_ylabel("utilization (last 10 batches)")
+    top.set_ylabel(f"utilization (last {ROLLING} batches)")
     bottom.set_ylabel("MiB in flight")
     bottom.set_xlabel("batch (grey: storage 10x slower)")
     top.legend(loc="lower left")
@@ -570,7 +573,7 @@ def write_markdown(results: dict[str, Any], args: argparse.Namespace, out: Path)
         "## 3. Infeasible target",
         "",
         f"Images decoded with Pillow on 2 cores at a {args.step_ms} ms step: feasible = "
-        f"{bool(i['feasible'])}, bottleneck = {i['bottleneck']}, utilization reached "
+        f"{i['feasible']}, bottleneck = {i['bottleneck']}, utilization reached "
         f"{i['utilization']:.2f}.",
         "",
         f"The tuner's words: {i['reason']}",

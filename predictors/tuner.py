@@ -476,14 +476,7 @@ class LearnedTuner:
         return slowing(service, self.shift_batches, self.shift_ratio)
 
     def _keep_record(self, state: TunerState) -> None:
-        current = self._current
-        settled = (
-            current is not None
-            and (state.workers, state.depth) == (current.workers, current.depth)
-            and state.batch_index >= self._planned_at + self._settle
-            and not state.epoch_start
-        )
-        if settled:
+        if self._is_settled(state):
             self._record.append((state.step_ms, state.step_ms + state.stall_ms))
 
     def _holds_on_record(self, observed: float) -> bool:
@@ -516,18 +509,19 @@ class LearnedTuner:
         warm = [s for s in states if not s.epoch_start]
         return self._mean_features(warm or states)
 
+    def _is_settled(self, state: TunerState) -> bool:
+        """Measured under the current configuration, after it settled, not an epoch start."""
+        current = self._current
+        return (
+            current is not None
+            and state.batch_index >= self._planned_at + self._settle
+            and (state.workers, state.depth) == (current.workers, current.depth)
+            and not state.epoch_start
+        )
+
     def _settled(self) -> list[TunerState]:
         """Batches measured under the current configuration, after it settled."""
-        current = self._current
-        if current is None:
-            return []
-        return [
-            s
-            for s in self._recent
-            if s.batch_index >= self._planned_at + self._settle
-            and (s.workers, s.depth) == (current.workers, current.depth)
-            and not s.epoch_start
-        ]
+        return [s for s in self._recent if self._is_settled(s)]
 
     def _observed(self) -> float | None:
         """Utilization over the last `check_batches` settled batches (None: too few yet)."""
