@@ -67,7 +67,8 @@ def _close_live_engines() -> None:
     """At exit, stop the workers of an epoch left mid-way: a daemon worker thread still
     inside pyarrow while the interpreter finalizes can abort it ("terminate called
     without an active exception"), seen about once in 15 runs of a script that exits
-    after saving its state_dict mid-epoch."""
+    after saving its state_dict mid-epoch. (pyarrow's own IO threads were the other
+    cause: see ParquetSource._read_row_group.)"""
     for engine in list(_LIVE):
         with contextlib.suppress(Exception):
             engine.close(timeout=5.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import fsspec
@@ -47,6 +48,31 @@ def test_parquet_column_projection_reads_fewer_bytes(token_dir) -> None:
         return loader.stats()["bytes_read"]
 
     assert 0 < bytes_read(["label"]) < bytes_read(None)
+
+
+def test_row_group_reads_stay_on_the_reading_thread(tmp_path, monkeypatch) -> None:
+    """pyarrow's pre-buffering reads a Python file from its own IO threads, which then
+    hold references to it; one dropped while the interpreter exits needs the GIL and
+    aborts the process (seen in CI: a script exiting mid-epoch died with SIGABRT)."""
+    from iolib.storage import wrapper
+
+    # Row groups of 128 KiB: more than pyarrow's 64 KiB speculative footer read, which
+    # would otherwise bring a whole small file into fsspec's readahead block.
+    rows = np.random.default_rng(0).integers(0, 1 << 60, 4 * 16384)
+    pq.write_table(pa.table({"x": rows}), tmp_path / "a.parquet", row_group_size=16384)
+    alien: list[bool] = []  # per read: was it on a thread that Python did not start?
+    fetch = wrapper._RangeFetcher.__call__
+
+    def recording(self, start: int, end: int) -> bytes:
+        alien.append(isinstance(threading.current_thread(), threading._DummyThread))
+        return fetch(self, start, end)
+
+    monkeypatch.setattr(wrapper._RangeFetcher, "__call__", recording)
+    options = {"throttled": {"latency_ms": 0, "block_size": 4096, "skip_instance_cache": True}}
+    source = ParquetSource(f"throttled::file://{tmp_path}", storage_options=options)
+    alien.clear()  # the footers
+    assert source.read(np.arange(len(rows))).column("x").to_numpy().tolist() == rows.tolist()
+    assert alien and not any(alien)
 
 
 def test_parquet_on_fsspec_memory_filesystem() -> None:

@@ -109,8 +109,10 @@ class ParquetRowDataset(_Lazy):
         start, k, g = groups[pos]
         if self._last is None or self._last[0] != (k, g):
             fs, base = self._open()
+            # pre_buffer=False as in ParquetSource: pyarrow's IO threads must not hold
+            # the Python file (an abort at interpreter exit), and it is no slower.
             with fs.open(f"{base}/{self.files[k]}", "rb") as f:
-                table = pq.ParquetFile(f).read_row_group(g, columns=[self.column])
+                table = pq.ParquetFile(f, pre_buffer=False).read_row_group(g, columns=[self.column])
             self._last = ((k, g), table.column(0))
         value = self._last[1][i - start].as_py()
         return {self.column: np.asarray(value, np.int32) if isinstance(value, list) else value}

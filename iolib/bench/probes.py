@@ -68,6 +68,7 @@ def first_samples(url: str, storage_options: dict | None, column: str, n: int = 
 
     fs, path = open_filesystem(url, storage_options)
     with fs.open(path, "rb") as f:
-        table = pq.ParquetFile(f).read_row_group(0, columns=[column])
+        # pre_buffer=False: see ParquetSource._read_row_group.
+        table = pq.ParquetFile(f, pre_buffer=False).read_row_group(0, columns=[column])
     col = table.column(0).slice(0, n)
     return [v.as_py() for v in col]

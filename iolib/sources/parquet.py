@@ -219,7 +219,7 @@ class ParquetSource(Source):
 
         def footer() -> tuple[Any, int]:
             with fs.open(path, "rb") as handle:
-                return pq.ParquetFile(handle).metadata, fs.size(path)
+                return pq.ParquetFile(handle, pre_buffer=False).metadata, fs.size(path)
 
         try:  # transient errors are retried; a truncated or foreign file fails at once
             what = f"reading the footer of {url!r}"
@@ -461,7 +461,14 @@ class ParquetSource(Source):
             if reader is None:
                 fs, _ = open_filesystem(self.urls[meta.root], self.storage_options)
                 handle = fs.open(meta.path, "rb")
-                reader = pq.ParquetFile(handle)
+                # pre_buffer=False: reads stay on this thread. With pyarrow's default,
+                # its IO threads read through the Python file and hold references to
+                # it; one released while the interpreter exits needs the GIL and aborts
+                # the process ("terminate called without an active exception", about
+                # once in 60 runs of a script that exits mid-epoch). fsspec's readahead
+                # already coalesces reads: measured no slower on local, nas and
+                # object-store profiles, and 1.3-1.8x faster for image rows.
+                reader = pq.ParquetFile(handle, pre_buffer=False)
                 handles[meta.path] = (reader, handle)
             return reader.read_row_group(local, columns=self.columns, use_threads=False)
         except Exception as exc:
