@@ -21,7 +21,7 @@ from iolib.redact import Redactor
 from iolib.rng import sample_rng
 from iolib.sources.base import Source
 from iolib.sources.torchds import TorchDatasetSource
-from iolib.storage import take_counters
+from iolib.storage import helper_cpu_s, take_counters
 
 OnError = Literal["raise", "skip"]
 
@@ -40,6 +40,9 @@ class BatchMeta:
     """What a worker measured while making one batch."""
 
     stage_ms: dict[str, float] = field(default_factory=dict)
+    # CPU per stage (this thread's, plus a storage helper's): wall time without it is
+    # waiting, for storage or for a core. The tuner tells CPU-bound reads from storage.
+    cpu_ms: dict[str, float] = field(default_factory=dict)
     nbytes: int = 0
     bytes_read: int = 0
     retries: int = 0
@@ -113,7 +116,7 @@ class BatchFetcher:
         return Failure(stage, text, tb, samples, keep)
 
     def _timed(self, meta: BatchMeta, stage: str, samples: list[int], fn: Callable[[], Any]) -> Any:
-        start = time.perf_counter()
+        start, cpu, helper = time.perf_counter(), time.thread_time(), helper_cpu_s()
         try:
             return fn()
         except Exception as exc:
@@ -121,9 +124,10 @@ class BatchFetcher:
             named = [culprit] if culprit is not None else getattr(exc, "samples", None)
             raise _StageError(stage, list(named or samples), exc) from exc
         finally:
-            meta.stage_ms[stage] = meta.stage_ms.get(stage, 0.0) + 1e3 * (
-                time.perf_counter() - start
-            )
+            wall = time.perf_counter() - start
+            used = time.thread_time() - cpu + helper_cpu_s() - helper
+            meta.stage_ms[stage] = meta.stage_ms.get(stage, 0.0) + 1e3 * wall
+            meta.cpu_ms[stage] = meta.cpu_ms.get(stage, 0.0) + 1e3 * used
 
     def _read(self, indices: np.ndarray, epoch: int) -> Any:
         if isinstance(self.source, TorchDatasetSource):

@@ -24,6 +24,7 @@ class Telemetry:
         self.steps: deque[float] = deque(maxlen=window)  # seconds between hand-over and request
         self.sizes: deque[int] = deque(maxlen=window)  # samples per batch
         self.stages: dict[str, deque[float]] = {}
+        self.stage_cpu: dict[str, deque[float]] = {}  # the workers' CPU ms of each stage
         self.batch_bytes: deque[int] = deque(maxlen=window)
         self.batches = self.samples = self.bytes_read = self.retries = 0
         self.skipped: list[int] = []
@@ -53,6 +54,8 @@ class Telemetry:
         self.batch_bytes.append(meta.nbytes)
         for stage, ms in meta.stage_ms.items():
             self.stages.setdefault(stage, deque(maxlen=self.window)).append(ms)
+        for stage, ms in meta.cpu_ms.items():
+            self.stage_cpu.setdefault(stage, deque(maxlen=self.window)).append(ms)
         self.batches += 1
         self.samples += meta.samples
         self.bytes_read += meta.bytes_read
@@ -81,6 +84,8 @@ class Telemetry:
             "wait_ms": 1e3 * median(self.waits) if self.waits else 0.0,
             "step_ms": 1e3 * median(self.steps) if self.steps else 0.0,
             "stage_ms": {k: median(v) for k, v in self.stages.items() if v},
+            # Of that, CPU: a stage far above its CPU waits (storage, or a busy core).
+            "stage_cpu_ms": {k: median(v) for k, v in self.stage_cpu.items() if v},
             "batch_bytes": int(median(self.batch_bytes)) if self.batch_bytes else 0,
             "bytes_read": self.bytes_read,
             "retries": self.retries,

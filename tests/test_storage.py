@@ -295,3 +295,19 @@ def test_exit_hook_stops_idle_io_helpers(monkeypatch):
     assert not any(h.thread.is_alive() for h in helpers)
     assert timeouts._with_timeout(lambda: 2, 5.0, "x") == 2  # after the hook: inline
     assert not any(h.thread.is_alive() for h in list(timeouts._ALL))
+
+
+def test_cpu_of_a_call_on_the_timeout_helper_counts_for_the_caller():
+    """Reads run on a helper thread (so a stuck one can be abandoned); their CPU must
+    reach the calling worker's stage times, or CPU-bound reads look like waiting."""
+    from iolib.storage import helper_cpu_s, timeouts
+
+    def compute() -> int:
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        return 7
+
+    before = helper_cpu_s()
+    assert timeouts._with_timeout(compute, 5.0, "x") == 7
+    assert helper_cpu_s() - before >= 0.02

@@ -151,6 +151,28 @@ def test_a_slow_tuner_decides_off_the_training_loop_and_sees_every_batch() -> No
     assert stats["stall_fraction"] < 0.5, stats
 
 
+def _burn(batch, rng):
+    """A transform that computes for about 10 ms (no waiting)."""
+    end = time.thread_time() + 0.01
+    while time.thread_time() < end:
+        pass
+    return batch
+
+
+def test_stage_cpu_tells_computing_from_waiting(token_dir) -> None:
+    """stats()["stage_cpu_ms"]: of each stage's time, the workers' CPU. A read that
+    sleeps is mostly waiting, a transform that computes is all CPU; and a Parquet read
+    (run on the storage timeout helper) is counted, not lost on the helper thread."""
+    loader = DataLoader(SlowReads(32, latency_s=0.02), batch_size=4, num_workers=2, transform=_burn)
+    list(loader)
+    wall, cpu = loader.stats()["stage_ms"], loader.stats()["stage_cpu_ms"]
+    assert cpu["read"] < 0.3 * wall["read"], (wall, cpu)  # 4 x 20 ms asleep
+    assert cpu["transform"] >= 9.0, (wall, cpu)  # 10 ms computing (wall may be more)
+    parquet = DataLoader(ParquetSource(str(token_dir)), batch_size=17, num_workers=1)
+    list(parquet)
+    assert parquet.stats()["stage_cpu_ms"]["read"] > 0.0
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

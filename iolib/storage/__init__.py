@@ -7,7 +7,7 @@ and open their own.
 
 Modules, one job each: `filesystems` (open_filesystem, wrap_url), `retries`
 (RetryPolicy, call_with_retries), `timeouts` (the helper thread that lets a stuck
-request be abandoned), `counters` (per-thread bytes and retries), `wrapper` (the base of
+request be abandoned), `counters` (per-thread bytes, retries and helper CPU), `wrapper` (the base of
 the wrappers), `throttle` (throttled::), `faults` (faulty::), `cache` (shardcache::).
 Importing this package registers the three wrappers with fsspec; pyproject.toml's
 entry points name them as `iolib.storage:ClassName` too.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import fsspec
 
 from iolib.storage.cache import BoundedCacheFileSystem
-from iolib.storage.counters import IOCounters, count_bytes, take_counters
+from iolib.storage.counters import IOCounters, count_bytes, helper_cpu_s, take_counters
 from iolib.storage.faults import FaultyFileSystem
 from iolib.storage.filesystems import open_filesystem, wrap_url
 from iolib.storage.retries import PERMANENT_ERRORS, RetryPolicy, call_with_retries
@@ -37,6 +37,7 @@ __all__ = [
     "ThrottledFileSystem",
     "call_with_retries",
     "count_bytes",
+    "helper_cpu_s",
     "open_filesystem",
     "resolve_profile",
     "take_counters",

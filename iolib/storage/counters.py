@@ -1,4 +1,5 @@
-"""Per-thread I/O counts (bytes read, retries) that workers hand to the consumer."""
+"""Per-thread I/O counts (bytes read, retries, CPU spent on helper threads) that
+workers hand to the consumer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ class IOCounters(threading.local):
 
     bytes_read: int = 0
     retries: int = 0
+    helper_cpu_s: float = 0.0  # CPU of storage calls run on a timeout helper for this thread
 
 
 _COUNTERS = IOCounters()
@@ -23,6 +25,16 @@ def _counters() -> IOCounters:
 def count_bytes(n: int) -> None:
     """Record `n` bytes read from storage by the current thread."""
     _COUNTERS.bytes_read += n
+
+
+def count_helper_cpu(seconds: float) -> None:
+    """Record CPU that a helper thread spent on a storage call of the current thread."""
+    _COUNTERS.helper_cpu_s += seconds
+
+
+def helper_cpu_s() -> float:
+    """CPU seconds helper threads spent for the current thread (a running total)."""
+    return _COUNTERS.helper_cpu_s
 
 
 def take_counters() -> tuple[int, int]:

@@ -15,6 +15,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from iolib.storage.counters import count_helper_cpu
+
 T = TypeVar("T")
 
 
@@ -46,11 +48,14 @@ class _Helper:
                 return
             with _BUSY_LOCK:
                 _BUSY.add(self)
+            cpu = time.thread_time()
             try:
                 box.append((True, fn()))
             except BaseException as exc:  # handed to the caller, never lost
                 box.append((False, exc))
             finally:
+                # The caller's stage counts this thread's CPU too (CPU-bound reads).
+                box.append(time.thread_time() - cpu)
                 with _BUSY_LOCK:
                     _BUSY.discard(self)
             done.set()
@@ -101,7 +106,9 @@ def _with_timeout(fn: Callable[[], T], timeout_s: float | None, what: str) -> T:
         helper.jobs.put((None, None, None))  # lets it exit once the stuck call returns
         _HELPERS.helper = None
         raise TimeoutError(f"no answer within {timeout_s:g} s (RetryPolicy.timeout_s)")
-    ok, value = box.pop()
+    (ok, value), cpu = box
+    box.clear()  # an error left in it would keep this frame (a cycle, see below)
+    count_helper_cpu(cpu)
     if ok:
         return value
     try:
