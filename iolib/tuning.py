@@ -156,6 +156,8 @@ class AutoPrefetch:
             batch_memory_bytes=float(max(meta.nbytes, 1)),
             rows_per_read=self.rows_per_read,
             epoch_start=epoch_start,
+            cpu_ms=sum(meta.cpu_ms.values()) if meta.cpu_ms else None,
+            read_cpu_ms=meta.cpu_ms.get("read"),
         )
         self._batch += 1
         if self._requested is None:

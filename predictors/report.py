@@ -63,7 +63,8 @@ def render_markdown(
             f"**The target is out of reach** with this memory budget; the slowest stage is "
             f"**{r.get('bottleneck')}**. This is the best configuration found; to go further, "
             "speed up that stage (faster storage or caching for storage, fewer/cheaper "
-            "transforms or more cores for decode and transform).",
+            "transforms or more cores for decode and transform; for cpu, the reads "
+            "themselves: more cores, or a cheaper column type to parse).",
             "",
         ]
     lines += [

@@ -34,7 +34,8 @@ measured shortfall):
    a slowdown with `surge` times the measured service so the buffer refills quickly
    (a slowdown only while short of the goal, a speed-up only while meeting it);
 5. when nothing within the budget reaches the target, says so, names the bottleneck
-   stage and takes the configuration with the highest predicted utilization.
+   stage (reads that keep the cores busy are "cpu", not storage) and takes the
+   configuration with the highest predicted utilization.
 
 Example:
     >>> tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=2**31)
@@ -66,6 +67,7 @@ __all__ = [
     "TunerState",
     "check_budget",
     "check_target",
+    "name_bottleneck",
     "state_features",
 ]
 
@@ -83,6 +85,8 @@ class TunerState:
     `epoch_start` marks the first batch of an iteration: the pipeline was empty, so it
     waits a whole service time whatever the configuration, and no configuration change
     would shorten that wait (the tuner leaves such batches out of what it judges).
+    `cpu_ms` / `read_cpu_ms`: CPU the workers spent on the batch (all stages / the read),
+    None when not measured; the rest of a stage's time is waiting, for storage or a core.
     """
 
     batch_index: int
@@ -102,6 +106,8 @@ class TunerState:
     storage_latency_ms: float | None = None
     storage_bandwidth_mbps: float | None = None
     epoch_start: bool = False
+    cpu_ms: float | None = None
+    read_cpu_ms: float | None = None
 
     @property
     def utilization(self) -> float:
@@ -212,9 +218,52 @@ def _nominal_service_ms(f: dict[str, Any]) -> float:
     )
 
 
-def _bottleneck(read_ms: float, decode_ms: float, transform_ms: float) -> str:
-    stages = {"storage": read_ms, "decode": decode_ms, "transform": transform_ms}
-    return max(stages, key=stages.__getitem__)
+# Share of the cores the workers' CPU must fill to call the loader CPU-bound. Python's
+# lock keeps a threaded loader below all cores: on 2 cores, Parquet token reads stopped
+# gaining from more workers at 0.70-0.75 (nas, 2 ms steps: 8 to 32 workers).
+CPU_BUSY = 0.6
+
+
+def cpu_share(m: dict[str, float], cpu_count: int) -> float | None:
+    """Share of the cores the workers' CPU keeps busy at the measured batch rate (None:
+    CPU not measured). `m`: per-batch medians of step, stall and CPU, in ms."""
+    cpu = m.get("cpu_ms")
+    if cpu is None:
+        return None
+    batch_ms = max(m["step_ms"] + m["stall_ms"], 1e-6)  # one batch per this, consumed
+    return cpu / batch_ms / max(cpu_count, 1)
+
+
+def name_bottleneck(m: dict[str, float], cpu_count: int) -> str:
+    """The limiting stage: the one taking the most time per batch ("storage" for reads),
+    except when the workers keep the cores busy (`CPU_BUSY`): then the stage using the
+    most CPU, and a read that is mostly CPU (parsing, copying) is "cpu", not storage.
+    At nas, 2 ms steps, reads took 19 ms of which 5 ms CPU, and 1.5 of 2 cores were busy:
+    storage was not what more workers waited for."""
+    stages = {"storage": m["read_ms"], "decode": m["decode_ms"], "transform": m["transform_ms"]}
+    share = cpu_share(m, cpu_count)
+    if share is None or share < CPU_BUSY:
+        return max(stages, key=stages.__getitem__)
+    read_cpu = m.get("read_cpu_ms") or 0.0
+    other_cpu = max(m["cpu_ms"] - read_cpu, 0.0)  # decode and transform
+    if read_cpu >= other_cpu:
+        return "cpu"
+    return "decode" if m["decode_ms"] >= m["transform_ms"] else "transform"
+
+
+def stage_text(m: dict[str, float], cpu_count: int) -> str:
+    """Per-batch stage times (and the workers' CPU, when measured) for reasons."""
+    text = (
+        f"per batch: storage {m['read_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, "
+        f"transform {m['transform_ms']:.1f} ms, step {m['step_ms']:.1f} ms"
+    )
+    share = cpu_share(m, cpu_count)
+    if share is not None:
+        text += (
+            f"; workers' CPU {m['cpu_ms']:.1f} ms per batch (reads "
+            f"{m.get('read_cpu_ms') or 0.0:.1f}), {share * cpu_count:.1f} of {cpu_count} cores"
+        )
+    return text
 
 
 class LearnedTuner:
@@ -494,10 +543,15 @@ class LearnedTuner:
     def _smoothed(self, last: int | None = None) -> dict[str, float]:
         """Medians over the recent batches of the stage times (for reasons and bottlenecks)."""
         states = list(self._recent)[-last:] if last else list(self._recent)
-        return {
+        m = {
             name: median(getattr(s, name) for s in states)
             for name in ("read_ms", "decode_ms", "transform_ms", "step_ms", "stall_ms")
         }
+        for name in ("cpu_ms", "read_cpu_ms"):
+            values = [v for s in states if (v := getattr(s, name)) is not None]
+            if values:
+                m[name] = median(values)
+        return m
 
     def _features(self, last: int | None = None) -> dict[str, Any]:
         """Means over the recent batches of the configuration-free features. Means, not
@@ -782,13 +836,12 @@ class LearnedTuner:
     def _out_of_reach(
         self, state: TunerState, best: Decision, why: str, observed: float, m: dict[str, float]
     ) -> Decision:
-        bottleneck = _bottleneck(m["read_ms"], m["decode_ms"], m["transform_ms"])
+        bottleneck = name_bottleneck(m, state.cpu_count)
         budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
         reason = (
             f"target {self.target:.2f} is out of reach{budget}: {why}; best measured "
-            f"{observed:.2f}. Bottleneck: {bottleneck} (per batch: storage {m['read_ms']:.1f} "
-            f"ms, decode {m['decode_ms']:.1f} ms, transform {m['transform_ms']:.1f} ms, step "
-            f"{m['step_ms']:.1f} ms); taking the best: {best.workers} workers, depth {best.depth}"
+            f"{observed:.2f}. Bottleneck: {bottleneck} ({stage_text(m, state.cpu_count)}); "
+            f"taking the best: {best.workers} workers, depth {best.depth}"
         )
         self._move, self._parent = "ceiling", None
         return self._apply(
@@ -890,7 +943,7 @@ class LearnedTuner:
             elif feasible:
                 note = f"reaches the target {self.target:.2f} but not the margin {self.margin:.2f}"
             else:
-                bottleneck = _bottleneck(m["read_ms"], m["decode_ms"], m["transform_ms"])
+                bottleneck = name_bottleneck(m, state.cpu_count)
                 budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
                 best_note = (
                     "climbing toward the best, a bounded memory step at a time"
@@ -899,9 +952,8 @@ class LearnedTuner:
                 )
                 note = (
                     f"target {self.target:.2f} is out of reach{budget}: best predicted "
-                    f"{full if capped else util[i]:.2f}. Bottleneck: {bottleneck} (per batch: "
-                    f"storage {m['read_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, transform "
-                    f"{m['transform_ms']:.1f} ms, step {m['step_ms']:.1f} ms); {best_note}"
+                    f"{full if capped else util[i]:.2f}. Bottleneck: {bottleneck} "
+                    f"({stage_text(m, state.cpu_count)}); {best_note}"
                 )
         predicted = {
             "utilization": float(util[i]),

@@ -10,7 +10,7 @@ from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, Sta
 from predictors.errors import TunerConfigError
 from predictors.model import Predictor
 from predictors.synthetic import SimWorkload, make_observations, measure, run_tuner
-from predictors.tuner import LearnedTuner, TunerState
+from predictors.tuner import LearnedTuner, TunerState, name_bottleneck
 
 GiB = 2**30
 # Latency-bound token reads: 4 requests of 5 ms per batch, a 10 ms step.
@@ -125,6 +125,22 @@ def test_infeasible_target_names_the_bottleneck():
     assert not last.feasible and last.bottleneck == "decode"
     assert "out of reach" in last.reason and "decode" in last.reason
     assert trace["utilization"].iloc[30:].mean() > 0.15  # still does the best it can
+
+
+def test_reads_that_keep_the_cores_busy_are_named_cpu_not_storage():
+    """nas at 2 ms steps, measured: reads took 19 ms a batch, 5 of them CPU, at one batch
+    per 3.3 ms on 2 cores (0.76 of the cores busy). More workers queued for the cores."""
+    m = {"read_ms": 19.0, "decode_ms": 0.0, "transform_ms": 0.2, "step_ms": 2.0}
+    busy = {**m, "stall_ms": 1.3, "cpu_ms": 5.2, "read_cpu_ms": 5.0}
+    assert name_bottleneck(busy, cpu_count=2) == "cpu"
+    # The same reads from slow storage: few batches a second, cores mostly idle.
+    idle = {**busy, "stall_ms": 40.0}
+    assert name_bottleneck(idle, cpu_count=2) == "storage"
+    # Busy cores, but decode is what computes (Pillow).
+    decode = {**busy, "decode_ms": 30.0, "read_cpu_ms": 0.5}
+    assert name_bottleneck(decode, cpu_count=2) == "decode"
+    # No CPU measured (a simulation, an older loader): the longest stage.
+    assert name_bottleneck({**m, "stall_ms": 1.3}, cpu_count=2) == "storage"
 
 
 def test_infeasible_storage_bound_within_a_small_budget():
