@@ -230,7 +230,9 @@ def cpu_share(m: dict[str, float], cpu_count: int) -> float | None:
     cpu = m.get("cpu_ms")
     if cpu is None:
         return None
-    batch_ms = max(m["step_ms"] + m["stall_ms"], 1e-6)  # one batch per this, consumed
+    # Means, not medians, for the rate: stalls come in bursts, and the median batch
+    # interval read 2.4 of 2 cores busy during a slowdown.
+    batch_ms = max(m.get("batch_ms", m["step_ms"] + m["stall_ms"]), 1e-6)
     return cpu / batch_ms / max(cpu_count, 1)
 
 
@@ -541,16 +543,18 @@ class LearnedTuner:
         return busy / max(total, 1e-9) >= self._goal and not self._slowing()
 
     def _smoothed(self, last: int | None = None) -> dict[str, float]:
-        """Medians over the recent batches of the stage times (for reasons and bottlenecks)."""
+        """Medians over the recent batches of the stage times (for reasons and bottlenecks);
+        means of the workers' CPU and of the batch interval (for the cores busy)."""
         states = list(self._recent)[-last:] if last else list(self._recent)
         m = {
             name: median(getattr(s, name) for s in states)
             for name in ("read_ms", "decode_ms", "transform_ms", "step_ms", "stall_ms")
         }
-        for name in ("cpu_ms", "read_cpu_ms"):
+        for name in ("cpu_ms", "read_cpu_ms"):  # means: with batch_ms, the cores busy
             values = [v for s in states if (v := getattr(s, name)) is not None]
             if values:
-                m[name] = median(values)
+                m[name] = fmean(values)
+        m["batch_ms"] = fmean(s.step_ms + s.stall_ms for s in states)
         return m
 
     def _features(self, last: int | None = None) -> dict[str, Any]:
@@ -931,12 +935,12 @@ class LearnedTuner:
             # Highest utilization; among near-equals (within 2 %) the least memory.
             best = util.max()
             i = next(j for j in order if util[j] >= best * 0.98)
-            feasible = util[i] >= self._goal
+            feasible = bool(util[i] >= self._goal)  # a numpy bool is written as 0.0
             capped = step_cap is not None and step_cap < self._memory_cap(state)
             if capped:
                 # Within the whole budget, does anything reach the target?
                 full = self._predict(self._candidates(state, features))[1].max()
-                feasible = full >= self._goal
+                feasible = bool(full >= self._goal)
                 note = "climbing toward it, a bounded memory step at a time"
             if capped and feasible:
                 pass
