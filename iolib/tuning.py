@@ -137,7 +137,7 @@ class AutoPrefetch:
     ) -> tuple[int, int] | None:
         """Report one batch; returns a new (workers, depth) when the tuner changes them.
         `epoch_start`: the first batch of an iteration (it waited for an empty pipeline)."""
-        from predictors.tuner import TunerState
+        from predictors.state import TunerState
 
         stages = meta.stage_ms
         state = TunerState(

@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _NAMES = {
-    "Decision": "predictors.tuner",
+    "Decision": "predictors.state",
     "HillClimbTuner": "predictors.baselines",
     "LearnedTuner": "predictors.tuner",
     "OracleTuner": "predictors.baselines",
@@ -19,8 +19,8 @@ _NAMES = {
     "QueueingModel": "predictors.baselines",
     "SCHEMA_VERSION": "predictors.features",
     "StaticDefaultTuner": "predictors.baselines",
-    "Tuner": "predictors.tuner",
-    "TunerState": "predictors.tuner",
+    "Tuner": "predictors.state",
+    "TunerState": "predictors.state",
     "evaluate": "predictors.model",
     "load": "predictors.model",
     "load_default": "predictors.model",

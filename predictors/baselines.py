@@ -34,7 +34,7 @@ import numpy as np
 
 from predictors.errors import TunerConfigError
 from predictors.features import queueing_batches_per_s, validate_observations
-from predictors.tuner import Decision, TunerState, check_budget, check_target
+from predictors.state import Decision, TunerState, check_budget, check_target
 
 if TYPE_CHECKING:
     import pandas as pd

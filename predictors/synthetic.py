@@ -262,7 +262,7 @@ def run_tuner(
     """
     import pandas as pd
 
-    from predictors.tuner import TunerState
+    from predictors.state import TunerState
 
     loader = SimulatedLoader(workload, *start, seed=seed)
     rows = []

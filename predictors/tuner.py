@@ -47,14 +47,29 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
 from statistics import fmean, median, pstdev
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from predictors.baselines import QueueingModel
 from predictors.errors import TunerConfigError
 from predictors.signals import epoch_goal, large_change, memory_step, moderate_change, slowing
+
+# The interface and the measurements' reading live in predictors.state; importable from
+# here as before (scripts and docs name predictors.tuner.TunerState).
+from predictors.state import (
+    Decision,
+    PerformanceModel,
+    Tuner,
+    TunerState,
+    check_budget,
+    check_target,
+    name_bottleneck,
+    nominal_service_ms,
+    stage_text,
+    state_features,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,200 +87,6 @@ __all__ = [
 ]
 
 DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-
-
-@dataclass(frozen=True)
-class TunerState:
-    """Telemetry for one batch (or a short window), in milliseconds and bytes.
-
-    Service times are per batch, as one worker spends them; `stall_ms` is how long the
-    consumer waited for this batch; `memory_bytes` the bytes held in flight or ready.
-    `storage_latency_ms` / `storage_bandwidth_mbps` come from the probe, if one ran;
-    they split the measured read time between per-request latency and transfer.
-    `epoch_start` marks the first batch of an iteration: the pipeline was empty, so it
-    waits a whole service time whatever the configuration, and no configuration change
-    would shorten that wait (the tuner leaves such batches out of what it judges).
-    `cpu_ms` / `read_cpu_ms`: CPU the workers spent on the batch (all stages / the read),
-    None when not measured; the rest of a stage's time is waiting, for storage or a core.
-    """
-
-    batch_index: int
-    workers: int
-    depth: int
-    batch_size: int
-    step_ms: float
-    stall_ms: float
-    read_ms: float
-    decode_ms: float
-    bytes_per_batch: float
-    memory_bytes: float
-    cpu_count: int
-    transform_ms: float = 0.0
-    batch_memory_bytes: float | None = None
-    rows_per_read: int = 1
-    storage_latency_ms: float | None = None
-    storage_bandwidth_mbps: float | None = None
-    epoch_start: bool = False
-    cpu_ms: float | None = None
-    read_cpu_ms: float | None = None
-
-    @property
-    def utilization(self) -> float:
-        """step / (step + stall): the share of time the consumer computes."""
-        total = self.step_ms + self.stall_ms
-        return 1.0 if total <= 0 else self.step_ms / total
-
-    @property
-    def service_ms(self) -> float:
-        return self.read_ms + self.decode_ms + self.transform_ms
-
-    @property
-    def one_batch_bytes(self) -> float:
-        """Memory of one batch held by the loader (the measured value, else raw bytes)."""
-        return float(self.batch_memory_bytes or self.bytes_per_batch)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A configuration to apply, why, and what the tuner expects from it."""
-
-    workers: int
-    depth: int
-    reason: str
-    predicted: dict[str, float] = field(default_factory=dict)
-    feasible: bool = True
-    bottleneck: str | None = None
-
-
-class Tuner(Protocol):
-    """What every tuner provides; the loader calls `decide` after each batch."""
-
-    def decide(self, state: TunerState) -> Decision: ...
-
-
-class PerformanceModel(Protocol):
-    """A predictor of outcomes for candidate rows (feature + config columns).
-
-    `predict` returns columns throughput_sps, stall_fraction, utilization, memory_bytes;
-    `utilization_error` is its typical absolute error on workloads it never saw.
-    """
-
-    utilization_error: float
-
-    def predict(self, frame: pd.DataFrame) -> pd.DataFrame: ...
-
-
-def check_target(target: float) -> float:
-    """Return `target` if 0 < target < 1, else raise TunerConfigError with the fix."""
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
-        raise TunerConfigError(
-            f"`target_utilization` must be a number strictly between 0 and 1. Found: {target!r}. "
-            "Fix: pass the share of time the GPU should compute, e.g. 0.9."
-        )
-    return float(target)
-
-
-def check_budget(budget: float | None, one_batch_bytes: float) -> None:
-    """Raise TunerConfigError if the memory budget cannot hold a single batch."""
-    if budget is not None and budget < one_batch_bytes:
-        raise TunerConfigError(
-            f"`memory_budget` must hold at least one batch ({one_batch_bytes / 2**20:.1f} MiB). "
-            f"Found: {budget / 2**20:.1f} MiB. Fix: raise the budget or lower the batch size."
-        )
-
-
-def state_features(state: TunerState) -> dict[str, Any]:
-    """The model's feature and config columns from one batch of telemetry.
-
-    Measured times depend on the configuration they were measured under; the features
-    must not. Two sharing assumptions undo that, with `active = min(workers, depth)`:
-    cores are shared, so decode time is divided by max(1, active / cpu_count); storage
-    bandwidth is shared, so the measured read time is matched to
-    `latency * requests + active * bytes / bandwidth` by scaling the probe's latency
-    and bandwidth together (a storage slowdown shows in both). Without a probe the
-    read time is all latency (the usual case for remote storage).
-    """
-    active = max(1, min(state.workers, state.depth))
-    requests = math.ceil(state.batch_size / state.rows_per_read)
-    decode = (state.decode_ms + state.transform_ms) / max(1.0, active / state.cpu_count)
-    latency, bandwidth = state.storage_latency_ms, state.storage_bandwidth_mbps
-    if latency is not None and bandwidth:
-        probe_read = latency * requests + active * state.bytes_per_batch / (bandwidth * 1e3)
-        scale = state.read_ms / probe_read if probe_read > 0 else 1.0
-        latency, bandwidth = latency * scale, bandwidth / max(scale, 1e-9)
-    else:
-        latency, bandwidth = state.read_ms / requests, 1e6
-    return {
-        "bytes_per_sample": state.bytes_per_batch / state.batch_size,
-        "decode_ms_per_sample": decode / state.batch_size,
-        "storage_latency_ms": latency,
-        "storage_bandwidth_mbps": bandwidth,
-        "batch_size": state.batch_size,
-        "step_ms": state.step_ms,
-        "rows_per_read": state.rows_per_read,
-        "cpu_count": state.cpu_count,
-        "shuffle": "none",
-        "cache": False,
-    }
-
-
-def _nominal_service_ms(f: dict[str, Any]) -> float:
-    """One worker's time per batch, alone on the machine (from `state_features`)."""
-    requests = math.ceil(f["batch_size"] / f["rows_per_read"])
-    transfer = f["bytes_per_sample"] * f["batch_size"] / (f["storage_bandwidth_mbps"] * 1e3)
-    return (
-        f["storage_latency_ms"] * requests + transfer + f["decode_ms_per_sample"] * f["batch_size"]
-    )
-
-
-# Share of the cores the workers' CPU must fill to call the loader CPU-bound. Python's
-# lock keeps a threaded loader below all cores: on 2 cores, Parquet token reads stopped
-# gaining from more workers at 0.70-0.75 (nas, 2 ms steps: 8 to 32 workers).
-CPU_BUSY = 0.6
-
-
-def cpu_share(m: dict[str, float], cpu_count: int) -> float | None:
-    """Share of the cores the workers' CPU keeps busy at the measured batch rate (None:
-    CPU not measured). `m`: per-batch medians of step, stall and CPU, in ms."""
-    cpu = m.get("cpu_ms")
-    if cpu is None:
-        return None
-    # Means, not medians, for the rate: stalls come in bursts, and the median batch
-    # interval read 2.4 of 2 cores busy during a slowdown.
-    batch_ms = max(m.get("batch_ms", m["step_ms"] + m["stall_ms"]), 1e-6)
-    return cpu / batch_ms / max(cpu_count, 1)
-
-
-def name_bottleneck(m: dict[str, float], cpu_count: int) -> str:
-    """The limiting stage: the one taking the most time per batch ("storage" for reads),
-    except when the workers keep the cores busy (`CPU_BUSY`): then the stage using the
-    most CPU, and a read that is mostly CPU (parsing, copying) is "cpu", not storage.
-    At nas, 2 ms steps, reads took 19 ms of which 5 ms CPU, and 1.5 of 2 cores were busy:
-    storage was not what more workers waited for."""
-    stages = {"storage": m["read_ms"], "decode": m["decode_ms"], "transform": m["transform_ms"]}
-    share = cpu_share(m, cpu_count)
-    if share is None or share < CPU_BUSY:
-        return max(stages, key=stages.__getitem__)
-    read_cpu = m.get("read_cpu_ms") or 0.0
-    other_cpu = max(m["cpu_ms"] - read_cpu, 0.0)  # decode and transform
-    if read_cpu >= other_cpu:
-        return "cpu"
-    return "decode" if m["decode_ms"] >= m["transform_ms"] else "transform"
-
-
-def stage_text(m: dict[str, float], cpu_count: int) -> str:
-    """Per-batch stage times (and the workers' CPU, when measured) for reasons."""
-    text = (
-        f"per batch: storage {m['read_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, "
-        f"transform {m['transform_ms']:.1f} ms, step {m['step_ms']:.1f} ms"
-    )
-    share = cpu_share(m, cpu_count)
-    if share is not None:
-        text += (
-            f"; workers' CPU {m['cpu_ms']:.1f} ms per batch (reads "
-            f"{m.get('read_cpu_ms') or 0.0:.1f}), {share * cpu_count:.1f} of {cpu_count} cores"
-        )
-    return text
 
 
 class LearnedTuner:
@@ -523,7 +344,7 @@ class LearnedTuner:
         under way (the shift check needs a few more batches to call it)."""
         # Settled batches only: the first batches of new workers pay for opening files,
         # which read as a slowdown and once bought 3x the memory uncapped.
-        service = [_nominal_service_ms(self._mean_features([s])) for s in self._settled()]
+        service = [nominal_service_ms(self._mean_features([s])) for s in self._settled()]
         return slowing(service, self.shift_batches, self.shift_ratio)
 
     def _keep_record(self, state: TunerState) -> None:
@@ -601,7 +422,7 @@ class LearnedTuner:
         if len(same) < self.shift_window:
             return None
         window = same[-self.shift_window :]
-        services = [_nominal_service_ms(self._mean_features([s])) for s in window]
+        services = [nominal_service_ms(self._mean_features([s])) for s in window]
         # Medians: the first batches of new workers pay for connections and file footers
         # and would make a baseline that a steady service then reads as a speed-up.
         now = median(services)
@@ -729,8 +550,6 @@ class LearnedTuner:
         if self._move == "ceiling":
             return self._out_of_reach(state, current, "already at what helps", observed, m)
         predicted = current.predicted.get("utilization", observed)
-        from predictors.baselines import QueueingModel  # baselines import this module
-
         note = ""
         if predicted - observed > self.divergence and not isinstance(self.model, QueueingModel):
             self._divergences += 1
@@ -750,7 +569,7 @@ class LearnedTuner:
             features, step_cap = self._features(self.shift_batches), None
         active = max(1, min(current.workers, current.depth))
         implied = active * m["step_ms"] / max(observed, 1e-2)
-        given = _nominal_service_ms(features) * self._slowness
+        given = nominal_service_ms(features) * self._slowness
         ratio = max(
             predicted / max(observed, 1e-2),
             implied / max(given, 1e-6),
@@ -811,7 +630,7 @@ class LearnedTuner:
         if len(services) < 4 or (mean := sum(services) / len(services)) <= 0:
             return 0
         cv = min(pstdev(services) / mean, 1.0)
-        service = _nominal_service_ms(features) * self._slowness
+        service = nominal_service_ms(features) * self._slowness
         step = median(s.step_ms for s in self._recent)
         return round(2 * cv * service / max(step, 1e-3))
 
@@ -894,8 +713,6 @@ class LearnedTuner:
         """The model's predictions, its utilization clipped by first principles (a
         learned model can predict 0.9 for one worker that the service time allows 0.2),
         and the first-principles utilization alone."""
-        from predictors.baselines import QueueingModel
-
         pred = self.model.predict(frame)
         util = pred["utilization"].to_numpy()
         if isinstance(self.model, QueueingModel):

@@ -9,8 +9,9 @@ import pytest
 from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
 from predictors.errors import TunerConfigError
 from predictors.model import Predictor
+from predictors.state import TunerState, name_bottleneck
 from predictors.synthetic import SimWorkload, make_observations, measure, run_tuner
-from predictors.tuner import LearnedTuner, TunerState, name_bottleneck
+from predictors.tuner import LearnedTuner
 
 GiB = 2**30
 # Latency-bound token reads: 4 requests of 5 ms per batch, a 10 ms step.

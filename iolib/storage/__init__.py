@@ -7,8 +7,9 @@ and open their own.
 
 Modules, one job each: `filesystems` (open_filesystem, wrap_url), `retries`
 (RetryPolicy, call_with_retries), `timeouts` (the helper thread that lets a stuck
-request be abandoned), `counters` (per-thread bytes, retries and helper CPU), `wrapper` (the base of
-the wrappers), `throttle` (throttled::), `faults` (faulty::), `cache` (shardcache::).
+request be abandoned), `counters` (per-thread bytes, retries and helper CPU), `wrapper`
+(the base of the wrappers), `throttle` (throttled::), `faults` (faulty::), `cache`
+(shardcache::).
 Importing this package registers the three wrappers with fsspec; pyproject.toml's
 entry points name them as `iolib.storage:ClassName` too.
 """
