@@ -470,7 +470,7 @@ def infeasible(args: argparse.Namespace, images: Path) -> dict[str, Any]:
     result = run(lambda: loader, 30, args.step_ms)
     report = result["tuner"] or {}
     return {
-        "feasible": bool(report.get("feasible")),  # numpy's bool_ would be written as 0.0
+        "feasible": report.get("feasible"),
         "bottleneck": report.get("bottleneck"),
         "reason": report.get("reason"),
         "utilization": utilization(result, -15),

@@ -167,8 +167,8 @@ class LearnedTuner:
         self._ceiling = math.inf  # memory above which more workers and depth did not help
         # Configurations measured to meet the target under this regime, by (workers, depth).
         self._good: dict[tuple[int, int], Decision] = {}
-        # (step, step + stall) ms of the current configuration's settled batches, recent.
-        self._record: deque[tuple[float, float]] = deque(maxlen=record_batches)
+        # The current configuration's recent settled batches.
+        self._record: deque[TunerState] = deque(maxlen=record_batches)
         self.history: list[tuple[int, Decision]] = []
 
     # --- the protocol -----------------------------------------------------------
@@ -349,7 +349,7 @@ class LearnedTuner:
 
     def _keep_record(self, state: TunerState) -> None:
         if self._is_settled(state):
-            self._record.append((state.step_ms, state.step_ms + state.stall_ms))
+            self._record.append(state)
 
     def _holds_on_record(self, observed: float) -> bool:
         """True when a small shortfall (under `recheck_margin`) in the last window is
@@ -359,9 +359,7 @@ class LearnedTuner:
             return False
         if self._goal - observed >= self.recheck_margin:
             return False
-        busy = sum(step for step, _ in self._record)
-        total = sum(wall for _, wall in self._record)
-        return busy / max(total, 1e-9) >= self._goal and not self._slowing()
+        return self._utilization(list(self._record)) >= self._goal and not self._slowing()
 
     def _smoothed(self, last: int | None = None) -> dict[str, float]:
         """Medians over the recent batches of the stage times (for reasons and bottlenecks);

@@ -252,9 +252,12 @@ def test_a_small_shortfall_is_measured_twice_before_memory_is_bought():
     assert changes[0] >= planned + 2 * tuner.check_batches, changes
 
 
-def _closed_loop(tuner: LearnedTuner, utilization, batches: int, **state) -> list[tuple]:
+def _closed_loop(
+    tuner: LearnedTuner, utilization, batches: int, read_ms=2.0, **state
+) -> list[tuple]:
     """Drive `tuner` where `utilization(workers, depth, k, since)` is what batch k measures
-    (`since`: batches since the configuration last changed). Returns (workers, depth, util)
+    (`since`: batches since the configuration last changed) and `read_ms` the read time it
+    reports (a number, or `read_ms(workers, depth, k)`). Returns (workers, depth, util)
     per batch."""
     workers, depth = tuner.start
     changed, out = 0, []
@@ -265,7 +268,8 @@ def _closed_loop(tuner: LearnedTuner, utilization, batches: int, **state) -> lis
             workers=workers,
             depth=depth,
             stall_ms=state.get("step_ms", 10.0) * (1 / util - 1),
-            **{"read_ms": 2.0, "decode_ms": 0.0, "batch_memory_bytes": 1e6, **state},
+            read_ms=read_ms(workers, depth, k) if callable(read_ms) else read_ms,
+            **{"decode_ms": 0.0, "batch_memory_bytes": 1e6, **state},
         )
         out.append((workers, depth, util))
         decision = tuner.decide(s)
@@ -395,23 +399,8 @@ def test_a_speed_up_while_still_short_does_not_plan_back_down():
         return min(0.85, 0.3 + 0.1 * min(w, d))
 
     tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
-    read = iter([30.0] * 60 + [12.0] * 100)
-    trace = []
-    workers, depth = tuner.start
-    for k in range(160):
-        u = util(workers, depth, k, 0)
-        s = _state(
-            batch_index=k,
-            workers=workers,
-            depth=depth,
-            stall_ms=10.0 * (1 / u - 1),
-            read_ms=next(read),
-            decode_ms=0.0,
-            batch_memory_bytes=1e6,
-        )
-        decision = tuner.decide(s)
-        workers, depth = decision.workers, decision.depth
-        trace.append(min(workers, depth))
+    configs = _closed_loop(tuner, util, 160, read_ms=lambda w, d, k: 30.0 if k < 60 else 12.0)
+    trace = [min(w, d) for w, d, _ in configs]
     assert max(trace) > 1, "it climbed (the shortfall is real)"
     faster = [d.reason for b, d in tuner.history if "regime shift" in d.reason]
     assert faster == [], faster
@@ -423,24 +412,14 @@ def test_workers_that_lower_utilization_are_given_back_even_when_reads_slow_down
     more) and utilization falls. A falling rate used to be read as a storage slowdown
     under way, and the tuner kept climbing (16 -> 24 -> 28 workers on nas at 2 ms);
     now the climb is given back."""
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        return max(0.3, 0.85 - 0.08 * max(0, min(w, d) - 2))
+
     tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
-    workers, depth = tuner.start
-    active = []
-    for k in range(160):
-        busy = min(workers, depth)
-        u = max(0.3, 0.85 - 0.08 * max(0, busy - 2))
-        s = _state(
-            batch_index=k,
-            workers=workers,
-            depth=depth,
-            stall_ms=10.0 * (1 / u - 1),
-            read_ms=10.0 * busy**2.5,
-            decode_ms=0.0,
-            cpu_count=2,
-            batch_memory_bytes=1e6,
-        )
-        decision = tuner.decide(s)
-        workers, depth = decision.workers, decision.depth
-        active.append(min(workers, depth))
+    trace = _closed_loop(
+        tuner, util, 160, read_ms=lambda w, d, k: 10.0 * min(w, d) ** 2.5, cpu_count=2
+    )
+    active = [min(w, d) for w, d, _ in trace]
     assert any("did not help" in d.reason for _, d in tuner.history), tuner.history[-1][1].reason
     assert active[-1] < max(active), active
