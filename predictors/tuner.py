@@ -194,14 +194,17 @@ class LearnedTuner:
         if shift is not None:
             before, now, fresh = shift
             self._floor, self._ceiling, self._parent = 0.0, math.inf, None
-            self._good.clear()
             self._record.clear()  # measured under the old regime
             why = f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms"
             if now < before:
                 # Faster: what was learned under the slow regime (contention of many
-                # workers included) would keep memory that is no longer needed.
+                # workers included) would keep memory that is no longer needed. What met
+                # the target then still does, faster: if the cheaper re-plan falls short,
+                # the tuner steps back up to it, not to the model's escalation (a speed-up
+                # read in object-store jitter went 4/8 -> 2/3 -> 10/24, the run's peak).
                 self._slowness = 1.0
                 return self._plan(state, why, fresh)
+            self._good.clear()  # slower: what met the target may no longer
             # Slower: plan for `surge` times the measured service. The consumer is already
             # waiting and the buffer refills only at the surplus rate, so the least that
             # keeps up would take tens of batches to recover; step-downs trim it later.

@@ -423,3 +423,28 @@ def test_workers_that_lower_utilization_are_given_back_even_when_reads_slow_down
     active = [min(w, d) for w, d, _ in trace]
     assert any("did not help" in d.reason for _, d in tuner.history), tuner.history[-1][1].reason
     assert active[-1] < max(active), active
+
+
+def test_after_a_speed_up_a_cheaper_plan_that_falls_short_steps_back_to_the_proven_one():
+    """4 workers meet the target and fewer do not. Reads then get 2.4x faster (on
+    object-store, jitter alone read so): the re-plan tries fewer workers, which fall
+    short. What met the target before the speed-up still does, so the tuner goes back
+    to it, not to the model's escalation (4/8 -> 2/3 -> 10/24 was that run's peak)."""
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        return 0.99 if min(w, d) >= 4 else 0.3
+
+    tuner = LearnedTuner(
+        QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6, start=(4, 8)
+    )
+    trace = _closed_loop(
+        tuner, util, 200, read_ms=lambda w, d, k: 60.0 if k < 100 else 25.0, step_ms=20.0
+    )
+    replans = [b for b, d in tuner.history if "regime shift" in d.reason]
+    assert replans, "the speed-up should re-plan for less"
+    after = trace[replans[0] + 1 :]
+    assert min(min(w, d) for w, d, _ in after) < 4, "the re-plan tried fewer workers"
+    proven = trace[replans[0]][1]  # the depth it held (and had measured) at the shift
+    assert max(d for _, d, _ in after) <= proven, after
+    assert any("stepping back up" in d.reason for b, d in tuner.history if b > replans[0])
+    assert min(trace[-1][:2]) >= 4
