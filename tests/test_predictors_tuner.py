@@ -3,6 +3,8 @@ stay within the budget, react to a storage slowdown, report infeasible targets."
 
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 import pytest
 
@@ -505,3 +507,26 @@ def test_a_moderate_slowdown_is_planned_for_what_was_measured():
     assert shifts, [d.reason for _, d in tuner.history]
     assert "planning for" not in shifts[0].reason
     assert 6 <= shifts[0].workers <= 7, shifts[0]  # 0.95 * 108 / 20 = 5.1, plus slack
+
+
+@pytest.mark.parametrize("slower_from", [13, 28, 30])
+def test_a_slowdown_under_way_still_buys_a_bounded_memory_step(slower_from):
+    """Reads go from 30 to 51 ms (1.7x) at `slower_from` while utilization stays short:
+    an escalation that sees four slower batches plans from them, but buys at most 3x
+    the memory (four lognormal reads pass that check by chance; uncapped, it bought 8x:
+    6 -> 32 here, 2/4 -> 10/24 on object-store). A large slowdown is answered by the
+    regime-shift re-plan, which is not capped."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    _closed_loop(
+        tuner,
+        lambda w, d, k, since: 0.3,
+        60,
+        read_ms=lambda w, d, k: 30.0 if k < slower_from else 51.0,
+        step_ms=20.0,
+    )
+    steps = [
+        (before.depth, after.depth)
+        for (_, before), (_, after) in itertools.pairwise(tuner.history)
+        if "observed utilization" in after.reason
+    ]
+    assert steps and all(after <= 3 * before for before, after in steps), steps
