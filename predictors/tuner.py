@@ -39,7 +39,8 @@ measured shortfall):
    after a speed-up, what met the target before is still known to);
 5. when nothing within the budget reaches the target, says so, names the bottleneck
    stage (reads that keep the cores busy are "cpu", not storage) and takes the
-   configuration with the highest predicted utilization.
+   configuration with the highest predicted utilization; when more workers stopped
+   paying as measured (`_plateau`), the cheapest configuration as good as the best.
 
 Example:
     >>> tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=2**31)
@@ -383,6 +384,15 @@ class LearnedTuner:
             sums[1] += state.stall_ms
             sums[2] += 1
 
+    def _measured_utilization(self) -> dict[tuple[int, int], float]:
+        """Utilization of every configuration measured under this regime for a window at
+        least, over all its settled batches (time-weighted, as `_utilization`)."""
+        return {
+            key: step / max(step + stall, 1e-9)
+            for key, (step, stall, n) in self._measured.items()
+            if n >= self.check_batches
+        }
+
     def _plateau(self, state: TunerState) -> Decision | None:
         """When more workers stopped paying, the cheapest configuration as good as the
         best measured (within 5 %); None while they still pay or too little is measured.
@@ -395,11 +405,7 @@ class LearnedTuner:
         30/48; at the most workers allowed, depth alone went on to the budget."""
         current = self._current
         assert current is not None
-        table = {
-            key: step / max(step + stall, 1e-9)
-            for key, (step, stall, n) in self._measured.items()
-            if n >= self.check_batches
-        }
+        table = self._measured_utilization()
         here = table.get((current.workers, current.depth))
         active = min(current.workers, current.depth)
         if here is None or not any(
@@ -563,9 +569,11 @@ class LearnedTuner:
         The correction is the measured shortfall itself (predicted / observed), applied to
         the service time the model is given and not capped: a 7x shortfall (retries,
         faults, contention the stage times do not show) asks for 7x the concurrency at
-        once. When the re-plan still asks for nothing larger, the tuner climbs one step
-        by measurement; when a climb did not raise utilization, more of the same will not
-        either, and it says so and holds the better of the two."""
+        once; when this configuration's measured service explains the shortfall, it
+        plans from that service instead. When the re-plan still asks for nothing larger,
+        the tuner climbs one step by measurement; when a climb did not raise utilization,
+        or the configurations measured show more workers stopped paying (`_plateau`),
+        more of the same will not help, and it says so and holds the best for less."""
         current = self._current
         assert current is not None  # decide() plans before it checks
         here = self._memory(current, state)
@@ -629,6 +637,22 @@ class LearnedTuner:
                 )
         if self._move == "ceiling":
             return self._out_of_reach(state, current, "already at what helps", observed, m)
+        plateau = self._plateau(state)
+        if plateau is not None:
+            # Measured: more workers stopped paying (whatever the model predicts: first
+            # principles see no shared cores). The best it can is the cheapest
+            # configuration as good as the best measured.
+            self._ceiling = self._memory(plateau, state)
+            measured = ", ".join(
+                f"{w}/{d} {u:.2f}" for (w, d), u in sorted(self._measured_utilization().items())
+            )
+            return self._out_of_reach(
+                state,
+                plateau,
+                f"more workers stopped paying (utilization measured per configuration: {measured})",
+                plateau.predicted["utilization"],
+                m,
+            )
         predicted = current.predicted.get("utilization", observed)
         note = ""
         if predicted - observed > self.divergence and not isinstance(self.model, QueueingModel):
@@ -685,25 +709,6 @@ class LearnedTuner:
         # from a stage that concurrency does not help (shared cores), which the next
         # check then shows.
         choice = self._choose(state, features, step_cap=step_cap)
-        plateau = self._plateau(state)
-        if plateau is not None:
-            # Measured: more workers stopped paying (whatever the model predicts: first
-            # principles see no shared cores). The best it can is the cheapest
-            # configuration as good as the best measured.
-            self._ceiling = self._memory(plateau, state)
-            return self._out_of_reach(
-                state,
-                plateau,
-                "more workers stopped paying (utilization measured per configuration: "
-                + ", ".join(
-                    f"{w}/{d} {step / max(step + stall, 1e-9):.2f}"
-                    for (w, d), (step, stall, n) in sorted(self._measured.items())
-                    if n >= self.check_batches
-                )
-                + ")",
-                plateau.predicted["utilization"],
-                m,
-            )
         w, d = choice["workers"], choice["depth"]
         if d * state.one_batch_bytes <= here and w <= current.workers:
             climbed = self._climb(state, current)
