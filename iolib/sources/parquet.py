@@ -232,7 +232,9 @@ class ParquetSource(Source):
 
         def footer() -> tuple[Any, int]:
             with fs.open(path, "rb") as handle:
-                return pq.ParquetFile(handle, pre_buffer=False).metadata, handle.size
+                size = getattr(handle, "size", None)  # fsspec's files know it: no request
+                size = size if isinstance(size, int) else fs.size(path)
+                return pq.ParquetFile(handle, pre_buffer=False).metadata, size
 
         try:  # transient errors are retried; a truncated or foreign file fails at once
             what = f"reading the footer of {url!r}"
