@@ -59,7 +59,14 @@ import numpy as np
 
 from predictors.baselines import QueueingModel
 from predictors.errors import TunerConfigError
-from predictors.signals import epoch_goal, large_change, memory_step, moderate_change, slowing
+from predictors.signals import (
+    epoch_goal,
+    large_change,
+    memory_step,
+    moderate_change,
+    plateau,
+    slowing,
+)
 
 # The interface and the measurements' reading live in predictors.state; importable from
 # here as before (scripts and docs name predictors.tuner.TunerState).
@@ -394,29 +401,17 @@ class LearnedTuner:
         }
 
     def _plateau(self, state: TunerState) -> Decision | None:
-        """When more workers stopped paying, the cheapest configuration as good as the
-        best measured (within 5 %); None while they still pay or too little is measured.
-
-        Stopped paying: a configuration measured with at most 2/3 the current busy
-        workers, or 2/3 its depth, came within 10 % of the current utilization (ideal
-        scaling gives +50 %). Each configuration is judged on all its settled batches
-        under this regime (a window at least): on nas at 2 ms static 4/8 read 0.64, 8/16
-        0.74, 16/32 0.74 and 24/48 0.75 (last third of 480 batches), where the climbs,
-        window by window, went on to 30/48; in a synthetic run at the most workers
-        allowed, depth alone went on to the budget."""
+        """When more workers stopped paying (`signals.plateau`, judged on every
+        configuration measured under this regime), the cheapest configuration as good
+        as the best measured; None while they still pay or too little is measured."""
         current = self._current
         assert current is not None
         table = self._measured_utilization()
-        here = table.get((current.workers, current.depth))
-        active = min(current.workers, current.depth)
-        if here is None or not any(
-            (min(key) * 1.5 <= active or key[1] * 1.5 <= current.depth) and util * 1.1 >= here
-            for key, util in table.items()
-        ):
+        found = plateau(table, (current.workers, current.depth))
+        if found is None:
             return None
-        best = max(table.values())
-        w, d = min((k for k, u in table.items() if u >= best / 1.05), key=lambda k: (k[1], k[0]))
-        predicted = {"utilization": table[(w, d)], "memory_bytes": d * state.one_batch_bytes}
+        w, d = found
+        predicted = {"utilization": table[found], "memory_bytes": d * state.one_batch_bytes}
         return Decision(w, d, "measured", predicted)
 
     def _holds_on_record(self) -> bool:
