@@ -403,7 +403,8 @@ class LearnedTuner:
     def _plateau(self, state: TunerState) -> Decision | None:
         """When more workers stopped paying (`signals.plateau`, judged on every
         configuration measured under this regime), the cheapest configuration as good
-        as the best measured; None while they still pay or too little is measured."""
+        as the best measured, its reason the measurements; None while they still pay or
+        too little is measured."""
         current = self._current
         assert current is not None
         table = self._measured_utilization()
@@ -411,8 +412,10 @@ class LearnedTuner:
         if found is None:
             return None
         w, d = found
+        measured = ", ".join(f"{k[0]}/{k[1]} {u:.2f}" for k, u in sorted(table.items()))
+        reason = f"more workers stopped paying (utilization measured per configuration: {measured})"
         predicted = {"utilization": table[found], "memory_bytes": d * state.one_batch_bytes}
-        return Decision(w, d, "measured", predicted)
+        return Decision(w, d, reason, predicted)
 
     def _holds_on_record(self) -> bool:
         """True when a shortfall in the last window is outweighed by the configuration's
@@ -634,21 +637,14 @@ class LearnedTuner:
                 )
         if self._move == "ceiling":
             return self._out_of_reach(state, current, "already at what helps", observed, m)
-        plateau = self._plateau(state)
-        if plateau is not None:
+        saturated = self._plateau(state)
+        if saturated is not None:
             # Measured: more workers stopped paying (whatever the model predicts: first
             # principles see no shared cores). The best it can is the cheapest
             # configuration as good as the best measured.
-            self._ceiling = self._memory(plateau, state)
-            measured = ", ".join(
-                f"{w}/{d} {u:.2f}" for (w, d), u in sorted(self._measured_utilization().items())
-            )
+            self._ceiling = self._memory(saturated, state)
             return self._out_of_reach(
-                state,
-                plateau,
-                f"more workers stopped paying (utilization measured per configuration: {measured})",
-                plateau.predicted["utilization"],
-                m,
+                state, saturated, saturated.reason, saturated.predicted["utilization"], m
             )
         predicted = current.predicted.get("utilization", observed)
         note = ""
