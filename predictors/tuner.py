@@ -18,8 +18,9 @@ measured shortfall):
    utilization meets `target + margin` (the margin is the model's measured error on
    unseen workloads);
 3. every `check_batches` settled batches (an iteration's first batch and new workers'
-   first batches are not judged) it compares utilization with the goal (the target,
-   raised by what epoch starts cost):
+   first batches are not judged; windows grow to span `window_services` service times
+   when steps are short) it compares utilization with the goal (the target, raised by
+   what epoch starts cost):
    - below it by less than `recheck_margin`, right after a climb, or at a configuration
      that met it before: one more window, judged with this one (8 batches are noisy);
      held when the configuration's last `record_batches` settled batches meet it;
@@ -35,12 +36,15 @@ measured shortfall):
      if the goal holds (reverted at once if not);
 4. a lasting service-time change (a storage slowdown or its recovery) re-plans at once,
    a large slowdown (5x) with `surge` times the measured service so the buffer refills
-   quickly (a slowdown only while short of the goal, a speed-up only while meeting it;
-   after a speed-up, what met the target before is still known to);
+   quickly (a slowdown only while short of the goal and costing utilization, a speed-up
+   only while meeting it, and never for more memory; after a speed-up, what met the
+   target before is still known to);
 5. when nothing within the budget reaches the target, says so, names the bottleneck
    stage (reads that keep the cores busy are "cpu", not storage) and takes the
-   configuration with the highest predicted utilization; when more workers stopped
-   paying as measured (`_plateau`), the cheapest configuration as good as the best.
+   cheapest configuration near the highest predicted utilization, then climbs one
+   measured step at a time; it stops when a configuration measures about what the
+   cores allow (`cpu_bound_utilization`), or when more workers stopped paying as
+   measured (`_plateau`), holding the cheapest configuration as good as the best.
 
 Example:
     >>> tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=2**31)
@@ -71,12 +75,14 @@ from predictors.signals import (
 # The interface and the measurements' reading live in predictors.state; importable from
 # here as before (scripts and docs name predictors.tuner.TunerState).
 from predictors.state import (
+    CORES_USABLE,
     Decision,
     PerformanceModel,
     Tuner,
     TunerState,
     check_budget,
     check_target,
+    cpu_bound_utilization,
     name_bottleneck,
     nominal_service_ms,
     stage_text,
@@ -128,6 +134,7 @@ class LearnedTuner:
         recheck_margin: float = 0.1,
         surge: float = 2.0,
         record_batches: int = 64,
+        window_services: float = 4.0,
     ) -> None:
         if model is None:
             from predictors.model import load_default
@@ -150,6 +157,9 @@ class LearnedTuner:
         self.shift_batches = shift_batches
         self.recheck_margin = recheck_margin
         self.surge = surge
+        self.window = window
+        self.record_batches = record_batches
+        self.window_services = window_services
         self._settle = settle_batches  # batches after a change that are not judged
         error = model.utilization_error if margin is None else margin
         self.margin = min(max(error, 0.0), (1.0 - self.target) / 2)  # keep target+margin < 1
@@ -163,6 +173,8 @@ class LearnedTuner:
         self._planned_service = 0.0  # median service time per batch after the last change
         self._planned_mean = 0.0  # and its mean
         self._planned_cv = 0.0  # and its coefficient of variation
+        self._planned_utilization = 0.0  # and the utilization measured with it
+        self._planned_active = 0  # and the busy workers (min(workers, depth)) it had
         self._suspect = False  # one recent batch far slower than the baseline
         self._deferred = 0  # batches a due escalation has waited on a suspect batch
         self._goal = self.target  # what windows between epoch starts must reach
@@ -208,34 +220,7 @@ class LearnedTuner:
             return self._first_decision(state)
         shift = self._service_shift()
         if shift is not None:
-            before, now, fresh, large = shift
-            self._floor, self._ceiling, self._parent = 0.0, math.inf, None
-            self._record.clear()  # measured under the old regime
-            self._measured.clear()
-            why = f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms"
-            if now < before:
-                # Faster: what was learned under the slow regime (contention of many
-                # workers included) would keep memory that is no longer needed. What met
-                # the target then still does, faster: if the cheaper re-plan falls short,
-                # the tuner steps back up to it, not to the model's escalation (a speed-up
-                # read in object-store jitter went 4/8 -> 2/3 -> 10/24, the run's peak).
-                self._slowness = 1.0
-                return self._plan(state, why, fresh)
-            self._good.clear()  # slower: what met the target may no longer
-            if not large:
-                # A moderate slowdown (beyond `shift_ratio`, under 5x): planned for what
-                # was measured, itself on the high side (the check reads the slow tail).
-                # Lognormal object-store reads passed it in 3 of 14 runs of 480 batches,
-                # and 2x that planned 12/24 and 13/32 where 4/8 held.
-                return self._plan(state, why, fresh)
-            # Large: plan for `surge` times the measured service. The consumer is already
-            # waiting and the buffer refills only at the surplus rate, so the least that
-            # keeps up would take tens of batches to recover; step-downs trim it later.
-            learned, self._slowness = self._slowness, self._slowness * self.surge
-            try:
-                return self._plan(state, f"{why}; planning for {self.surge:g}x that", fresh)
-            finally:
-                self._slowness = learned
+            return self._replan_for_shift(state, *shift)
         observed = self._observed()
         if observed is None:
             return self._hold()
@@ -302,6 +287,66 @@ class LearnedTuner:
         return self._hold()
 
     # --- internals ----------------------------------------------------------------
+    def _replan_for_shift(
+        self, state: TunerState, before: float, now: float, fresh: int, large: bool
+    ) -> Decision:
+        """A lasting service-time change (`_service_shift`): forget what was measured
+        under the old regime and plan from the last `fresh` batches."""
+        current = self._current
+        assert current is not None  # decide() plans before it checks shifts
+        self._floor, self._ceiling, self._parent = 0.0, math.inf, None
+        self._record.clear()  # measured under the old regime
+        self._measured.clear()
+        why = f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms"
+        if now < before:
+            # Faster: what was learned under the slow regime (contention of many
+            # workers included) would keep memory that is no longer needed. What met
+            # the target then still does, faster: if the cheaper re-plan falls short,
+            # the tuner steps back up to it, not to the model's escalation (a speed-up
+            # read in object-store jitter went 4/8 -> 2/3 -> 10/24, the run's peak).
+            self._slowness = 1.0
+            choice = self._choose(state, self._features(fresh))
+            if choice["depth"] > current.depth or choice["workers"] > current.workers:
+                # A faster service needs no more than what kept up with the slower
+                # one. At nas 2 ms a configuration's reads speed up when its queue
+                # empties, and the out-of-reach re-plan took 8/16 to 29/48.
+                self._rebased = False  # the new regime is the baseline from here
+                return self._apply(
+                    state,
+                    current.workers,
+                    current.depth,
+                    f"{why}; a faster service needs no more than this: keeping "
+                    f"{current.workers} workers, depth {current.depth}",
+                    current.predicted,
+                    current.feasible,
+                    current.bottleneck,
+                )
+            return self._apply_plan(state, why, choice)
+        self._good.clear()  # slower: what met the target may no longer
+        if not large:
+            # A moderate slowdown (beyond `shift_ratio`, under 5x): planned for what
+            # was measured, itself on the high side (the check reads the slow tail).
+            # Lognormal object-store reads passed it in 3 of 14 runs of 480 batches,
+            # and 2x that planned 12/24 and 13/32 where 4/8 held. Out of reach, a
+            # bounded memory step, as an escalation: the plan's "best" is then the
+            # most workers, and at nas 2 ms the workers' own contention passed this
+            # check too (15/24 -> 24/48 in one step).
+            features = self._features(fresh)
+            choice = self._choose(state, features)
+            if not choice["feasible"]:
+                short = self._utilization(self._settled()[-fresh:])
+                cap = memory_step(self._goal, short) * self._memory(current, state)
+                choice = self._choose(state, features, step_cap=cap)
+            return self._apply_plan(state, why, choice)
+        # Large: plan for `surge` times the measured service. The consumer is already
+        # waiting and the buffer refills only at the surplus rate, so the least that
+        # keeps up would take tens of batches to recover; step-downs trim it later.
+        learned, self._slowness = self._slowness, self._slowness * self.surge
+        try:
+            return self._plan(state, f"{why}; planning for {self.surge:g}x that", fresh)
+        finally:
+            self._slowness = learned
+
     def _safe_start(self, state: TunerState) -> tuple[int, int]:
         w, d = self.start
         w = min(w, state.cpu_count)
@@ -315,6 +360,7 @@ class LearnedTuner:
         The first batch waited for an empty pipeline and is left out."""
         measured = [s for s in self._recent if s.batch_index > 0 and not s.epoch_start]
         observed = self._utilization(measured) if measured else 0.0
+        self._scale_windows(measured or list(self._recent))
         if observed < self._goal:
             return self._plan(state, "first decision after measuring")
         w, d = self._safe_start(state)
@@ -328,6 +374,26 @@ class LearnedTuner:
         )
         self._move = "settled"
         return decision
+
+    def _scale_windows(self, states: list[TunerState]) -> None:
+        """Windows in time, not batches: a judged window spans at least
+        `window_services` of the warm-up's service times (one worker's), else the
+        windows grow (at most 4x). Arrivals within one service time move together: at
+        nas 2 ms steps an 8-batch window spans one, and a fixed configuration read
+        0.42 to 0.94 from window to window (60-batch windows: 0.63 to 0.74); each rule
+        read that noise as a shortfall, a slowdown or a speed-up."""
+        service = fmean(s.service_ms for s in states)
+        step = fmean(s.step_ms for s in states)
+        wanted = self.window_services * service / max(step, 1e-6)
+        scale = min(max(wanted / self.check_batches, 1.0), 4.0)
+        if scale == 1.0:
+            return
+        self.check_batches = round(self.check_batches * scale)
+        self.shift_window = round(self.shift_window * scale)
+        self.shift_batches = round(self.shift_batches * scale)
+        self._record = deque(self._record, maxlen=round(self.record_batches * scale))
+        size = max(round(self.window * scale), self.check_batches + self._settle)
+        self._recent = deque(self._recent, maxlen=max(size, 2 * self.shift_window))
 
     def _charge_epoch_starts(self, state: TunerState) -> None:
         """Raise the goal between epoch starts so the whole epoch meets the target.
@@ -435,8 +501,12 @@ class LearnedTuner:
             name: median(getattr(s, name) for s in states)
             for name in ("read_ms", "decode_ms", "transform_ms", "step_ms", "stall_ms")
         }
+        # An iteration's first batch opens the files: twice a warm batch's CPU (nas: 10
+        # ms against 4-5), which made the warm-up's cores bound (`cpu_bound_utilization`)
+        # 0.84 where 0.88 was reached.
+        warm = [s for s in states if not s.epoch_start] or states
         for name in ("cpu_ms", "read_cpu_ms"):  # means: with batch_ms, the cores busy
-            values = [v for s in states if (v := getattr(s, name)) is not None]
+            values = [v for s in warm if (v := getattr(s, name)) is not None]
             if values:
                 m[name] = fmean(values)
         m["batch_ms"] = fmean(s.step_ms + s.stall_ms for s in states)
@@ -492,10 +562,15 @@ class LearnedTuner:
         # and would make a baseline that a steady service then reads as a speed-up.
         now = median(services)
         if not self._rebased:
+            before, before_active, ratio = self._planned_service, self._planned_active, 0.0
+            if before > 0:
+                ratio = max(self.shift_ratio, 1 + 2 * self._planned_cv)  # the last baseline's
             self._planned_service, self._rebased = now, True
             self._planned_mean = fmean(services)
             self._planned_cv = pstdev(services) / max(self._planned_mean, 1e-9)
-            return None
+            self._planned_utilization = self._utilization(window)
+            self._planned_active = active = min(window[-1].workers, window[-1].depth)
+            return self._settle_shift(before, before_active, now, active, ratio, len(window))
         fresh = window[-self.shift_batches :]
         recent = services[-self.shift_batches :]
         # A large change first (planned from the batches of the new regime on: earlier
@@ -522,7 +597,34 @@ class LearnedTuner:
         change = moderate_change(services, self._planned_service, ratio, len(fresh))
         if change == "none" or (change == "slower" and not short) or (change == "faster" and short):
             return None  # no lasting change, slower but fast enough, or faster but short
+        if change == "slower" and self._utilization(window) >= 0.9 * self._planned_utilization:
+            # Slower reads that cost no utilization: the workers' own contention (a shared
+            # link or cores, whose queue grows with the workers), not the storage. At nas
+            # 2 ms, 18 workers' reads went from 27 to 80 ms while utilization held, and
+            # re-planning for that slower "storage" took the most workers there are.
+            return None
         return self._planned_service, now, len(fresh), False
+
+    def _settle_shift(
+        self, before: float, before_active: int, now: float, active: int, ratio: float, n: int
+    ) -> tuple[float, float, int, bool] | None:
+        """A shift that began while a new configuration settled, read by comparing its
+        baseline (`now` ms, `active` busy workers) with the last one: unseen, the new
+        regime would become the baseline, and what was measured before compared with it.
+        Contention only slows each batch: with no fewer workers, a baseline `ratio`
+        faster is a speed-up; with no more, one `ratio` slower is a slowdown, and with at
+        most 1.5x the workers, one 5x slower still is. (`ratio`: 0 when no baseline.)"""
+        if ratio <= 0:
+            return None
+        meets = self._planned_utilization >= self._goal
+        if now * ratio < before and active >= before_active and meets:
+            return before, now, n, now * 5 < before
+        slower = (now > ratio * before and active <= before_active) or (
+            now > 5 * before and active <= 1.5 * before_active
+        )
+        if slower and not meets:
+            return before, now, n, now > 5 * before
+        return None
 
     def _supply(self, states: list[TunerState]) -> float:
         """The utilization the busy workers' measured service allows: active workers x
@@ -703,7 +805,20 @@ class LearnedTuner:
         # check then shows.
         choice = self._choose(state, features, step_cap=step_cap)
         w, d = choice["workers"], choice["depth"]
-        if d * state.one_batch_bytes <= here and w <= current.workers:
+        not_larger = d * state.one_batch_bytes <= here and w <= current.workers
+        if choice["cores_limit"] and observed >= 0.9 * choice["cores"]:
+            # This configuration measured about what the cores allow: a climb would only
+            # add workers contending for them (nas at 2 ms: 8 workers read 0.70-0.74,
+            # 16-24 no more, and climbs went on to 30).
+            self._ceiling = here
+            return self._out_of_reach(
+                state, current, choice["cores_limit"], observed, m, cpu_bound=True
+            )
+        # Out of reach: the model's "best" is the most workers, extrapolated from a service
+        # time that grows with them (nas at 2 ms: 7 workers measured 0.63, the best was
+        # predicted 0.62, and it was 19 workers). One measured step at a time instead,
+        # until a step stops paying (`_plateau`, the flat-climb check).
+        if not_larger or not choice["feasible"]:
             climbed = self._climb(state, current)
             if climbed is None:
                 return self._out_of_reach(
@@ -773,9 +888,15 @@ class LearnedTuner:
         )
 
     def _out_of_reach(
-        self, state: TunerState, best: Decision, why: str, observed: float, m: dict[str, float]
+        self,
+        state: TunerState,
+        best: Decision,
+        why: str,
+        observed: float,
+        m: dict[str, float],
+        cpu_bound: bool = False,
     ) -> Decision:
-        bottleneck = name_bottleneck(m, state.cpu_count)
+        bottleneck = name_bottleneck(m, state.cpu_count, cpu_bound)
         budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
         reason = (
             f"target {self.target:.2f} is out of reach{budget}: {why}; best measured "
@@ -825,16 +946,23 @@ class LearnedTuner:
             frame[name] = value
         return frame
 
-    def _predict(self, frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    def _predict(
+        self, frame: pd.DataFrame, cores: float | None = None
+    ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
         """The model's predictions, its utilization clipped by first principles (a
         learned model can predict 0.9 for one worker that the service time allows 0.2),
-        and the first-principles utilization alone."""
+        and the first-principles utilization alone; both at most `cores`, what the
+        measured worker CPU allows (`cpu_bound_utilization`)."""
         pred = self.model.predict(frame)
         util = pred["utilization"].to_numpy()
         if isinstance(self.model, QueueingModel):
-            return pred, util, util
-        physics = QueueingModel().predict(frame)["utilization"].to_numpy()
-        return pred, np.minimum(util, physics), physics
+            physics = util
+        else:
+            physics = QueueingModel().predict(frame)["utilization"].to_numpy()
+            util = np.minimum(util, physics)
+        if cores is not None:
+            util, physics = np.minimum(util, cores), np.minimum(physics, cores)
+        return pred, util, physics
 
     def _choose(
         self, state: TunerState, features: dict[str, Any], step_cap: float | None = None
@@ -843,12 +971,13 @@ class LearnedTuner:
         `step_cap` bounds the memory of this one step (escalations)."""
         m = self._smoothed()
         frame = self._candidates(state, features, step_cap)
-        pred, util, physics = self._predict(frame)
+        cores = cpu_bound_utilization(m, state.cpu_count)
+        pred, util, physics = self._predict(frame, cores)
         memory = frame["depth"].to_numpy() * state.one_batch_bytes
         required = min(self._goal + self.margin, 0.99)
         order = np.lexsort((frame["depth"], frame["workers"], memory))  # least memory first
         meets = [i for i in order if util[i] >= required]
-        feasible, bottleneck = True, None
+        feasible, bottleneck, cores_limit = True, None, None
         if meets:
             i = meets[0]
             note = (
@@ -865,14 +994,22 @@ class LearnedTuner:
                 "do: trying their least memory and measuring"
             )
         else:
-            # Highest utilization; among near-equals (within 2 %) the least memory.
+            # Highest utilization; among near-equals (within 2 %) the least memory. Out of
+            # reach, within 10 %: the model's ranking near its best is within its error,
+            # and measured climbs follow (`_escalate`); at nas 2 ms "the best" was 11/24,
+            # where 6/12 reads as much.
             best = util.max()
-            i = next(j for j in order if util[j] >= best * 0.98)
+            near = 0.98 if best >= self._goal else 0.9
+            i = next(j for j in order if util[j] >= best * near)
             feasible = bool(util[i] >= self._goal)  # a numpy bool is written as 0.0
             capped = step_cap is not None and step_cap < self._memory_cap(state)
+            # The cores allow no more, whatever the workers: a larger step would not help.
+            cpu_bound = cores is not None and bool(best >= 0.98 * cores)
+            if cpu_bound:
+                capped = False
             if capped:
                 # Within the whole budget, does anything reach the target?
-                full = self._predict(self._candidates(state, features))[1].max()
+                full = self._predict(self._candidates(state, features), cores)[1].max()
                 feasible = bool(full >= self._goal)
                 note = "climbing toward it, a bounded memory step at a time"
             if capped and feasible:
@@ -880,17 +1017,22 @@ class LearnedTuner:
             elif feasible:
                 note = f"reaches the target {self.target:.2f} but not the margin {self.margin:.2f}"
             else:
-                bottleneck = name_bottleneck(m, state.cpu_count)
+                bottleneck = name_bottleneck(m, state.cpu_count, cpu_bound)
                 budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
                 best_note = (
                     "climbing toward the best, a bounded memory step at a time"
                     if capped
                     else "taking the best"
                 )
+                if cpu_bound and cores is not None:
+                    cores_limit = (
+                        f"the workers' CPU ({m['cpu_ms']:.1f} ms a batch) on {CORES_USABLE:.0%} "
+                        f"of {state.cpu_count} cores allows at most {cores:.2f}"
+                    )
+                limit = cores_limit or f"best predicted {full if capped else util[i]:.2f}"
                 note = (
-                    f"target {self.target:.2f} is out of reach{budget}: best predicted "
-                    f"{full if capped else util[i]:.2f}. Bottleneck: {bottleneck} "
-                    f"({stage_text(m, state.cpu_count)}); {best_note}"
+                    f"target {self.target:.2f} is out of reach{budget}: {limit}. Bottleneck: "
+                    f"{bottleneck} ({stage_text(m, state.cpu_count)}); {best_note}"
                 )
         predicted = {
             "utilization": float(util[i]),
@@ -907,10 +1049,14 @@ class LearnedTuner:
             "predicted": predicted,
             "feasible": feasible,
             "bottleneck": bottleneck,
+            "cores_limit": cores_limit,  # when the cores are what limits, in words
+            "cores": cores,  # the utilization they allow (None: CPU not measured)
         }
 
     def _plan(self, state: TunerState, why: str, last: int | None = None) -> Decision:
-        choice = self._choose(state, self._features(last))
+        return self._apply_plan(state, why, self._choose(state, self._features(last)))
+
+    def _apply_plan(self, state: TunerState, why: str, choice: dict[str, Any]) -> Decision:
         self._move, self._parent, self._urgent = "plan", None, False
         return self._apply_choice(state, why, choice)
 

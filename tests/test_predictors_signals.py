@@ -7,7 +7,7 @@ import doctest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from predictors import signals
+from predictors import signals, state
 
 ms = st.floats(min_value=0.1, max_value=5_000, allow_nan=False)
 
@@ -15,6 +15,8 @@ ms = st.floats(min_value=0.1, max_value=5_000, allow_nan=False)
 def test_worked_examples_in_the_docstrings_hold() -> None:
     result = doctest.testmod(signals)
     assert result.attempted >= 10 and result.failed == 0
+    result = doctest.testmod(state)  # the cores bound
+    assert result.attempted >= 1 and result.failed == 0
 
 
 @given(ms, st.lists(st.floats(min_value=0.2, max_value=5.0), min_size=4, max_size=4))

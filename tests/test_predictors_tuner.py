@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
 from predictors.errors import TunerConfigError
 from predictors.model import Predictor
-from predictors.state import TunerState, name_bottleneck
+from predictors.state import Decision, TunerState, name_bottleneck
 from predictors.synthetic import SimWorkload, make_observations, measure, run_tuner
 from predictors.tuner import LearnedTuner
 
@@ -558,8 +559,15 @@ def test_when_more_workers_stop_paying_it_keeps_the_cheapest_as_good_as_the_best
     def util(w: int, d: int, k: int, since: int) -> float:
         return 0.76 * (1 - math.exp(-min(w, d) / 4))
 
+    # The rule alone, on 8-batch windows: windows scaled to this 2 ms step's service
+    # times (`test_windows_span_service_times_not_batches`) measure each climb 2.5x
+    # longer, which in this noiseless loop buys nothing and climbs one step further.
     tuner = LearnedTuner(
-        QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6, max_workers=32
+        QueueingModel(),
+        target_utilization=0.9,
+        memory_budget_bytes=64e6,
+        max_workers=32,
+        window_services=0,
     )
     trace = _closed_loop(
         tuner, util, 300, read_ms=lambda w, d, k: 10.0 * max(1.0, min(w, d) / 4), step_ms=2.0
@@ -569,3 +577,176 @@ def test_when_more_workers_stop_paying_it_keeps_the_cheapest_as_good_as_the_best
     assert not last.feasible and "out of reach" in last.reason
     assert max(d for _, d, _ in trace) <= 12, sorted({(w, d) for w, d, _ in trace})
     assert trace[-1][2] >= 0.95 * max(u for _, _, u in trace)
+
+
+def test_when_the_cores_are_the_limit_it_stops_and_names_them():
+    """Reads that cost 5 ms of worker CPU a batch, on 2 cores, against a 2 ms step: the
+    cores allow at most 2 x 0.8 x 2 / 5 = 0.64 whatever the workers (measured here, 0.62).
+    Each read's time grows with the workers, which the queueing model reads as room for
+    more of them. The tuner stops once a configuration measures about what the cores
+    allow, says so and names the CPU (nas at 2 ms: climbs went on to 30 workers)."""
+    tuner = LearnedTuner(
+        QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6, max_workers=32
+    )
+    trace = _closed_loop(
+        tuner,
+        lambda w, d, k, since: min(0.62, 0.15 * min(w, d)),
+        300,
+        read_ms=lambda w, d, k: 10.0 * max(1.0, min(w, d) / 4),
+        step_ms=2.0,
+        cpu_ms=5.0,
+        read_cpu_ms=4.8,
+        cpu_count=2,
+    )
+    last = tuner.history[-1][1]
+    assert not last.feasible and last.bottleneck == "cpu", last
+    limit = "workers' CPU (5.0 ms a batch) on 80% of 2 cores allows at most 0.64"
+    assert any(limit in d.reason for _, d in tuner.history), tuner.history
+    assert max(w for w, _, _ in trace) <= 6, sorted({(w, d) for w, d, _ in trace})
+    assert trace[-1][2] >= 0.6
+
+
+def test_slower_reads_that_cost_no_utilization_are_no_regime_shift():
+    """Out of reach at 0.5, reads go from 20 to 40 ms while utilization stays put: the
+    workers' own contention (a shared link whose queue grows), not the storage. No
+    re-plan (at nas 2 ms, one for 18 workers' 27 -> 80 ms reads took the most workers
+    there are). The same slowdown with utilization falling to 0.3 is one."""
+
+    def run(after: float) -> list[Decision]:
+        tuner = LearnedTuner(
+            QueueingModel(),
+            target_utilization=0.9,
+            memory_budget_bytes=64e6,
+            max_workers=32,
+            window_services=0,
+        )
+        _closed_loop(
+            tuner,
+            lambda w, d, k, since: 0.5 if k < 150 else after,
+            250,
+            read_ms=lambda w, d, k: 20.0 if k < 150 else 40.0,
+            step_ms=2.0,
+        )
+        return [d for b, d in tuner.history if b >= 150 and "regime shift" in d.reason]
+
+    assert run(after=0.5) == []
+    assert run(after=0.3)
+
+
+def test_a_moderate_slowdown_out_of_reach_buys_a_bounded_memory_step():
+    """Out of reach, a moderate slowdown re-plans from what it measured, but as an
+    escalation: at most 3x the memory (the plan's "best" out of reach is the most
+    workers; at nas 2 ms that took 15/24 to 24/48 in one step)."""
+    tuner = LearnedTuner(
+        QueueingModel(),
+        target_utilization=0.9,
+        memory_budget_bytes=64e6,
+        max_workers=32,
+        window_services=0,
+    )
+    _closed_loop(
+        tuner,
+        lambda w, d, k, since: 0.5 if k < 150 else 0.3,
+        250,
+        read_ms=lambda w, d, k: 20.0 if k < 150 else 40.0,
+        step_ms=2.0,
+    )
+    pairs = list(itertools.pairwise(tuner.history))
+    shifts = [(b.depth, a.depth) for (_, b), (_, a) in pairs if "regime shift" in a.reason]
+    assert shifts and all(after <= 3 * before for before, after in shifts), shifts
+
+
+@pytest.mark.parametrize(("step_ms", "read_ms", "check"), [(2.0, 20.0, 32), (20.0, 20.0, 8)])
+def test_windows_span_service_times_not_batches(step_ms, read_ms, check):
+    """A judged window spans at least 4 of the warm-up's service times: 8 batches of a
+    2 ms step span one 20 ms read, and windows of one service time read a fixed
+    configuration at 0.42 to 0.94 (nas at 2 ms). Long steps keep 8 batches."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    _closed_loop(tuner, lambda w, d, k, since: 0.95, 10, read_ms=read_ms, step_ms=step_ms)
+    assert tuner.check_batches == check
+    assert tuner.shift_window == check and tuner.shift_batches == check // 2
+
+
+class _MoreWorkersModel:
+    """A model that sees gains up to the most workers (`per_worker` of utilization each),
+    as the learned model and first principles did at nas 2 ms, where the cores were
+    already busy."""
+
+    utilization_error = 0.05
+
+    def __init__(self, per_worker: float) -> None:
+        self.per_worker = per_worker
+
+    def predict(self, frame: pd.DataFrame) -> pd.DataFrame:
+        active = frame[["workers", "depth"]].min(axis=1).to_numpy(dtype=float)
+        util = np.minimum(1.0, self.per_worker * active)
+        return pd.DataFrame(
+            {
+                "utilization": util,
+                "stall_fraction": 1.0 - util,
+                "throughput_sps": 1e3 * util,
+                "memory_bytes": frame["depth"].to_numpy(dtype=float) * 1e6,
+            },
+            index=frame.index,
+        )
+
+
+def test_a_speed_up_never_buys_memory():
+    """4/8 meets the target; reads get 3x faster, and no configuration reaches it by the
+    model's reckoning (nor by first principles'). A re-plan from a model that sees gains
+    up to the most workers would buy more (at nas 2 ms, 8/16 -> 29/48 after reads sped
+    up as a queue emptied): a faster service needs no more than what kept up."""
+    tuner = LearnedTuner(
+        _MoreWorkersModel(0.02), target_utilization=0.9, memory_budget_bytes=64e6, start=(4, 8)
+    )
+    trace = _closed_loop(
+        tuner, lambda w, d, k, since: 0.92, 160, read_ms=lambda w, d, k: 600.0 if k < 80 else 200.0
+    )
+    kept = [d for b, d in tuner.history if "faster service needs no more" in d.reason]
+    assert kept and (kept[0].workers, kept[0].depth) == (4, 8), tuner.history
+    assert max(d for _, d, _ in trace) == 8
+
+
+def test_out_of_reach_each_escalation_is_one_measured_step():
+    """2/2 met the target, then falls to 0.3 with no slower reads: out of reach by the
+    model's reckoning (and first principles', with the implied slower service), an
+    escalation climbs one measured step (about 1.5x the workers), not to the model's
+    "best", the most workers its memory step allows (6/6 here): that extrapolates from
+    a service time that grows with the workers."""
+    tuner = LearnedTuner(
+        _MoreWorkersModel(0.02), target_utilization=0.9, memory_budget_bytes=64e6, start=(2, 2)
+    )
+    _closed_loop(tuner, lambda w, d, k, since: 0.95 if k < 40 else 0.3, 120, read_ms=100.0)
+    climbs = [
+        (before.workers, after.workers)
+        for (_, before), (_, after) in itertools.pairwise(tuner.history)
+        if "observed utilization" in after.reason and not after.feasible
+    ]
+    assert climbs, tuner.history
+    assert all(after <= math.ceil(1.5 * before) for before, after in climbs), climbs
+
+
+def test_an_epoch_start_does_not_set_the_cores_bound():
+    """An iteration's first batch opens the files: 40 ms of CPU against 4 for the others.
+    Counted, it made the cores bound 0.49 (2 x 0.8 x 4 / 13); the warm batches allow
+    1.6, so the first plan is not held back by the CPU."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    for k in range(5):
+        tuner.decide(
+            _state(
+                batch_index=k,
+                workers=1,
+                depth=1,
+                step_ms=4.0,
+                stall_ms=8.0,
+                read_ms=12.0,
+                decode_ms=0.0,
+                cpu_count=2,
+                cpu_ms=40.0 if k == 0 else 4.0,
+                read_cpu_ms=40.0 if k == 0 else 4.0,
+                epoch_start=k == 0,
+                batch_memory_bytes=1e6,
+            )
+        )
+    first = tuner.history[-1][1]
+    assert first.feasible and "workers' CPU" not in first.reason, first
