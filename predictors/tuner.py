@@ -612,12 +612,18 @@ class LearnedTuner:
         baseline (`now` ms, `active` busy workers) with the last one: unseen, the new
         regime would become the baseline, and what was measured before compared with it.
         Contention only slows each batch: with no fewer workers, a baseline `ratio`
-        faster is a speed-up; with no more, one `ratio` slower is a slowdown, and with at
-        most 1.5x the workers, one 5x slower still is. (`ratio`: 0 when no baseline.)"""
+        faster is a speed-up; with no more, one `ratio` slower is a slowdown; and 5x
+        either way is a shift with at most 1.5x the workers or at least 1/1.5 of them (a
+        step-down from 21 to 16 workers as the tenfold slowdown ended read 35 ms
+        against 1094: unseen, the memory came down one step-down at a time).
+        (`ratio`: 0 when no baseline.)"""
         if ratio <= 0:
             return None
         meets = self._planned_utilization >= self._goal
-        if now * ratio < before and active >= before_active and meets:
+        faster = (now * ratio < before and active >= before_active) or (
+            now * 5 < before and 1.5 * active >= before_active
+        )
+        if faster and meets:
             return before, now, n, now * 5 < before
         slower = (now > ratio * before and active <= before_active) or (
             now > 5 * before and active <= 1.5 * before_active
@@ -738,7 +744,10 @@ class LearnedTuner:
                     m,
                 )
         if self._move == "ceiling":
-            return self._out_of_reach(state, current, "already at what helps", observed, m)
+            # Already said, with the bottleneck: held without a new decision each window
+            # (stats() listed the same out-of-reach decision every 8 to 32 batches).
+            self._ahead, self._checked_at = 0, state.batch_index
+            return self._hold()
         saturated = self._plateau(state)
         if saturated is not None:
             # Measured: more workers stopped paying (whatever the model predicts: first

@@ -575,6 +575,8 @@ def test_when_more_workers_stop_paying_it_keeps_the_cheapest_as_good_as_the_best
     assert any("stopped paying" in d.reason for _, d in tuner.history), tuner.history[-1]
     last = tuner.history[-1][1]
     assert not last.feasible and "out of reach" in last.reason
+    # Said once, then held: not a new decision every window in stats().
+    assert sum("out of reach" in d.reason for _, d in tuner.history) == 1, tuner.history
     assert max(d for _, d, _ in trace) <= 12, sorted({(w, d) for w, d, _ in trace})
     assert trace[-1][2] >= 0.95 * max(u for _, _, u in trace)
 
@@ -750,3 +752,25 @@ def test_an_epoch_start_does_not_set_the_cores_bound():
         )
     first = tuner.history[-1][1]
     assert first.feasible and "workers' CPU" not in first.reason, first
+
+
+def test_a_recovery_during_a_step_down_is_read_at_its_baseline():
+    """Reads go from 1000 ms back to 30 just as a step-down from 8 to 6 workers begins:
+    the new configuration's baseline is taken in the fast regime. A baseline 5x faster
+    with at least 1/1.5 of the workers is no contention effect: a speed-up, re-planned
+    at once (unseen, memory came down one step-down at a time: 6.1 MiB at the end of
+    the regime-shift run, where 21 workers stepped down to 16 as the slowdown ended)."""
+    tuner = LearnedTuner(
+        QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6, start=(8, 8)
+    )
+    _closed_loop(
+        tuner,
+        lambda w, d, k, since: 0.99,
+        200,
+        read_ms=lambda w, d, k: 1000.0 if k < 73 else 30.0,
+        step_ms=100.0,
+    )
+    steps = [b for b, d in tuner.history if "step less" in d.reason]
+    assert steps and steps[0] == 71, tuner.history  # the step-down the recovery follows
+    shifts = [d for b, d in tuner.history if "regime shift" in d.reason]
+    assert shifts and shifts[0].workers < 6, tuner.history
