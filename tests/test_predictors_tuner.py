@@ -774,3 +774,24 @@ def test_a_recovery_during_a_step_down_is_read_at_its_baseline():
     assert steps and steps[0] == 71, tuner.history  # the step-down the recovery follows
     shifts = [d for b, d in tuner.history if "regime shift" in d.reason]
     assert shifts and shifts[0].workers < 6, tuner.history
+
+
+def test_a_plateau_waits_for_a_second_window_of_the_new_configuration():
+    """2/4 measured 0.61 over two windows; 3/6 reads 0.62 in its first, its buffer
+    still filling. That is no proof that more workers stopped paying: one more window
+    first (on object-store the verdict held 2/4 at 0.61 for a whole run, where 3/6 and
+    4/8 reach 0.9)."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    for k in range(5):  # the warm-up and a first decision, for the stage times
+        tuner.decide(_state(batch_index=k, step_ms=20.0, stall_ms=12.0, read_ms=60.0))
+    tuner._current = Decision(3, 6, "escalated", {"utilization": 0.95})
+    tuner._move = "plan"
+    n = tuner.check_batches  # one window (more than 8 here: windows span service times)
+    tuner._measured = {(2, 4): [20.0 * 2 * n, 12.8 * 2 * n, 2 * n], (3, 6): [20.0 * n, 12.3 * n, n]}
+    state = _state(batch_index=40, workers=3, depth=6, step_ms=20.0, stall_ms=12.0, read_ms=60.0)
+    decision = tuner._escalate(state, 0.62)
+    assert (decision.workers, decision.depth) == (3, 6), decision
+    assert "stopped paying" not in decision.reason
+    tuner._measured[(3, 6)] = [20.0 * 2 * n, 12.3 * 2 * n, 2 * n]  # a second, still short
+    decision = tuner._escalate(state, 0.62)
+    assert "stopped paying" in decision.reason and (decision.workers, decision.depth) == (2, 4)
