@@ -380,7 +380,7 @@ class LearnedTuner:
         `window_services` of the warm-up's service times (one worker's), else the
         windows grow (at most 4x). Arrivals within one service time move together: at
         nas 2 ms steps an 8-batch window spans one, and a fixed configuration read
-        0.42 to 0.94 from window to window (60-batch windows: 0.63 to 0.74); each rule
+        0.5 to 0.9 from one short window to the next (60 batches: 0.63 to 0.74); each rule
         read that noise as a shortfall, a slowdown or a speed-up."""
         service = fmean(s.service_ms for s in states)
         step = fmean(s.step_ms for s in states)
