@@ -608,37 +608,9 @@ def test_when_the_cores_are_the_limit_it_stops_and_names_them():
     assert trace[-1][2] >= 0.6
 
 
-def test_slower_reads_that_cost_no_utilization_are_no_regime_shift():
-    """Out of reach at 0.5, reads go from 20 to 40 ms while utilization stays put: the
-    workers' own contention (a shared link whose queue grows), not the storage. No
-    re-plan (at nas 2 ms, one for 18 workers' 27 -> 80 ms reads took the most workers
-    there are). The same slowdown with utilization falling to 0.3 is one."""
-
-    def run(after: float) -> list[Decision]:
-        tuner = LearnedTuner(
-            QueueingModel(),
-            target_utilization=0.9,
-            memory_budget_bytes=64e6,
-            max_workers=32,
-            window_services=0,
-        )
-        _closed_loop(
-            tuner,
-            lambda w, d, k, since: 0.5 if k < 150 else after,
-            250,
-            read_ms=lambda w, d, k: 20.0 if k < 150 else 40.0,
-            step_ms=2.0,
-        )
-        return [d for b, d in tuner.history if b >= 150 and "regime shift" in d.reason]
-
-    assert run(after=0.5) == []
-    assert run(after=0.3)
-
-
-def test_a_moderate_slowdown_out_of_reach_buys_a_bounded_memory_step():
-    """Out of reach, a moderate slowdown re-plans from what it measured, but as an
-    escalation: at most 3x the memory (the plan's "best" out of reach is the most
-    workers; at nas 2 ms that took 15/24 to 24/48 in one step)."""
+def _slower_reads_out_of_reach(after: float) -> LearnedTuner:
+    """Out of reach at 0.5 (8-batch windows); from batch 150 reads take 40 ms, not 20,
+    and utilization reads `after`."""
     tuner = LearnedTuner(
         QueueingModel(),
         target_utilization=0.9,
@@ -648,11 +620,33 @@ def test_a_moderate_slowdown_out_of_reach_buys_a_bounded_memory_step():
     )
     _closed_loop(
         tuner,
-        lambda w, d, k, since: 0.5 if k < 150 else 0.3,
+        lambda w, d, k, since: 0.5 if k < 150 else after,
         250,
         read_ms=lambda w, d, k: 20.0 if k < 150 else 40.0,
         step_ms=2.0,
     )
+    return tuner
+
+
+def test_slower_reads_that_cost_no_utilization_are_no_regime_shift():
+    """Out of reach at 0.5, reads go from 20 to 40 ms while utilization stays put: the
+    workers' own contention (a shared link whose queue grows), not the storage. No
+    re-plan (at nas 2 ms, one for 18 workers' 27 -> 80 ms reads took the most workers
+    there are). The same slowdown with utilization falling to 0.3 is one."""
+
+    def shifts(after: float) -> list[Decision]:
+        tuner = _slower_reads_out_of_reach(after)
+        return [d for b, d in tuner.history if b >= 150 and "regime shift" in d.reason]
+
+    assert shifts(after=0.5) == []
+    assert shifts(after=0.3)
+
+
+def test_a_moderate_slowdown_out_of_reach_buys_a_bounded_memory_step():
+    """Out of reach, a moderate slowdown re-plans from what it measured, but as an
+    escalation: at most 3x the memory (the plan's "best" out of reach is the most
+    workers; at nas 2 ms that took 15/24 to 24/48 in one step)."""
+    tuner = _slower_reads_out_of_reach(after=0.3)
     pairs = list(itertools.pairwise(tuner.history))
     shifts = [(b.depth, a.depth) for (_, b), (_, a) in pairs if "regime shift" in a.reason]
     assert shifts and all(after <= 3 * before for before, after in shifts), shifts
