@@ -311,6 +311,7 @@ class LearnedTuner:
                 # one. At nas 2 ms a configuration's reads speed up when its queue
                 # empties, and the out-of-reach re-plan took 8/16 to 29/48.
                 self._rebased = False  # the new regime is the baseline from here
+                self._move = "settled"  # kept under the new regime, judged afresh
                 return self._apply(
                     state,
                     current.workers,

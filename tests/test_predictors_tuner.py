@@ -789,3 +789,19 @@ def test_a_plateau_waits_for_a_second_window_of_the_new_configuration():
     tuner._measured[(3, 6)] = [20.0 * 2 * n, 12.3 * 2 * n, 2 * n]  # a second, still short
     decision = tuner._escalate(state, 0.62)
     assert "stopped paying" in decision.reason and (decision.workers, decision.depth) == (2, 4)
+
+
+def test_a_speed_up_kept_at_a_ceiling_is_judged_afresh():
+    """At a ceiling (out of reach, holding), reads get 3x faster and the re-plan would
+    buy more: the configuration is kept, but under the new regime the old ceiling no
+    longer holds, so a later shortfall escalates instead of holding for good."""
+    tuner = LearnedTuner(_MoreWorkersModel(0.02), target_utilization=0.9, memory_budget_bytes=64e6)
+    for k in range(5):
+        tuner.decide(_state(batch_index=k, step_ms=10.0, stall_ms=10.0, read_ms=600.0))
+    tuner._current = Decision(4, 8, "target 0.90 is out of reach", {"utilization": 0.5})
+    tuner._move = "ceiling"
+    state = _state(batch_index=40, workers=4, depth=8, step_ms=10.0, stall_ms=1.0, read_ms=200)
+    kept = tuner._replan_for_shift(state, before=600.0, now=200.0, fresh=4, large=False)
+    assert (kept.workers, kept.depth) == (4, 8) and "no more than this" in kept.reason
+    later = tuner._escalate(state, 0.5)
+    assert later.workers > 4 and not later.reason.startswith("holding"), later
