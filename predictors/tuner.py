@@ -54,6 +54,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from statistics import fmean, median, pstdev
@@ -105,6 +106,15 @@ __all__ = [
 ]
 
 DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@functools.lru_cache(maxsize=1024)
+def _nominal_service(state: TunerState) -> float:
+    """One batch's configuration-free service time, computed once per batch: the shift
+    checks read the last 8-32 batches at every batch, and recomputing their features
+    cost 0.53 ms of the tuner thread's CPU a batch at 32-batch windows (0.12 ms with
+    this), on the 2 cores the workers are short of at nas 2 ms."""
+    return nominal_service_ms(state_features(state))
 
 
 class LearnedTuner:
@@ -447,7 +457,7 @@ class LearnedTuner:
         under way (the shift check needs a few more batches to call it)."""
         # Settled batches only: the first batches of new workers pay for opening files,
         # which read as a slowdown and once bought 3x the memory uncapped.
-        service = [nominal_service_ms(self._mean_features([s])) for s in self._settled()]
+        service = [_nominal_service(s) for s in self._settled()]
         return slowing(service, self.shift_batches, self.shift_ratio)
 
     def _keep_record(self, state: TunerState) -> None:
@@ -558,14 +568,14 @@ class LearnedTuner:
         if len(same) < self.shift_window:
             return None
         window = same[-self.shift_window :]
-        services = [nominal_service_ms(self._mean_features([s])) for s in window]
+        services = [_nominal_service(s) for s in window]
         # Medians: the first batches of new workers pay for connections and file footers
         # and would make a baseline that a steady service then reads as a speed-up.
         now = median(services)
         if not self._rebased:
             before, before_active, ratio = self._planned_service, self._planned_active, 0.0
             if before > 0:
-                ratio = max(self.shift_ratio, 1 + 2 * self._planned_cv)  # the last baseline's
+                ratio = self._moderate_ratio()  # the last baseline's
             self._planned_service, self._rebased = now, True
             self._planned_mean = fmean(services)
             self._planned_cv = pstdev(services) / max(self._planned_mean, 1e-9)
@@ -594,7 +604,7 @@ class LearnedTuner:
         # object-store profile's lognormal reads measured cv 0.3-0.6 over a baseline
         # window (r up to 2.2), and its 1.7x "slowdowns" were jitter; nas at 2 ms
         # measured 0.2-0.35, which leaves r at 1.6.
-        ratio = max(self.shift_ratio, 1 + 2 * self._planned_cv)
+        ratio = self._moderate_ratio()
         change = moderate_change(services, self._planned_service, ratio, len(fresh))
         if change == "none" or (change == "slower" and not short) or (change == "faster" and short):
             return None  # no lasting change, slower but fast enough, or faster but short
@@ -605,6 +615,11 @@ class LearnedTuner:
             # re-planning for that slower "storage" took the most workers there are.
             return None
         return self._planned_service, now, len(fresh), False
+
+    def _moderate_ratio(self) -> float:
+        """How far a moderate change must move the service time: `shift_ratio`, or more
+        when the baseline's own service times are noisier (1 + 2 cv)."""
+        return max(self.shift_ratio, 1 + 2 * self._planned_cv)
 
     def _settle_shift(
         self, before: float, before_active: int, now: float, active: int, ratio: float, n: int
@@ -914,9 +929,8 @@ class LearnedTuner:
         cpu_bound: bool = False,
     ) -> Decision:
         bottleneck = name_bottleneck(m, state.cpu_count, cpu_bound)
-        budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
         reason = (
-            f"target {self.target:.2f} is out of reach{budget}: {why}; best measured "
+            f"{self._out_of_reach_opening()}: {why}; best measured "
             f"{observed:.2f}. Bottleneck: {bottleneck} ({stage_text(m, state.cpu_count)}); "
             f"taking the best: {best.workers} workers, depth {best.depth}"
         )
@@ -924,6 +938,10 @@ class LearnedTuner:
         return self._apply(
             state, best.workers, best.depth, reason, best.predicted, False, bottleneck
         )
+
+    def _out_of_reach_opening(self) -> str:
+        budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
+        return f"target {self.target:.2f} is out of reach{budget}"
 
     def _depths(self, state: TunerState, step_cap: float | None = None) -> list[int]:
         cap = self._memory_cap(state)
@@ -1035,7 +1053,6 @@ class LearnedTuner:
                 note = f"reaches the target {self.target:.2f} but not the margin {self.margin:.2f}"
             else:
                 bottleneck = name_bottleneck(m, state.cpu_count, cpu_bound)
-                budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
                 best_note = (
                     "climbing toward the best, a bounded memory step at a time"
                     if capped
@@ -1048,7 +1065,7 @@ class LearnedTuner:
                     )
                 limit = cores_limit or f"best predicted {full if capped else util[i]:.2f}"
                 note = (
-                    f"target {self.target:.2f} is out of reach{budget}: {limit}. Bottleneck: "
+                    f"{self._out_of_reach_opening()}: {limit}. Bottleneck: "
                     f"{bottleneck} ({stage_text(m, state.cpu_count)}); {best_note}"
                 )
         predicted = {
