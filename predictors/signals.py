@@ -1,6 +1,6 @@
 """What the learned tuner reads from its measurements, as pure functions.
 
-Per-batch service times (ms, configuration-free: `tuner._nominal_service_ms`) and
+Per-batch service times (ms, configuration-free: `shifts.batch_service_ms`) and
 utilizations in, a verdict or a number out: no state and no model, so each rule can be
 tested on its own and read with a worked example. The tuner (`predictors.tuner`) keeps
 the state (baselines, windows) and decides what to do with the verdicts.

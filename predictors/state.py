@@ -34,6 +34,7 @@ __all__ = [
     "nominal_service_ms",
     "stage_text",
     "state_features",
+    "utilization",
 ]
 
 
@@ -116,6 +117,12 @@ class PerformanceModel(Protocol):
     utilization_error: float
 
     def predict(self, frame: pd.DataFrame) -> pd.DataFrame: ...
+
+
+def utilization(states: list[TunerState]) -> float:
+    """Utilization over batches, time-weighted: their steps over their steps and stalls."""
+    step = sum(s.step_ms for s in states)
+    return step / max(step + sum(s.stall_ms for s in states), 1e-9)
 
 
 def check_target(target: float) -> float:

@@ -54,40 +54,30 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import deque
-from statistics import fmean, median, pstdev
+from statistics import fmean, median
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from predictors.baselines import QueueingModel
 from predictors.errors import TunerConfigError
-from predictors.signals import (
-    epoch_goal,
-    large_change,
-    memory_step,
-    moderate_change,
-    plateau,
-    slowing,
-)
+from predictors.planning import DEPTH_GRID, CandidatePlanner, Choice, depth_slack
+from predictors.shifts import ServiceBaseline, batch_service_ms
+from predictors.signals import epoch_goal, memory_step, plateau, slowing
 
 # The interface and the measurements' reading live in predictors.state; importable from
 # here as before (scripts and docs name predictors.tuner.TunerState).
 from predictors.state import (
-    CORES_USABLE,
     Decision,
     PerformanceModel,
     Tuner,
     TunerState,
     check_budget,
     check_target,
-    cpu_bound_utilization,
     name_bottleneck,
-    nominal_service_ms,
     stage_text,
     state_features,
+    utilization,
 )
 
 if TYPE_CHECKING:
@@ -104,17 +94,6 @@ __all__ = [
     "name_bottleneck",
     "state_features",
 ]
-
-DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-
-
-@functools.lru_cache(maxsize=1024)
-def _nominal_service(state: TunerState) -> float:
-    """One batch's configuration-free service time, computed once per batch: the shift
-    checks read the last 8-32 batches at every batch, and recomputing their features
-    cost 0.53 ms of the tuner thread's CPU a batch at 32-batch windows (0.12 ms with
-    this), on the 2 cores the workers are short of at nas 2 ms."""
-    return nominal_service_ms(state_features(state))
 
 
 class LearnedTuner:
@@ -150,7 +129,6 @@ class LearnedTuner:
             from predictors.model import load_default
 
             model = load_default()
-        self.model = model
         self.target = check_target(target_utilization)
         self.budget = memory_budget_bytes
         self.max_workers = max_workers
@@ -173,6 +151,15 @@ class LearnedTuner:
         self._settle = settle_batches  # batches after a change that are not judged
         error = model.utilization_error if margin is None else margin
         self.margin = min(max(error, 0.0), (1.0 - self.target) / 2)  # keep target+margin < 1
+        self.planner = CandidatePlanner(
+            model,
+            target=self.target,
+            margin=self.margin,
+            budget=memory_budget_bytes,
+            max_workers=max_workers,
+            max_depth=max_depth,
+        )
+        self._baseline = ServiceBaseline(shift_ratio)  # the service time shifts are read against
         self._recent: deque[TunerState] = deque(maxlen=max(window, check_batches + settle_batches))
         self._current: Decision | None = None
         self._planned_at = 0
@@ -180,27 +167,18 @@ class LearnedTuner:
         self._ahead = 0  # checks in a row well above the target
         self._behind: float | None = None  # a first short window, judged with the next
         self._urgent = False  # the last escalation answered a slowdown under way
-        self._planned_service = 0.0  # median service time per batch after the last change
-        self._planned_mean = 0.0  # and its mean
-        self._planned_cv = 0.0  # and its coefficient of variation
-        self._planned_utilization = 0.0  # and the utilization measured with it
-        self._planned_active = 0  # and the busy workers (min(workers, depth)) it had
-        self._suspect = False  # one recent batch far slower than the baseline
         self._deferred = 0  # batches a due escalation has waited on a suspect batch
         self._goal = self.target  # what windows between epoch starts must reach
         self._last_epoch_start: int | None = None
         self._epoch_length = 0
         self._epoch_stalls: deque[float] = deque(maxlen=4)
-        self._rebased = False
         self._divergences = 0  # large prediction errors of the learned model
-        self._slowness = 1.0  # effective / measured service time, learned from observation
         self._move = "plan"  # how the current configuration came about
         self._parent: tuple[Decision, float] | None = None  # the one before, and its utilization
         self._floor = 0.0  # memory at or below which a step down already failed
         self._waited = False  # a flat climb was given one more window
         self._filled = False  # a short first window whose workers keep up was given another
         self._parent_rate = 0.0  # the service rate measured before the last escalation
-        self._ceiling = math.inf  # memory above which more workers and depth did not help
         # Configurations measured to meet the target under this regime, by (workers, depth).
         self._good: dict[tuple[int, int], Decision] = {}
         # The current configuration's recent settled batches.
@@ -208,6 +186,12 @@ class LearnedTuner:
         # Every configuration's settled batches under this regime: step ms, stall ms, count.
         self._measured: dict[tuple[int, int], list[float]] = {}
         self.history: list[tuple[int, Decision]] = []
+
+    @property
+    def model(self) -> PerformanceModel:
+        """The model that predicts candidates (the queueing model after the learned one
+        was twice far off)."""
+        return self.planner.model
 
     # --- the protocol -----------------------------------------------------------
     def decide(self, state: TunerState) -> Decision:
@@ -228,13 +212,15 @@ class LearnedTuner:
             )
         if self._current is None:
             return self._first_decision(state)
-        shift = self._service_shift()
+        shift = self._baseline.read(
+            self._settled(), self._goal, self.shift_window, self.shift_batches
+        )
         if shift is not None:
-            return self._replan_for_shift(state, *shift)
+            return self._replan_for_shift(state, shift.before, shift.now, shift.fresh, shift.large)
         observed = self._observed()
         if observed is None:
             return self._hold()
-        if observed < self._goal and self._suspect and self._deferred < 2:
+        if observed < self._goal and self._baseline.suspect and self._deferred < 2:
             # One batch 5x slower than the baseline: the next one or two tell a slowdown
             # (planned for at once, above) from a straggler. Escalating now would size
             # the step from the old regime, and the new baseline would hide the shift.
@@ -300,11 +286,11 @@ class LearnedTuner:
     def _replan_for_shift(
         self, state: TunerState, before: float, now: float, fresh: int, large: bool
     ) -> Decision:
-        """A lasting service-time change (`_service_shift`): forget what was measured
+        """A lasting service-time change (`ServiceBaseline.read`): forget what was measured
         under the old regime and plan from the last `fresh` batches."""
         current = self._current
         assert current is not None  # decide() plans before it checks shifts
-        self._floor, self._ceiling, self._parent = 0.0, math.inf, None
+        self._floor, self.planner.ceiling, self._parent = 0.0, math.inf, None
         self._record.clear()  # measured under the old regime
         self._measured.clear()
         why = f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms"
@@ -314,13 +300,13 @@ class LearnedTuner:
             # the target then still does, faster: if the cheaper re-plan falls short,
             # the tuner steps back up to it, not to the model's escalation (a speed-up
             # read in object-store jitter went 4/8 -> 2/3 -> 10/24, the run's peak).
-            self._slowness = 1.0
+            self.planner.slowness = 1.0
             choice = self._choose(state, self._features(fresh))
-            if choice["depth"] > current.depth or choice["workers"] > current.workers:
+            if choice.depth > current.depth or choice.workers > current.workers:
                 # A faster service needs no more than what kept up with the slower
                 # one. At nas 2 ms a configuration's reads speed up when its queue
                 # empties, and the out-of-reach re-plan took 8/16 to 29/48.
-                self._rebased = False  # the new regime is the baseline from here
+                self._baseline.rebase()  # the new regime is the baseline from here
                 self._move = "settled"  # kept under the new regime, judged afresh
                 return self._apply(
                     state,
@@ -344,19 +330,20 @@ class LearnedTuner:
             # check too (15/24 -> 24/48 in one step).
             features = self._features(fresh)
             choice = self._choose(state, features)
-            if not choice["feasible"]:
-                short = self._utilization(self._settled()[-fresh:])
+            if not choice.feasible:
+                short = utilization(self._settled()[-fresh:])
                 cap = memory_step(self._goal, short) * self._memory(current, state)
                 choice = self._choose(state, features, step_cap=cap)
             return self._apply_plan(state, why, choice)
         # Large: plan for `surge` times the measured service. The consumer is already
         # waiting and the buffer refills only at the surplus rate, so the least that
         # keeps up would take tens of batches to recover; step-downs trim it later.
-        learned, self._slowness = self._slowness, self._slowness * self.surge
+        planner = self.planner
+        learned, planner.slowness = planner.slowness, planner.slowness * self.surge
         try:
             return self._plan(state, f"{why}; planning for {self.surge:g}x that", fresh)
         finally:
-            self._slowness = learned
+            planner.slowness = learned
 
     def _safe_start(self, state: TunerState) -> tuple[int, int]:
         w, d = self.start
@@ -370,7 +357,7 @@ class LearnedTuner:
         (memory is bought for a measured shortfall, never for a predicted one), else plan.
         The first batch waited for an empty pipeline and is left out."""
         measured = [s for s in self._recent if s.batch_index > 0 and not s.epoch_start]
-        observed = self._utilization(measured) if measured else 0.0
+        observed = utilization(measured) if measured else 0.0
         self._scale_windows(measured or list(self._recent))
         if observed < self._goal:
             return self._plan(state, "first decision after measuring")
@@ -457,7 +444,7 @@ class LearnedTuner:
         under way (the shift check needs a few more batches to call it)."""
         # Settled batches only: the first batches of new workers pay for opening files,
         # which read as a slowdown and once bought 3x the memory uncapped.
-        service = [_nominal_service(s) for s in self._settled()]
+        service = [batch_service_ms(s) for s in self._settled()]
         return slowing(service, self.shift_batches, self.shift_ratio)
 
     def _keep_record(self, state: TunerState) -> None:
@@ -502,7 +489,7 @@ class LearnedTuner:
         had met the target for 80 batches, and bought 1.5x its memory."""
         if len(self._record) < 3 * self.check_batches:
             return False
-        return self._utilization(list(self._record)) >= self._goal and not self._slowing()
+        return utilization(list(self._record)) >= self._goal and not self._slowing()
 
     def _smoothed(self, last: int | None = None) -> dict[str, float]:
         """Medians over the recent batches of the stage times (for reasons and bottlenecks);
@@ -553,100 +540,7 @@ class LearnedTuner:
         settled = settled[-self.check_batches :]
         if len(settled) < self.check_batches:
             return None
-        return self._utilization(settled)
-
-    def _service_shift(self) -> tuple[float, float, int, bool] | None:
-        """A lasting change of the service time under an unchanged configuration:
-        (baseline ms, now ms, how many recent batches show the new regime, whether the
-        change is large: `large_change`'s 5x, not `moderate_change`'s `shift_ratio`).
-
-        The baseline is re-measured after each decision from `shift_window` batches run
-        under the new configuration: more workers slow each read down (they share the
-        link and the cores), and that self-inflicted change must not read as a storage
-        slowdown, or the tuner would chase it with still more workers."""
-        same = self._settled()
-        if len(same) < self.shift_window:
-            return None
-        window = same[-self.shift_window :]
-        services = [_nominal_service(s) for s in window]
-        # Medians: the first batches of new workers pay for connections and file footers
-        # and would make a baseline that a steady service then reads as a speed-up.
-        now = median(services)
-        if not self._rebased:
-            before, before_active, ratio = self._planned_service, self._planned_active, 0.0
-            if before > 0:
-                ratio = self._moderate_ratio()  # the last baseline's
-            self._planned_service, self._rebased = now, True
-            self._planned_mean = fmean(services)
-            self._planned_cv = pstdev(services) / max(self._planned_mean, 1e-9)
-            self._planned_utilization = self._utilization(window)
-            self._planned_active = active = min(window[-1].workers, window[-1].depth)
-            return self._settle_shift(before, before_active, now, active, ratio, len(window))
-        fresh = window[-self.shift_batches :]
-        recent = services[-self.shift_batches :]
-        # A large change first (planned from the batches of the new regime on: earlier
-        # ones would under-provision a slowdown), then a moderate one (`signals`).
-        change, first = large_change(recent, self._planned_mean)
-        # One batch so far, among the last two: a slowdown may be starting.
-        self._suspect = change == "one-slow" and first >= len(recent) - 2
-        # A speed-up matters only for releasing memory, so only while utilization meets
-        # the goal: still short, the baseline moved with contention (fewer files opening,
-        # a quieter core), and re-planning from it went back down to a configuration
-        # already measured short (nas at 2 ms: down and up again every 50-100 batches).
-        short = self._utilization(fresh) < self._goal
-        if change == "faster":
-            return None if short else (self._planned_mean, fmean(recent), len(recent), True)
-        if change == "slower":
-            if self._utilization(fresh[first:]) >= self._goal:
-                return None  # slower, but still fast enough: nothing to fix
-            return self._planned_mean, fmean(recent[first:]), len(recent) - first, True
-        # A moderate change must exceed what the baseline's own jitter explains: the
-        # object-store profile's lognormal reads measured cv 0.3-0.6 over a baseline
-        # window (r up to 2.2), and its 1.7x "slowdowns" were jitter; nas at 2 ms
-        # measured 0.2-0.35, which leaves r at 1.6.
-        ratio = self._moderate_ratio()
-        change = moderate_change(services, self._planned_service, ratio, len(fresh))
-        if change == "none" or (change == "slower" and not short) or (change == "faster" and short):
-            return None  # no lasting change, slower but fast enough, or faster but short
-        if change == "slower" and self._utilization(window) >= 0.9 * self._planned_utilization:
-            # Slower reads that cost no utilization: the workers' own contention (a shared
-            # link or cores, whose queue grows with the workers), not the storage. At nas
-            # 2 ms, 18 workers' reads went from 27 to 80 ms while utilization held, and
-            # re-planning for that slower "storage" took the most workers there are.
-            return None
-        return self._planned_service, now, len(fresh), False
-
-    def _moderate_ratio(self) -> float:
-        """How far a moderate change must move the service time: `shift_ratio`, or more
-        when the baseline's own service times are noisier (1 + 2 cv)."""
-        return max(self.shift_ratio, 1 + 2 * self._planned_cv)
-
-    def _settle_shift(
-        self, before: float, before_active: int, now: float, active: int, ratio: float, n: int
-    ) -> tuple[float, float, int, bool] | None:
-        """A shift that began while a new configuration settled, read by comparing its
-        baseline (`now` ms, `active` busy workers) with the last one: unseen, the new
-        regime would become the baseline, and what was measured before compared with it.
-        Contention only slows each batch: with no fewer workers, a baseline `ratio`
-        faster is a speed-up; with no more, one `ratio` slower is a slowdown; and 5x
-        either way is a shift with at most 1.5x the workers or at least 1/1.5 of them (a
-        step-down from 21 to 16 workers as the tenfold slowdown ended read 35 ms
-        against 1094: unseen, the memory came down one step-down at a time).
-        (`ratio`: 0 when no baseline.)"""
-        if ratio <= 0:
-            return None
-        meets = self._planned_utilization >= self._goal
-        faster = (now * ratio < before and active >= before_active) or (
-            now * 5 < before and 1.5 * active >= before_active
-        )
-        if faster and meets:
-            return before, now, n, now * 5 < before
-        slower = (now > ratio * before and active <= before_active) or (
-            now > 5 * before and active <= 1.5 * before_active
-        )
-        if slower and not meets:
-            return before, now, n, now > 5 * before
-        return None
+        return utilization(settled)
 
     def _supply(self, states: list[TunerState]) -> float:
         """The utilization the busy workers' measured service allows: active workers x
@@ -670,11 +564,6 @@ class LearnedTuner:
         s = settled[-1]
         service = median(x.service_ms for x in settled)
         return max(1, min(s.workers, s.depth)) / max(service, 1e-6)
-
-    @staticmethod
-    def _utilization(states: list[TunerState]) -> float:
-        step = sum(s.step_ms for s in states)
-        return step / max(step + sum(s.stall_ms for s in states), 1e-9)
 
     @staticmethod
     def _mean_features(states: list[TunerState]) -> dict[str, Any]:
@@ -749,7 +638,7 @@ class LearnedTuner:
             if flat:
                 keep = observed >= before
                 best = current if keep else parent
-                self._ceiling = here if keep else here - 1.0
+                self.planner.ceiling = here if keep else here - 1.0
                 self._move, self._parent = "ceiling", None
                 return self._out_of_reach(
                     state,
@@ -776,7 +665,7 @@ class LearnedTuner:
             # Measured: more workers stopped paying (whatever the model predicts: first
             # principles see no shared cores). The best it can is the cheapest
             # configuration as good as the best measured.
-            self._ceiling = self._memory(saturated, state)
+            self.planner.ceiling = self._memory(saturated, state)
             return self._out_of_reach(
                 state, saturated, saturated.reason, saturated.predicted["utilization"], m
             )
@@ -787,7 +676,7 @@ class LearnedTuner:
             if self._divergences >= 2:
                 # Twice off by more than the margin: this workload lies outside what the
                 # model learned. First principles extrapolate where learned corrections do not.
-                self.model, self._slowness = QueueingModel(), 1.0
+                self.planner.model, self.planner.slowness = QueueingModel(), 1.0
                 note = "; outside the model's training range, switching to the queueing model"
         # Plan from the last few batches when they show a slowdown under way (the shift
         # check needs a few more batches to call it); still a bounded memory step: four
@@ -819,16 +708,16 @@ class LearnedTuner:
             # the service time the observation implies if the workers were the limit
             # (active * step / utilization), against the one the model was given.
             implied = active * m["step_ms"] / max(observed, 1e-2)
-            given = nominal_service_ms(features) * self._slowness
+            given = self.planner.service_ms(features)
             ratio = max(
                 predicted / max(observed, 1e-2),
                 implied / max(given, 1e-6),
             )
             ratio = min(max(ratio, 1.05), 32.0)
-            self._slowness *= ratio
+            self.planner.slowness *= ratio
             why = (
                 f"observed utilization {observed:.2f} vs predicted {predicted:.2f} "
-                f"({self._target_text()}): treating the service as {self._slowness:.2f}x as "
+                f"({self._target_text()}): treating the service as {self.planner.slowness:.2f}x as "
                 f"slow as measured{note}"
             )
         parent = (current, observed)
@@ -836,36 +725,28 @@ class LearnedTuner:
         # from a stage that concurrency does not help (shared cores), which the next
         # check then shows.
         choice = self._choose(state, features, step_cap=step_cap)
-        w, d = choice["workers"], choice["depth"]
+        w, d = choice.workers, choice.depth
         not_larger = d * state.one_batch_bytes <= here and w <= current.workers
-        if choice["cores_limit"] and observed >= 0.9 * choice["cores"]:
+        if choice.cores_limit and choice.cores is not None and observed >= 0.9 * choice.cores:
             # This configuration measured about what the cores allow: a climb would only
             # add workers contending for them (nas at 2 ms: 8 workers read 0.70-0.74,
             # 16-24 no more, and climbs went on to 30).
-            self._ceiling = here
+            self.planner.ceiling = here
             return self._out_of_reach(
-                state, current, choice["cores_limit"], observed, m, cpu_bound=True
+                state, current, choice.cores_limit, observed, m, cpu_bound=True
             )
         # Out of reach: the model's "best" is the most workers, extrapolated from a service
         # time that grows with them (nas at 2 ms: 7 workers measured 0.63, the best was
         # predicted 0.62, and it was 19 workers). One measured step at a time instead,
         # until a step stops paying (`_plateau`, the flat-climb check).
-        if not_larger or not choice["feasible"]:
+        if not_larger or not choice.feasible:
             climbed = self._climb(state, current)
             if climbed is None:
                 return self._out_of_reach(
                     state, current, "no larger configuration fits the budget", observed, m
                 )
-            choice = {
-                **choice,
-                "workers": climbed[0],
-                "depth": climbed[1],
-                "note": (
-                    "climbing one step by measurement"
-                    if choice["feasible"]
-                    else f"{choice['note']}; climbing one step by measurement"
-                ),
-            }
+            step = "climbing one step by measurement"
+            choice = choice.climbed(*climbed, step if choice.feasible else f"{choice.note}; {step}")
         self._move, self._parent = "escalate", parent
         self._parent_rate, self._waited = self._service_rate(), False
         return self._apply_choice(state, why, choice)
@@ -873,8 +754,8 @@ class LearnedTuner:
     def _climb(self, state: TunerState, current: Decision) -> tuple[int, int] | None:
         """One step up by measurement: the next depth of the grid with about 1.5x the
         workers, else one more worker at this depth; None when neither fits."""
-        max_workers = self.max_workers or max(2 * state.cpu_count, 4)
-        deeper = [d for d in self._depths(state) if d > current.depth]
+        max_workers = self.planner.workers_cap(state)
+        deeper = [d for d in self.planner.depths(state) if d > current.depth]
         if deeper:
             depth = deeper[0]
             more = max(current.workers + 1, math.ceil(current.workers * 1.5))
@@ -882,20 +763,6 @@ class LearnedTuner:
         if current.workers < min(max_workers, current.depth):
             return current.workers + 1, current.depth
         return None
-
-    def _slack(self, features: dict[str, Any]) -> int:
-        """Batches of depth beyond the workers needed to absorb service-time jitter.
-
-        A batch late by one standard deviation keeps the consumer waiting cv * S ms, i.e.
-        cv * S / step batches that must already be ready; two standard deviations cover
-        most of a lognormal tail. cv is measured over the recent batches (stage times)."""
-        services = [s.service_ms for s in list(self._recent)[-2 * self.shift_window :]]
-        if len(services) < 4 or (mean := sum(services) / len(services)) <= 0:
-            return 0
-        cv = min(pstdev(services) / mean, 1.0)
-        service = nominal_service_ms(features) * self._slowness
-        step = median(s.step_ms for s in self._recent)
-        return round(2 * cv * service / max(step, 1e-3))
 
     def _step_down(self, state: TunerState, observed: float) -> Decision:
         """Utilization holds above target + step_down_margin: try the next cheaper depth,
@@ -930,7 +797,7 @@ class LearnedTuner:
     ) -> Decision:
         bottleneck = name_bottleneck(m, state.cpu_count, cpu_bound)
         reason = (
-            f"{self._out_of_reach_opening()}: {why}; best measured "
+            f"{self.planner.out_of_reach_opening()}: {why}; best measured "
             f"{observed:.2f}. Bottleneck: {bottleneck} ({stage_text(m, state.cpu_count)}); "
             f"taking the best: {best.workers} workers, depth {best.depth}"
         )
@@ -939,172 +806,43 @@ class LearnedTuner:
             state, best.workers, best.depth, reason, best.predicted, False, bottleneck
         )
 
-    def _out_of_reach_opening(self) -> str:
-        budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"
-        return f"target {self.target:.2f} is out of reach{budget}"
-
-    def _depths(self, state: TunerState, step_cap: float | None = None) -> list[int]:
-        cap = self._memory_cap(state)
-        if step_cap is not None:
-            cap = max(min(cap, step_cap), state.one_batch_bytes)
-        return [d for d in DEPTH_GRID if d <= self.max_depth and d * state.one_batch_bytes <= cap]
-
-    def _memory_cap(self, state: TunerState) -> float:
-        cap = self._ceiling
-        if self.budget is not None:
-            cap = min(cap, self.budget)
-        return max(cap, state.one_batch_bytes)  # one batch always fits (check_budget)
-
-    def _candidates(
-        self, state: TunerState, features: dict[str, Any], step_cap: float | None = None
-    ) -> pd.DataFrame:
-        import pandas as pd
-
-        max_workers = self.max_workers or max(2 * state.cpu_count, 4)
-        depths = self._depths(state, step_cap)
-        slack = self._slack(features)
-        rows = [(w, d) for d in depths for w in range(1, max_workers + 1)]
-        # Depth beyond the busy workers is what absorbs late batches; the queueing model
-        # cannot see it, so candidates without that slack are left out (when any remain).
-        slacked = [(w, d) for w, d in rows if d - w >= min(slack, w)]
-        frame = pd.DataFrame(slacked or rows, columns=["workers", "depth"])
-        # The correction acts on the service time, not on the prediction: a prediction
-        # capped at utilization 1 would otherwise hide how far off the model is.
-        slow = self._slowness
-        features = {
-            **features,
-            "storage_latency_ms": features["storage_latency_ms"] * slow,
-            "storage_bandwidth_mbps": features["storage_bandwidth_mbps"] / slow,
-            "decode_ms_per_sample": features["decode_ms_per_sample"] * slow,
-        }
-        for name, value in features.items():
-            frame[name] = value
-        return frame
-
-    def _predict(
-        self, frame: pd.DataFrame, cores: float | None = None
-    ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-        """The model's predictions, its utilization clipped by first principles (a
-        learned model can predict 0.9 for one worker that the service time allows 0.2),
-        and the first-principles utilization alone; both at most `cores`, what the
-        measured worker CPU allows (`cpu_bound_utilization`)."""
-        pred = self.model.predict(frame)
-        util = pred["utilization"].to_numpy()
-        if isinstance(self.model, QueueingModel):
-            physics = util
-        else:
-            physics = QueueingModel().predict(frame)["utilization"].to_numpy()
-            util = np.minimum(util, physics)
-        if cores is not None:
-            util, physics = np.minimum(util, cores), np.minimum(physics, cores)
-        return pred, util, physics
-
     def _choose(
         self, state: TunerState, features: dict[str, Any], step_cap: float | None = None
-    ) -> dict[str, Any]:
-        """The least-memory candidate predicted to meet target + margin (else the best);
-        `step_cap` bounds the memory of this one step (escalations)."""
-        m = self._smoothed()
-        frame = self._candidates(state, features, step_cap)
-        cores = cpu_bound_utilization(m, state.cpu_count)
-        pred, util, physics = self._predict(frame, cores)
-        memory = frame["depth"].to_numpy() * state.one_batch_bytes
-        required = min(self._goal + self.margin, 0.99)
-        order = np.lexsort((frame["depth"], frame["workers"], memory))  # least memory first
-        meets = [i for i in order if util[i] >= required]
-        feasible, bottleneck, cores_limit = True, None, None
-        if meets:
-            i = meets[0]
-            note = (
-                f"least memory predicted to reach {required:.2f} "
-                f"(target {self.target:.2f} + margin {self.margin:.2f})"
-            )
-        elif any(physics[j] >= required for j in order):
-            # The model finds nothing, first principles do: try their cheapest and let the
-            # measurement decide (escalation follows if it falls short). Cheaper than
-            # jumping to the largest candidate on a prediction the model is unsure of.
-            i = next(j for j in order if physics[j] >= required)
-            note = (
-                f"the model predicts no candidate reaching {required:.2f}, first principles "
-                "do: trying their least memory and measuring"
-            )
-        else:
-            # Highest utilization; among near-equals (within 2 %) the least memory. Out of
-            # reach, within 10 %: the model's ranking near its best is within its error,
-            # and measured climbs follow (`_escalate`); at nas 2 ms "the best" was 11/24,
-            # where 6/12 reads as much.
-            best = util.max()
-            near = 0.98 if best >= self._goal else 0.9
-            i = next(j for j in order if util[j] >= best * near)
-            feasible = bool(util[i] >= self._goal)  # a numpy bool is written as 0.0
-            capped = step_cap is not None and step_cap < self._memory_cap(state)
-            # The cores allow no more, whatever the workers: a larger step would not help.
-            cpu_bound = cores is not None and bool(best >= 0.98 * cores)
-            if cpu_bound:
-                capped = False
-            if capped:
-                # Within the whole budget, does anything reach the target?
-                full = self._predict(self._candidates(state, features), cores)[1].max()
-                feasible = bool(full >= self._goal)
-                note = "climbing toward it, a bounded memory step at a time"
-            if capped and feasible:
-                pass
-            elif feasible:
-                note = f"reaches the target {self.target:.2f} but not the margin {self.margin:.2f}"
-            else:
-                bottleneck = name_bottleneck(m, state.cpu_count, cpu_bound)
-                best_note = (
-                    "climbing toward the best, a bounded memory step at a time"
-                    if capped
-                    else "taking the best"
-                )
-                if cpu_bound and cores is not None:
-                    cores_limit = (
-                        f"the workers' CPU ({m['cpu_ms']:.1f} ms a batch) on {CORES_USABLE:.0%} "
-                        f"of {state.cpu_count} cores allows at most {cores:.2f}"
-                    )
-                limit = cores_limit or f"best predicted {full if capped else util[i]:.2f}"
-                note = (
-                    f"{self._out_of_reach_opening()}: {limit}. Bottleneck: "
-                    f"{bottleneck} ({stage_text(m, state.cpu_count)}); {best_note}"
-                )
-        predicted = {
-            "utilization": float(util[i]),
-            "throughput_sps": float(pred["throughput_sps"].iloc[i]),
-            "memory_bytes": float(memory[i]),
-            "model_memory_bytes": float(pred["memory_bytes"].iloc[i]),
-            "margin": self.margin,
-            "service_scale": self._slowness,
-        }
-        return {
-            "workers": int(frame["workers"].iloc[i]),
-            "depth": int(frame["depth"].iloc[i]),
-            "note": note,
-            "predicted": predicted,
-            "feasible": feasible,
-            "bottleneck": bottleneck,
-            "cores_limit": cores_limit,  # when the cores are what limits, in words
-            "cores": cores,  # the utilization they allow (None: CPU not measured)
-        }
+    ) -> Choice:
+        """The planner's choice for these features, at the current goal and stage times."""
+        return self.planner.choose(
+            state,
+            features,
+            goal=self._goal,
+            stages=self._smoothed(),
+            slack=self._slack(features),
+            step_cap=step_cap,
+        )
+
+    def _slack(self, features: dict[str, Any]) -> int:
+        """Depth beyond the workers for the recent service-time jitter (`depth_slack`)."""
+        services = [s.service_ms for s in list(self._recent)[-2 * self.shift_window :]]
+        step = median(s.step_ms for s in self._recent)
+        return depth_slack(services, self.planner.service_ms(features), step)
 
     def _plan(self, state: TunerState, why: str, last: int | None = None) -> Decision:
         return self._apply_plan(state, why, self._choose(state, self._features(last)))
 
-    def _apply_plan(self, state: TunerState, why: str, choice: dict[str, Any]) -> Decision:
+    def _apply_plan(self, state: TunerState, why: str, choice: Choice) -> Decision:
         self._move, self._parent, self._urgent = "plan", None, False
         return self._apply_choice(state, why, choice)
 
-    def _apply_choice(self, state: TunerState, why: str, choice: dict[str, Any]) -> Decision:
+    def _apply_choice(self, state: TunerState, why: str, choice: Choice) -> Decision:
         """Apply a candidate chosen by `_choose` (or a climb), saying why and what."""
-        w, d = choice["workers"], choice["depth"]
+        w, d = choice.workers, choice.depth
         return self._apply(
             state,
             w,
             d,
-            f"{why}; {choice['note']}: {w} workers, depth {d}",
-            choice["predicted"],
-            choice["feasible"],
-            choice["bottleneck"],
+            f"{why}; {choice.note}: {w} workers, depth {d}",
+            choice.predicted,
+            choice.feasible,
+            choice.bottleneck,
         )
 
     def _apply(
@@ -1127,7 +865,7 @@ class LearnedTuner:
             # they come after the batches already in flight. Not judged, not a baseline.
             added = workers - current.workers if current else 0
             self._settle = self.settle_batches + (current.depth if added > 0 else 0) + max(0, added)
-            self._rebased = False  # re-measured under the new configuration (_service_shift)
+            self._baseline.rebase()  # re-measured under the new configuration
             self._filled = False
             self._record.clear()
         return self._emit(state, decision)
@@ -1151,22 +889,10 @@ class LearnedTuner:
     def candidate_table(self) -> pd.DataFrame:
         """Every candidate (workers, depth) within the budget with its predicted
         utilization, throughput and memory, for the last measured state (for reports)."""
-        import pandas as pd
-
         if not self._recent:
             raise TunerConfigError("No batch measured yet: call decide() first.")
-        state = self._recent[-1]
-        frame = self._candidates(state, self._features())
-        pred = self.model.predict(frame)
-        return pd.DataFrame(
-            {
-                "workers": frame["workers"],
-                "depth": frame["depth"],
-                "predicted_utilization": pred["utilization"],
-                "predicted_throughput_sps": pred["throughput_sps"],
-                "memory_bytes": frame["depth"] * state.one_batch_bytes,
-            }
-        )
+        features = self._features()
+        return self.planner.table(self._recent[-1], features, self._slack(features))
 
     def _emit(self, state: TunerState, decision: Decision) -> Decision:
         self.history.append((state.batch_index, decision))
