@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from statistics import fmean, median
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +95,36 @@ __all__ = [
     "name_bottleneck",
     "state_features",
 ]
+
+
+@dataclass
+class Measured:
+    """One configuration's settled batches under the current regime: enough to give
+    its time-weighted utilization and how far that may be from its mean by chance."""
+
+    step_ms: float = 0.0
+    stall_ms: float = 0.0
+    batches: int = 0
+    per_batch: float = 0.0  # sum of per-batch utilizations
+    per_batch_squares: float = 0.0
+
+    def add(self, state: TunerState) -> None:
+        self.step_ms += state.step_ms
+        self.stall_ms += state.stall_ms
+        self.batches += 1
+        self.per_batch += state.utilization
+        self.per_batch_squares += state.utilization**2
+
+    @property
+    def utilization(self) -> float:
+        return self.step_ms / max(self.step_ms + self.stall_ms, 1e-9)
+
+    @property
+    def standard_error(self) -> float:
+        """Of the mean per-batch utilization: sd / sqrt(batches)."""
+        n = max(self.batches, 1)
+        variance = max(self.per_batch_squares / n - (self.per_batch / n) ** 2, 0.0)
+        return math.sqrt(variance / n)
 
 
 class LearnedTuner:
@@ -184,7 +215,7 @@ class LearnedTuner:
         # The current configuration's recent settled batches.
         self._record: deque[TunerState] = deque(maxlen=record_batches)
         # Every configuration's settled batches under this regime: step ms, stall ms, count.
-        self._measured: dict[tuple[int, int], list[float]] = {}
+        self._measured: dict[tuple[int, int], Measured] = {}
         self.history: list[tuple[int, Decision]] = []
 
     @property
@@ -450,19 +481,11 @@ class LearnedTuner:
     def _keep_record(self, state: TunerState) -> None:
         if self._is_settled(state):
             self._record.append(state)
-            sums = self._measured.setdefault((state.workers, state.depth), [0.0, 0.0, 0])
-            sums[0] += state.step_ms
-            sums[1] += state.stall_ms
-            sums[2] += 1
+            self._measured.setdefault((state.workers, state.depth), Measured()).add(state)
 
-    def _measured_utilization(self) -> dict[tuple[int, int], float]:
-        """Utilization of every configuration measured under this regime for a window at
-        least, over all its settled batches (time-weighted, as `_utilization`)."""
-        return {
-            key: step / max(step + stall, 1e-9)
-            for key, (step, stall, n) in self._measured.items()
-            if n >= self.check_batches
-        }
+    def _measured_enough(self) -> dict[tuple[int, int], Measured]:
+        """Every configuration measured under this regime for a window at least."""
+        return {k: m for k, m in self._measured.items() if m.batches >= self.check_batches}
 
     def _plateau(self, state: TunerState) -> Decision | None:
         """When more workers stopped paying (`signals.plateau`, judged on every
@@ -471,13 +494,15 @@ class LearnedTuner:
         too little is measured."""
         current = self._current
         assert current is not None
-        table = self._measured_utilization()
-        found = plateau(table, (current.workers, current.depth))
+        measured = self._measured_enough()
+        table = {key: m.utilization for key, m in measured.items()}
+        noise = {key: m.standard_error for key, m in measured.items()}
+        found = plateau(table, (current.workers, current.depth), noise=noise)
         if found is None:
             return None
         w, d = found
-        measured = ", ".join(f"{k[0]}/{k[1]} {u:.2f}" for k, u in sorted(table.items()))
-        reason = f"more workers stopped paying (utilization measured per configuration: {measured})"
+        each = ", ".join(f"{k[0]}/{k[1]} {u:.2f}" for k, u in sorted(table.items()))
+        reason = f"more workers stopped paying (utilization measured per configuration: {each})"
         predicted = {"utilization": table[found], "memory_bytes": d * state.one_batch_bytes}
         return Decision(w, d, reason, predicted)
 
@@ -654,7 +679,7 @@ class LearnedTuner:
             self._ahead, self._checked_at = 0, state.batch_index
             return self._hold()
         saturated = self._plateau(state)
-        measured = self._measured.get((current.workers, current.depth), [0.0, 0.0, 0])[2]
+        measured = self._measured.get((current.workers, current.depth), Measured()).batches
         if saturated is not None and measured < 2 * self.check_batches:
             # A new configuration's first window reads low while its buffer fills: judged
             # on one more before the verdict (object-store: 3/6 read 0.62 in its first

@@ -15,7 +15,7 @@ from predictors.errors import TunerConfigError
 from predictors.model import Predictor
 from predictors.state import Decision, TunerState, name_bottleneck
 from predictors.synthetic import SimWorkload, make_observations, measure, run_tuner
-from predictors.tuner import LearnedTuner
+from predictors.tuner import LearnedTuner, Measured
 
 GiB = 2**30
 # Latency-bound token reads: 4 requests of 5 ms per batch, a 10 ms step.
@@ -781,14 +781,51 @@ def test_a_plateau_waits_for_a_second_window_of_the_new_configuration():
     tuner._current = Decision(3, 6, "escalated", {"utilization": 0.95})
     tuner._move = "plan"
     n = tuner.check_batches  # one window (more than 8 here: windows span service times)
-    tuner._measured = {(2, 4): [20.0 * 2 * n, 12.8 * 2 * n, 2 * n], (3, 6): [20.0 * n, 12.3 * n, n]}
+    tuner._measured = {(2, 4): Measured(), (3, 6): Measured()}
+    for _ in range(2 * n):  # steady batches: no noise to discount
+        tuner._measured[(2, 4)].add(_state(workers=2, depth=4, step_ms=20.0, stall_ms=12.8))
+    for _ in range(n):
+        tuner._measured[(3, 6)].add(_state(workers=3, depth=6, step_ms=20.0, stall_ms=12.3))
     state = _state(batch_index=40, workers=3, depth=6, step_ms=20.0, stall_ms=12.0, read_ms=60.0)
     decision = tuner._escalate(state, 0.62)
     assert (decision.workers, decision.depth) == (3, 6), decision
     assert "stopped paying" not in decision.reason
-    tuner._measured[(3, 6)] = [20.0 * 2 * n, 12.3 * 2 * n, 2 * n]  # a second, still short
+    for _ in range(n):  # a second window, still short
+        tuner._measured[(3, 6)].add(_state(workers=3, depth=6, step_ms=20.0, stall_ms=12.3))
     decision = tuner._escalate(state, 0.62)
     assert "stopped paying" in decision.reason and (decision.workers, decision.depth) == (2, 4)
+
+
+def _plateau_after(swinging: bool) -> Decision:
+    """3/6 measured 0.70 over two steady windows, 2/4 0.67 over one (20 ms steps), its
+    batches waiting 10 ms each or, `swinging`, 20 ms and none by turns: the escalation's
+    decision."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    for k in range(5):  # the warm-up and a first decision, for the stage times
+        tuner.decide(_state(batch_index=k, step_ms=20.0, stall_ms=12.0, read_ms=60.0))
+    tuner._current = Decision(3, 6, "escalated", {"utilization": 0.95})
+    tuner._move = "plan"
+    tuner._measured = {(2, 4): Measured(), (3, 6): Measured()}
+    n = tuner.check_batches  # one window (more than 8 here: windows span service times)
+    for stall in [20.0, 0.0] * ((n + 1) // 2) if swinging else [10.0] * n:
+        tuner._measured[(2, 4)].add(_state(workers=2, depth=4, step_ms=20.0, stall_ms=stall))
+    for _ in range(2 * n):
+        tuner._measured[(3, 6)].add(_state(workers=3, depth=6, step_ms=20.0, stall_ms=8.57))
+    state = _state(batch_index=40, workers=3, depth=6, step_ms=20.0, stall_ms=8.57, read_ms=60.0)
+    return tuner._escalate(state, 0.70)
+
+
+def test_one_lucky_window_of_fewer_workers_is_no_plateau():
+    """2/4 read 0.67 in one window, 3/6 0.70 over two: within 10 %, so more workers look
+    as if they stopped paying. When 2/4's batches were steady that holds; when they
+    swung between waiting 20 ms and not at all, 0.67 is within chance of far less, and
+    the tuner climbs (on object-store such a window held 3/6 at 0.80 for a whole run,
+    where 4/8 reads 0.95)."""
+    steady = _plateau_after(swinging=False)
+    assert "stopped paying" in steady.reason, steady
+    swinging = _plateau_after(swinging=True)
+    assert "stopped paying" not in swinging.reason, swinging
+    assert swinging.depth > 6 or swinging.workers > 3, swinging
 
 
 def test_a_speed_up_kept_at_a_ceiling_is_judged_afresh():
