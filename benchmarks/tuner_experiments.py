@@ -84,12 +84,20 @@ def make_images(directory: Path, rows: int = 64 * 12) -> Path:
     return path
 
 
-def source_for(path: Path, profile: str | None, tag: str) -> ParquetSource:
-    """A source reading through its own throttle (`tag` keeps fsspec's instances apart)."""
+def source_for(path: Path, profile: str | None, tag: str, seed: int) -> ParquetSource:
+    """A source reading through its own throttle (`tag` keeps fsspec's instances apart).
+
+    The throttle's latency draws are a pure function of (seed, file, byte range): pass
+    the repeat's index, so that each tuner's run r sees the same storage as every other
+    tuner's run r, and the repeats sample different storage. With one seed for all,
+    the repeats of a run differed only by thread timing (the regime-shift run read
+    31, 31, 31 batches to recover where separate runs read 10 to 13). The files lie in
+    a new temporary folder each time, so separate invocations sample different storage
+    too."""
     if profile is None:
         return ParquetSource(str(path), cache_bytes=1)
     options = {
-        "throttled": {"profile": profile, "seed": 0, "skip_instance_cache": False, "tag": tag}
+        "throttled": {"profile": profile, "seed": seed, "skip_instance_cache": False, "tag": tag}
     }
     return ParquetSource(f"throttled::file://{path}", storage_options=options, cache_bytes=1)
 
@@ -304,7 +312,9 @@ def find_oracle(
     for w, d in grid:
         runs = []
         for repeat in range(repeats):
-            src = source_for(path, PROFILES[profile], f"oracle-{profile}-{w}-{d}-{repeat}")
+            src = source_for(
+                path, PROFILES[profile], f"oracle-{profile}-{w}-{d}-{repeat}", seed=repeat
+            )
             result = run(
                 lambda s=src, w=w, d=d: DataLoader(
                     s, num_workers=w, prefetch=d, decode=decode, **COMMON
@@ -356,7 +366,7 @@ def steady(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
             runs = []
             for repeat in range(args.repeats):
                 kwargs = tuners(args.target, args.budget, oracle)[name]  # a fresh tuner
-                src = source_for(path, PROFILES[profile], f"{name}-{profile}-{repeat}")
+                src = source_for(path, PROFILES[profile], f"{name}-{profile}-{repeat}", seed=repeat)
                 result = run(
                     lambda s=src, k=kwargs, f=decode: DataLoader(s, decode=f, **k, **COMMON),
                     batches,
@@ -405,6 +415,7 @@ def shift(args: argparse.Namespace, path: Path) -> dict[str, Any]:
                 n,
                 start,
                 stop,
+                seed=repeat,
             )
             for repeat in range(args.repeats)
         ]
@@ -433,9 +444,10 @@ def shift_run(
     n: int,
     start: int,
     stop: int,
+    seed: int,
 ) -> dict[str, Any]:
     """One regime-shift run: storage latency x10 from batch `start` to `stop`."""
-    src = source_for(path, "object-store", tag)
+    src = source_for(path, "object-store", tag, seed)
 
     def on_batch(k: int) -> None:
         if k == start:
