@@ -206,7 +206,9 @@ class LearnedTuner:
         self._divergences = 0  # large prediction errors of the learned model
         self._move = "plan"  # how the current configuration came about
         self._parent: tuple[Decision, float] | None = None  # the one before, and its utilization
-        self._floor = 0.0  # memory at or below which a step down already failed
+        # Configurations measured short under this regime: a step down to one with no
+        # more workers and no more depth than one of them is pointless.
+        self._short: set[tuple[int, int]] = set()
         self._waited = False  # a flat climb was given one more window
         self._filled = False  # a short first window whose workers keep up was given another
         self._parent_rate = 0.0  # the service rate measured before the last escalation
@@ -321,7 +323,7 @@ class LearnedTuner:
         under the old regime and plan from the last `fresh` batches."""
         current = self._current
         assert current is not None  # decide() plans before it checks shifts
-        self._floor, self.planner.ceiling, self._parent = 0.0, math.inf, None
+        self._short, self.planner.ceiling, self._parent = set(), math.inf, None
         self._record.clear()  # measured under the old regime
         self._measured.clear()
         why = f"regime shift: service time per batch {before:.1f} ms -> {now:.1f} ms"
@@ -637,7 +639,7 @@ class LearnedTuner:
             # A configuration above this one met the target (a step-down that held for a
             # while, then fell short): go back to the cheapest such, not to the model,
             # whose re-plan bought 2x that memory on object-store (docs/tuning.md).
-            self._floor = max(self._floor, here)
+            self._short.add((current.workers, current.depth))
             self._move, self._parent = "reverted", None
             return self._apply(
                 state,
@@ -649,7 +651,7 @@ class LearnedTuner:
                 good.predicted,
             )
         # This configuration fell short: stepping down to it (or below) later is pointless.
-        self._floor = max(self._floor, here)
+        self._short.add((current.workers, current.depth))
         if self._move == "escalate" and self._parent is not None:
             parent, before = self._parent
             # More concurrency did not help when utilization did not rise AND the
@@ -808,10 +810,15 @@ class LearnedTuner:
         current = self._current
         assert current is not None
         lower = [d for d in DEPTH_GRID if d < current.depth]
-        if not lower or lower[-1] * state.one_batch_bytes <= self._floor:
+        if not lower:
             return self._hold()
         depth = lower[-1]
         workers = min(current.workers, depth)
+        if any(w >= workers and d >= depth for w, d in self._short):
+            # As many workers and as deep fell short. Fewer workers at that memory do not
+            # rule it out: on nas at 4 ms, 2/4 fell short and 3/6 held 0.97, and the
+            # tuner kept 3/6 for good where 4/4 reads 0.97 (the oracle's).
+            return self._hold()
         self._move, self._parent = "step-down", (current, observed)
         return self._apply(
             state,

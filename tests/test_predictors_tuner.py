@@ -532,6 +532,23 @@ def test_a_moderate_slowdown_is_planned_for_what_was_measured():
     assert 6 <= shifts[0].workers <= 7, shifts[0]  # 0.95 * 108 / 20 = 5.1, plus slack
 
 
+def test_a_step_down_to_more_workers_than_fell_short_is_tried():
+    """2/4 falls short, 3/6 meets the target with room (three busy workers are enough).
+    A step down to 3/4 holds as much memory as 2/4 but has more workers: it is tried,
+    not ruled out by 2/4's shortfall (on nas at 4 ms the tuner held 3/6 for good,
+    where 4/4, the oracle's, reads 0.97)."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    trace = _closed_loop(
+        tuner,
+        lambda w, d, k, since: 0.97 if min(w, d) >= 3 else 0.80,
+        120,
+        read_ms=lambda w, d, k: 6.0 if k % 2 else 22.0,  # jitter: depth beyond the workers
+    )
+    configs = [(w, d) for w, d, _ in trace]
+    assert (2, 4) in configs and (3, 6) in configs, sorted(set(configs))
+    assert configs[-1][0] >= 3 and configs[-1][1] <= 4, tuner.history
+
+
 def test_a_tenfold_slowdown_is_planned_for_three_times_what_was_measured():
     """Reads slow from 60 to 600 ms. The re-plan keeps up with 3x that (`surge`): the
     consumer is already waiting and the buffer refills only at the surplus rate, and
