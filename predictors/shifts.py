@@ -95,8 +95,14 @@ class ServiceBaseline:
         # A large change first (planned from the batches of the new regime on: earlier
         # ones would under-provision a slowdown), then a moderate one (`signals`).
         change, first = large_change(recent, self.mean)
-        # One batch so far, among the last two: a slowdown may be starting.
-        self.suspect = change == "one-slow" and first >= len(recent) - 2
+        # A batch 5x slower within the window, not yet a shift: a slowdown may be
+        # starting. The whole window: with read-ahead at one worker every other batch
+        # is cheap and the batch read while the storage slowed is only part slow, so
+        # the second slow batch came 4 after the first (object-store at 1/1).
+        self.suspect = change == "one-slow" or large_change(services, self.mean)[0] in (
+            "slower",
+            "one-slow",
+        )
         # A speed-up matters only for releasing memory, so only while utilization meets
         # the goal: still short, the baseline moved with contention (fewer files opening,
         # a quieter core), and re-planning from it went back down to a configuration

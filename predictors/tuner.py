@@ -253,11 +253,13 @@ class LearnedTuner:
         observed = self._observed()
         if observed is None:
             return self._hold()
-        if observed < self._goal and self._baseline.suspect and self._deferred < 2:
-            # One batch 5x slower than the baseline: the next one or two tell a slowdown
+        if observed < self._goal and self._baseline.suspect and self._deferred < self.shift_window:
+            # One batch 5x slower than the baseline: the next few tell a slowdown
             # (planned for at once, above) from a straggler. Escalating now would size
             # the step from the old regime, and the new baseline would hide the shift.
-            # At most two batches: stragglers are common under contention.
+            # At most a shift window (`ServiceBaseline.read`: at one worker the second
+            # slow batch came 4 after the first; deferring two, the tuner escalated
+            # first and saw the shift 11 batches late).
             self._deferred += 1
             return self._hold()
         self._deferred = 0

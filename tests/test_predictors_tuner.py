@@ -549,6 +549,34 @@ def test_a_step_down_to_more_workers_than_fell_short_is_tried():
     assert configs[-1][0] >= 3 and configs[-1][1] <= 4, tuner.history
 
 
+@pytest.mark.parametrize("start", [60, 61])
+def test_a_slowdown_at_one_worker_with_read_ahead_is_read_as_a_shift(start):
+    """One worker, every other batch served from read-ahead (40 / 4 ms). The storage
+    slows tenfold: slow batches still alternate with cheap ones, and the one read while
+    it slowed is only part slow, so the second slow batch comes 4 after the first.
+    Deferring the escalation two batches, the tuner escalated first (1/1 -> 1/2) and
+    read the shift 11 batches later at the new baseline (object-store: 25 batches to
+    recover, against 10-11). It waits while a slow batch is in the window."""
+
+    def read(w: int, d: int, k: int) -> float:
+        if k < start:
+            return 40.0 if k % 2 == 0 else 4.0
+        if k == start + 2:
+            return 90.0  # in flight when the storage slowed
+        return 400.0 if (k - start) % 2 == 0 else 4.0
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        if k < start or min(w, d) >= 4:
+            return 0.97
+        return {4.0: 1.0, 90.0: 0.6}.get(read(w, d, k), 0.17)
+
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    _closed_loop(tuner, util, start + 40, read_ms=read, step_ms=100.0)
+    after = [d for b, d in tuner.history if b >= start]
+    assert after and "regime shift" in after[0].reason, [d.reason for d in after]
+    assert "planning for 3x" in after[0].reason and after[0].workers >= 4, after[0]
+
+
 def test_a_tenfold_slowdown_is_planned_for_three_times_what_was_measured():
     """Reads slow from 60 to 600 ms. The re-plan keeps up with 3x that (`surge`): the
     consumer is already waiting and the buffer refills only at the surplus rate, and
