@@ -257,9 +257,10 @@ def _median(values: list[Any]) -> Any:
 
 def median_of_repeats(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
     """One row from `--repeats` runs: the median of each key (the lower middle one for an
-    even count), the other fields from the first run, every run's values under "repeats"."""
+    even count), the other fields from the first run, every run's values and decisions
+    under "repeats" (a run far from the others is explained by its own decisions)."""
     row = {**runs[0], **{k: _median([r[k] for r in runs]) for k in keys}}
-    row["repeats"] = [{k: r[k] for k in keys} for r in runs]
+    row["repeats"] = [{**{k: r[k] for k in keys}, "decisions": r.get("decisions")} for r in runs]
     return row
 
 
