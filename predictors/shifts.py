@@ -99,10 +99,8 @@ class ServiceBaseline:
         # starting. The whole window: with read-ahead at one worker every other batch
         # is cheap and the batch read while the storage slowed is only part slow, so
         # the second slow batch came 4 after the first (object-store at 1/1).
-        self.suspect = change == "one-slow" or large_change(services, self.mean)[0] in (
-            "slower",
-            "one-slow",
-        )
+        wide, _ = large_change(services, self.mean)
+        self.suspect = wide in ("slower", "one-slow")
         # A speed-up matters only for releasing memory, so only while utilization meets
         # the goal: still short, the baseline moved with contention (fewer files opening,
         # a quieter core), and re-planning from it went back down to a configuration

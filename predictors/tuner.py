@@ -652,7 +652,8 @@ class LearnedTuner:
                 f"{good.depth} met it",
                 good.predicted,
             )
-        # This configuration fell short: stepping down to it (or below) later is pointless.
+        # This configuration fell short: stepping down to it (or to one with no more
+        # workers and no more depth) later is pointless.
         self._short.add((current.workers, current.depth))
         if self._move == "escalate" and self._parent is not None:
             parent, before = self._parent
