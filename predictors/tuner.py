@@ -513,7 +513,8 @@ class LearnedTuner:
         measured = self._measured_enough()
         table = {key: m.utilization for key, m in measured.items()}
         noise = {key: m.standard_error for key, m in measured.items()}
-        found = plateau(table, (current.workers, current.depth), noise=noise)
+        grow = current.workers < self.planner.workers_cap(state)
+        found = plateau(table, (current.workers, current.depth), noise=noise, workers_can_grow=grow)
         if found is None:
             return None
         w, d = found

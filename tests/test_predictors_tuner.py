@@ -577,6 +577,26 @@ def test_a_slowdown_at_one_worker_with_read_ahead_is_read_as_a_shift(start):
     assert "planning for 3x" in after[0].reason and after[0].workers >= 4, after[0]
 
 
+def test_depth_that_stopped_paying_is_no_plateau_while_workers_can_grow():
+    """Three workers read 0.99 for a while (lucky reads), then 0.82 at any depth; four
+    read 0.96. The step-downs measure 3/4 and 3/6 alike: depth stopped paying, which
+    says nothing of workers. The tuner climbs to 4 workers; it used to say the target
+    was out of reach and hold 3/4 (object-store: 0.73 where 4/8 reads 0.95)."""
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        if min(w, d) <= 2:
+            return 0.80
+        if min(w, d) == 3:
+            return 0.99 if k < 75 else 0.82
+        return 0.96
+
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    trace = _closed_loop(tuner, util, 200, read_ms=lambda w, d, k: 6.0 if k % 2 else 22.0)
+    assert (3, 4) in {(w, d) for w, d, _ in trace}  # the shallower depth was measured
+    assert not any("out of reach" in d.reason for _, d in tuner.history), tuner.history
+    assert trace[-1][0] >= 4 and trace[-1][2] >= 0.9, trace[-1]
+
+
 def test_a_tenfold_slowdown_is_planned_for_three_times_what_was_measured():
     """Reads slow from 60 to 600 ms. The re-plan keeps up with 3x that (`surge`): the
     consumer is already waiting and the buffer refills only at the surplus rate, and
