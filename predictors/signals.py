@@ -134,9 +134,8 @@ def plateau(
     if here is None:
         return None
     active, err = min(current), noise or {}
-    shallower_counts = not workers_can_grow
     paid = not any(
-        (min(key) * fewer <= active or (shallower_counts and key[1] * fewer <= current[1]))
+        (min(key) * fewer <= active or (not workers_can_grow and key[1] * fewer <= current[1]))
         and (util - err.get(key, 0.0)) * gain >= here
         for key, util in measured.items()
     )

@@ -637,12 +637,14 @@ class LearnedTuner:
         if self._is_good(current):
             # It met the target before, and now fell short twice: no longer proof.
             self._good.pop((current.workers, current.depth))
+        # This configuration fell short: stepping down to it (or to one with no more
+        # workers and no more depth) later is pointless.
+        self._short.add((current.workers, current.depth))
         good = self._good_above(here, state)
         if good is not None:
             # A configuration above this one met the target (a step-down that held for a
             # while, then fell short): go back to the cheapest such, not to the model,
             # whose re-plan bought 2x that memory on object-store (docs/tuning.md).
-            self._short.add((current.workers, current.depth))
             self._move, self._parent = "reverted", None
             return self._apply(
                 state,
@@ -653,9 +655,6 @@ class LearnedTuner:
                 f"{good.depth} met it",
                 good.predicted,
             )
-        # This configuration fell short: stepping down to it (or to one with no more
-        # workers and no more depth) later is pointless.
-        self._short.add((current.workers, current.depth))
         if self._move == "escalate" and self._parent is not None:
             parent, before = self._parent
             # More concurrency did not help when utilization did not rise AND the

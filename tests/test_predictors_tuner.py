@@ -512,22 +512,30 @@ def test_an_escalation_plans_from_the_service_its_workers_measured():
     assert any("planning from that service" in d.reason for _, d in tuner.history)
 
 
+def _shifts_after_reads_slow_to(slow_ms: float, step_ms: float, batches: int) -> list:
+    """Regime-shift decisions when reads go from 60 ms to `slow_ms` at batch 80, with
+    utilization what the busy workers' reads allow (asserted non-empty)."""
+
+    def read(w: int, d: int, k: int) -> float:
+        return 60.0 if k < 80 else slow_ms
+
+    def util(w: int, d: int, k: int, since: int) -> float:
+        return min(0.99, min(w, d) * step_ms / read(w, d, k))
+
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    _closed_loop(tuner, util, batches, read_ms=read, step_ms=step_ms)
+    shifts = [d for b, d in tuner.history if "regime shift" in d.reason]
+    assert shifts, [d.reason for _, d in tuner.history]
+    return shifts
+
+
 def test_a_moderate_slowdown_is_planned_for_what_was_measured():
     """Reads slow from 60 to 108 ms (1.8x, a moderate change: lognormal object-store
     reads show such runs by chance). The re-plan keeps up with 108 ms, not with twice
     that: the surge that refills the buffer after a tenfold slowdown bought 12 / 24 and
     13 / 32 here where 4 / 8 held."""
 
-    def read(w: int, d: int, k: int) -> float:
-        return 60.0 if k < 80 else 108.0
-
-    def util(w: int, d: int, k: int, since: int) -> float:
-        return min(0.99, min(w, d) * 20.0 / read(w, d, k))
-
-    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
-    _closed_loop(tuner, util, 140, read_ms=read, step_ms=20.0)
-    shifts = [d for b, d in tuner.history if "regime shift" in d.reason]
-    assert shifts, [d.reason for _, d in tuner.history]
+    shifts = _shifts_after_reads_slow_to(108.0, step_ms=20.0, batches=140)
     assert "planning for" not in shifts[0].reason
     assert 6 <= shifts[0].workers <= 7, shifts[0]  # 0.95 * 108 / 20 = 5.1, plus slack
 
@@ -603,16 +611,8 @@ def test_a_tenfold_slowdown_is_planned_for_three_times_what_was_measured():
     the reading is a mean of a few batches (object-store runs read 290-830 ms for the
     same slowdown; planned for 2x, the low readings took 19-25 batches to recover)."""
 
-    def read(w: int, d: int, k: int) -> float:
-        return 60.0 if k < 80 else 600.0
-
-    def util(w: int, d: int, k: int, since: int) -> float:
-        return min(0.99, min(w, d) * 200.0 / read(w, d, k))
-
-    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
-    _closed_loop(tuner, util, 100, read_ms=read, step_ms=200.0)
-    shifts = [d for b, d in tuner.history if "regime shift" in d.reason]
-    assert shifts and "planning for 3x" in shifts[0].reason, [d.reason for _, d in tuner.history]
+    shifts = _shifts_after_reads_slow_to(600.0, step_ms=200.0, batches=100)
+    assert "planning for 3x" in shifts[0].reason, shifts[0]
     assert shifts[0].workers >= 9, shifts[0]  # 3 x 0.95 x 600 / 200 = 8.6
 
 
