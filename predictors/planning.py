@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from statistics import pstdev
+from statistics import fmean, median
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,7 +36,7 @@ from predictors.state import (
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["DEPTH_GRID", "CandidatePlanner", "Choice", "depth_slack"]
+__all__ = ["DEPTH_GRID", "CandidatePlanner", "Choice", "Pace", "depth_needed", "service_spread"]
 
 DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -59,21 +59,68 @@ class Choice:
         return dataclasses.replace(self, workers=workers, depth=depth, note=note)
 
 
-def depth_slack(services: list[float], service_ms: float, step_ms: float) -> int:
-    """Batches of depth beyond the workers needed to absorb service-time jitter.
+@dataclass(frozen=True)
+class Pace:
+    """The consumer's step and how late batches come (`service_spread`): what the depth
+    a configuration needs depends on (`depth_needed`)."""
 
-    A batch late by one standard deviation keeps the consumer waiting cv * S ms, i.e.
-    cv * S / step batches that must already be ready; two standard deviations cover
-    most of a lognormal tail. cv is measured over `services` (recent batches' stage
-    times), S is the service time planned for.
+    step_ms: float
+    spread: float = 0.0
 
-    >>> depth_slack([10.0, 30.0, 10.0, 30.0], service_ms=20.0, step_ms=5.0)
-    4
+
+def service_spread(services: list[float]) -> float:
+    """How late recent batches come, as a fraction of the mean service time (a cv).
+
+    Only lateness counts: the spread is read from the upper half of `services` (recent
+    batches' stage times), as the median of the deviations above the median over
+    0.6745 (a normal's median deviation). An early batch never stalls the consumer, yet
+    its deviation raised the standard deviation as much: on nas a worker that got two
+    neighbouring row groups read the second in 2-4 ms from its read-ahead block, against
+    10-15 ms for the rest, and one worker's first batch (opening the file) took 26-30
+    ms; those two samples in eight made the standard deviation 0.35-0.45 of the mean,
+    and the plan 3 workers at depth 6 where 3 / 4 and 3 / 3 measured 0.97-0.99. For a
+    lognormal tail the two agree (sigma 0.5: 0.54 and 0.52 of the mean, 20,000 draws).
+
+    >>> round(service_spread([11.0, 2.5, 12.0, 11.5, 29.0, 12.5, 11.0, 12.0]), 2)
+    0.06
+
+    (Their standard deviation is 0.52 of the mean.)
     """
-    if len(services) < 4 or (mean := sum(services) / len(services)) <= 0:
-        return 0
-    cv = min(pstdev(services) / mean, 1.0)
-    return round(2 * cv * service_ms / max(step_ms, 1e-3))
+    if len(services) < 4 or (mean := fmean(services)) <= 0:
+        return 0.0
+    middle = median(services)
+    late = [s - middle for s in services if s > middle]
+    return min((median(late) / 0.6745 if late else 0.0) / mean, 1.0)
+
+
+def depth_needed(active: int, service_ms: float, step_ms: float, spread: float) -> float:
+    """Batches of depth that keep the consumer fed by `active` busy workers through late
+    batches: the least of two conditions that each suffice.
+
+    In time: a batch requested `depth` steps before the consumer needs it is on time if
+    it is built within depth * step, i.e. the service time, two spreads for a late
+    batch, and the wait behind the worker's previous batch when late ones come in a row
+    (Kingman's, for requests at a fixed rate: rho / (1 - rho) * cv^2 / 2 * service,
+    rho = service / (active * step)). With workers to spare that asks less than one
+    batch beyond the service: 3 workers at nas 4 ms (11.5 ms a batch) need depth 4.
+    In batches: depth beyond the busy workers covering a batch two spreads late, at
+    most as many again (the rule before; it holds whether or not the workers keep up,
+    which Kingman's wait does not: it grows without bound near saturation).
+
+    >>> round(depth_needed(3, service_ms=11.5, step_ms=4.0, spread=0.1), 1)
+    3.6
+    >>> round(depth_needed(4, service_ms=65.0, step_ms=20.0, spread=0.4), 1)
+    6.6
+    >>> round(depth_needed(32, service_ms=450.0, step_ms=10.0, spread=0.3), 1)
+    59.0
+    """
+    step = max(step_ms, 1e-3)
+    beyond = active + min(2 * spread * service_ms / step, active)
+    rho = service_ms / (max(active, 1) * step)
+    if spread > 0 and rho >= 1:
+        return beyond
+    wait = rho / (1 - rho) * spread**2 / 2 * service_ms if spread > 0 else 0.0
+    return min((service_ms * (1 + 2 * spread) + wait) / step, beyond)
 
 
 class CandidatePlanner:
@@ -126,7 +173,7 @@ class CandidatePlanner:
         self,
         state: TunerState,
         features: dict[str, Any],
-        slack: int,
+        pace: Pace,
         step_cap: float | None = None,
     ) -> pd.DataFrame:
         """Every (workers, depth) within the caps, with the features the model reads."""
@@ -134,10 +181,16 @@ class CandidatePlanner:
 
         depths = self.depths(state, step_cap)
         rows = [(w, d) for d in depths for w in range(1, self.workers_cap(state) + 1)]
-        # Depth beyond the busy workers is what absorbs late batches; the queueing model
-        # cannot see it, so candidates without that slack are left out (when any remain).
-        slacked = [(w, d) for w, d in rows if d - w >= min(slack, w)]
-        frame = pd.DataFrame(slacked or rows, columns=["workers", "depth"])
+        # Depth is what absorbs late batches; the model cannot see it (jitter is none of
+        # its inputs), so candidates with too little are left out, when any remain. A
+        # tenth of a batch short counts as enough: the stage times are not that exact.
+        service = self.service_ms(features)
+        fed = [
+            (w, d)
+            for w, d in rows
+            if d >= depth_needed(min(w, d), service, pace.step_ms, pace.spread) - 0.1
+        ]
+        frame = pd.DataFrame(fed or rows, columns=["workers", "depth"])
         # The correction acts on the service time, not on the prediction: a prediction
         # capped at utilization 1 would otherwise hide how far off the model is.
         slow = self.slowness
@@ -176,14 +229,14 @@ class CandidatePlanner:
         *,
         goal: float,
         stages: dict[str, float],
-        slack: int,
+        pace: Pace,
         step_cap: float | None = None,
     ) -> Choice:
         """The least-memory candidate predicted to meet goal + margin (else the best);
         `stages`: the recent stage times (`LearnedTuner._smoothed`), for the cores bound
         and the bottleneck; `step_cap` bounds the memory of this one step (escalations)."""
         m = stages
-        frame = self.candidates(state, features, slack, step_cap)
+        frame = self.candidates(state, features, pace, step_cap)
         cores = cpu_bound_utilization(m, state.cpu_count)
         pred, util, physics = self.predict(frame, cores)
         memory = frame["depth"].to_numpy() * state.one_batch_bytes
@@ -222,7 +275,7 @@ class CandidatePlanner:
                 capped = False
             if capped:
                 # Within the whole budget, does anything reach the target?
-                full = self.predict(self.candidates(state, features, slack), cores)[1].max()
+                full = self.predict(self.candidates(state, features, pace), cores)[1].max()
                 feasible = bool(full >= goal)
                 note = "climbing toward it, a bounded memory step at a time"
             if capped and feasible:
@@ -265,12 +318,12 @@ class CandidatePlanner:
             cores=cores,
         )
 
-    def table(self, state: TunerState, features: dict[str, Any], slack: int) -> pd.DataFrame:
+    def table(self, state: TunerState, features: dict[str, Any], pace: Pace) -> pd.DataFrame:
         """Every candidate within the budget with its predicted utilization, throughput
         and memory (for reports)."""
         import pandas as pd
 
-        frame = self.candidates(state, features, slack)
+        frame = self.candidates(state, features, pace)
         pred = self.model.predict(frame)
         return pd.DataFrame(
             {

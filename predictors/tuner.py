@@ -13,10 +13,10 @@ measured shortfall):
    if that already meets the target it stays there;
 2. otherwise turns the measured per-batch service times into the model's features,
    predicts utilization for every candidate (workers, depth) whose memory bound
-   `depth * batch_memory_bytes` fits the budget (clipped by first principles, with
-   depth slack for jitter), and takes the one with the least memory whose predicted
-   utilization meets `target + margin` (the margin is the model's measured error on
-   unseen workloads);
+   `depth * batch_memory_bytes` fits the budget and whose depth keeps the workers'
+   batches on time through late ones (`depth_needed`), clipped by first principles,
+   and takes the one with the least memory whose predicted utilization meets
+   `target + margin` (the margin is the model's measured error on unseen workloads);
 3. every `check_batches` settled batches (an iteration's first batch and new workers'
    first batches are not judged; windows grow to span `window_services` service times
    when steps are short) it compares utilization with the goal (the target, raised by
@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from predictors.baselines import QueueingModel
 from predictors.errors import TunerConfigError
-from predictors.planning import DEPTH_GRID, CandidatePlanner, Choice, depth_slack
+from predictors.planning import DEPTH_GRID, CandidatePlanner, Choice, Pace, service_spread
 from predictors.shifts import ServiceBaseline, batch_service_ms
 from predictors.signals import epoch_goal, memory_step, plateau, slowing
 
@@ -862,15 +862,15 @@ class LearnedTuner:
             features,
             goal=self._goal,
             stages=self._smoothed(),
-            slack=self._slack(features),
+            pace=self._pace(),
             step_cap=step_cap,
         )
 
-    def _slack(self, features: dict[str, Any]) -> int:
-        """Depth beyond the workers for the recent service-time jitter (`depth_slack`)."""
-        services = [s.service_ms for s in list(self._recent)[-2 * self.shift_window :]]
+    def _pace(self) -> Pace:
+        """The recent step and how late batches came (`service_spread`)."""
+        services = [s.service_ms for s in list(self._recent)[-self.shift_window :]]
         step = median(s.step_ms for s in self._recent)
-        return depth_slack(services, self.planner.service_ms(features), step)
+        return Pace(step_ms=step, spread=service_spread(services))
 
     def _plan(self, state: TunerState, why: str, last: int | None = None) -> Decision:
         return self._apply_plan(state, why, self._choose(state, self._features(last)))
@@ -939,7 +939,7 @@ class LearnedTuner:
         if not self._recent:
             raise TunerConfigError("No batch measured yet: call decide() first.")
         features = self._features()
-        return self.planner.table(self._recent[-1], features, self._slack(features))
+        return self.planner.table(self._recent[-1], features, self._pace())
 
     def _emit(self, state: TunerState, decision: Decision) -> Decision:
         self.history.append((state.batch_index, decision))

@@ -3,13 +3,14 @@ predictors.shifts); the tuner's use of them is tested in test_predictors_tuner.p
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 
 import pytest
 
 from predictors import planning
 from predictors.baselines import QueueingModel
-from predictors.planning import CandidatePlanner
+from predictors.planning import CandidatePlanner, Pace, service_spread
 from predictors.shifts import ServiceBaseline
 from predictors.state import TunerState, state_features
 
@@ -48,7 +49,7 @@ def test_worked_examples_in_the_docstrings_hold() -> None:
 def test_the_least_memory_that_meets_the_goal_with_the_margin() -> None:
     state = _read_bound()
     choice = _planner().choose(
-        state, state_features(state), goal=0.9, stages={"step_ms": 10.0}, slack=0
+        state, state_features(state), goal=0.9, stages={"step_ms": 10.0}, pace=Pace(step_ms=10.0)
     )
     # 3 workers allow 3 * 10 / 40 = 0.75; 4 allow all of it, at depth 4 the least memory.
     assert (choice.workers, choice.depth) == (4, 4)
@@ -67,7 +68,7 @@ def test_out_of_reach_within_the_budget_takes_the_best_and_names_the_stage() -> 
         "stall_ms": 3.0,
     }
     choice = _planner(budget=3 * MiB).choose(
-        state, state_features(state), goal=0.9, stages=stages, slack=0
+        state, state_features(state), goal=0.9, stages=stages, pace=Pace(step_ms=10.0)
     )
     assert (choice.workers, choice.depth) == (3, 3)  # 0.75, the most 3 MiB allow
     assert not choice.feasible and choice.bottleneck == "storage"
@@ -79,7 +80,7 @@ def test_slowness_scales_the_service_planned_for() -> None:
     planner = _planner()
     planner.slowness = 2.0  # the effective service is twice the measured: 8 workers
     choice = planner.choose(
-        state, state_features(state), goal=0.9, stages={"step_ms": 10.0}, slack=0
+        state, state_features(state), goal=0.9, stages={"step_ms": 10.0}, pace=Pace(step_ms=10.0)
     )
     assert (choice.workers, choice.depth) == (8, 8)
     assert choice.predicted["service_scale"] == 2.0
@@ -103,3 +104,32 @@ def test_a_slowdown_that_still_meets_the_goal_is_no_shift() -> None:
     baseline.read(steady, goal=0.9, window=8, fresh_batches=4)
     slow_but_enough = [_read_bound(read_ms=400.0, index=8 + i) for i in range(4)]
     assert baseline.read(steady + slow_but_enough, goal=0.9, window=8, fresh_batches=4) is None
+
+
+def test_early_batches_buy_no_depth_and_late_ones_do() -> None:
+    """nas at 4 ms: 11-12.5 ms reads, one of eight 2.5 ms (a worker's read-ahead block
+    held its next row group) and one 29 ms (a worker opening the file). Only lateness
+    needs depth, and these two samples are not it: 3 workers at depth 4. Counted by
+    their standard deviation (0.52 of the mean), they bought depth 6 (4 MiB peak where
+    the oracle held 3). A true tail of late batches still buys the depth."""
+    state = dataclasses.replace(_read_bound(read_ms=11.5), step_ms=4.0)
+    features = state_features(state)
+    services = [11.0, 2.5, 12.0, 11.5, 29.0, 12.5, 11.0, 12.0]
+    pace = Pace(step_ms=4.0, spread=service_spread(services))
+    choice = _planner().choose(state, features, goal=0.9, stages={"step_ms": 4.0}, pace=pace)
+    assert (choice.workers, choice.depth) == (3, 4)
+    tail = [11.0, 14.0, 10.0, 17.0, 11.5, 15.5, 9.5, 12.0]  # half the batches 2-5 ms late
+    pace = Pace(step_ms=4.0, spread=service_spread(tail))
+    choice = _planner().choose(state, features, goal=0.9, stages={"step_ms": 4.0}, pace=pace)
+    assert choice.depth >= 6 and choice.depth > choice.workers
+
+
+def test_the_depth_needed_is_the_least_of_two_sufficient_conditions() -> None:
+    # With workers to spare, the time condition: the service plus lateness, in steps.
+    assert planning.depth_needed(8, service_ms=40.0, step_ms=10.0, spread=0.1) == pytest.approx(
+        (40.0 * 1.2 + 40 / 80 / (1 - 40 / 80) * 0.01 / 2 * 40.0) / 10.0
+    )
+    # Saturated (rho >= 1) with late batches: depth beyond the busy workers, at most 2x.
+    assert planning.depth_needed(4, service_ms=80.0, step_ms=10.0, spread=0.3) == 8.0
+    # No lateness: the batches being built, nothing more.
+    assert planning.depth_needed(4, service_ms=40.0, step_ms=10.0, spread=0.0) == 4.0

@@ -550,7 +550,10 @@ def test_a_step_down_to_more_workers_than_fell_short_is_tried():
         tuner,
         lambda w, d, k, since: 0.97 if min(w, d) >= 3 else 0.80,
         120,
-        read_ms=lambda w, d, k: 6.0 if k % 2 else 22.0,  # jitter: depth beyond the workers
+        # Every other read 16 ms late: depth beyond the workers. (Reads 6, 22, 6, 22, 6
+        # at the first plan: the median is 6 and 22 reads late; the other way round the
+        # median batch is a slow one and nothing reads late, `service_spread`.)
+        read_ms=lambda w, d, k: 22.0 if k % 2 else 6.0,
     )
     configs = [(w, d) for w, d, _ in trace]
     assert (2, 4) in configs and (3, 6) in configs, sorted(set(configs))
@@ -599,7 +602,7 @@ def test_depth_that_stopped_paying_is_no_plateau_while_workers_can_grow():
         return 0.96
 
     tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
-    trace = _closed_loop(tuner, util, 200, read_ms=lambda w, d, k: 6.0 if k % 2 else 22.0)
+    trace = _closed_loop(tuner, util, 200, read_ms=lambda w, d, k: 22.0 if k % 2 else 6.0)
     assert (3, 4) in {(w, d) for w, d, _ in trace}  # the shallower depth was measured
     assert not any("out of reach" in d.reason for _, d in tuner.history), tuner.history
     assert trace[-1][0] >= 4 and trace[-1][2] >= 0.9, trace[-1]
