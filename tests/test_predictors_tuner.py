@@ -935,3 +935,31 @@ def test_a_speed_up_kept_at_a_ceiling_is_judged_afresh():
     assert (kept.workers, kept.depth) == (4, 8) and "no more than this" in kept.reason
     later = tuner._escalate(state, 0.5)
     assert later.workers > 4 and not later.reason.startswith("holding"), later
+
+
+def _jittered_read(w: int, d: int, k: int) -> float:
+    """60 ms reads, every other one 20 ms late (40, 80, 40, ...): depth pays."""
+    return 80.0 if k % 2 else 40.0
+
+
+def _deep_enough(w: int, d: int, k: int, since: int) -> float:
+    """Workers keep up from 3 (60 ms against 20 ms steps); 0.97 at depth 8, 0.85 below."""
+    return min(0.97, min(w, d) * 20.0 / 60.0) * (1.0 if d >= 8 else 0.85)
+
+
+def test_a_speed_up_back_to_where_a_configuration_fell_short_keeps_it_short():
+    """A shift clears what was measured under the old regime, but a configuration that
+    fell short at a service no faster than the new one still falls short. On
+    object-store a "speed-up" (104 -> 58 ms, lognormal reads) cleared 4 / 6 and 4 / 4,
+    short at about 58 ms, and the step-downs tried both again (0.89 over the last
+    third, where 4 / 8 reads 0.95). Clearly faster than where it fell short, it is
+    tried again."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=64e6)
+    _closed_loop(tuner, _deep_enough, 110, read_ms=_jittered_read, step_ms=20.0)
+    assert tuner.history[-1][1].depth == 8 and (4, 6) in tuner._short  # stepped down, back
+    short_at = tuner._short[(4, 6)]
+    state = _state(batch_index=110, workers=4, depth=8, step_ms=20.0, batch_memory_bytes=1e6)
+    tuner._replan_for_shift(state, before=1.8 * short_at, now=short_at, fresh=4, large=False)
+    assert (4, 6) in tuner._short
+    tuner._replan_for_shift(state, before=short_at, now=short_at / 2, fresh=4, large=False)
+    assert (4, 6) not in tuner._short
