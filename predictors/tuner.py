@@ -206,9 +206,9 @@ class LearnedTuner:
         self._divergences = 0  # large prediction errors of the learned model
         self._move = "plan"  # how the current configuration came about
         self._parent: tuple[Decision, float] | None = None  # the one before, and its utilization
-        # Configurations measured short under this regime: a step down to one with no
-        # more workers and no more depth than one of them is pointless.
-        # Configurations that fell short -> the service time (ms a batch) they fell short at.
+        # Configurations measured short, with the service time (ms a batch) they fell
+        # short at: a step down to one with no more workers and no more depth than one
+        # of them is pointless while the service is no faster (`_replan_for_shift`).
         self._short: dict[tuple[int, int], float] = {}
         self._waited = False  # a flat climb was given one more window
         self._filled = False  # a short first window whose workers keep up was given another
@@ -876,7 +876,9 @@ class LearnedTuner:
         )
 
     def _pace(self) -> Pace:
-        """The recent step and how late batches came (`service_spread`)."""
+        """The recent step and how late batches came (`service_spread`) over the last
+        shift window: at a regime shift, a longer window holds more batches of the old
+        regime, and their difference from the new one reads as lateness."""
         services = [s.service_ms for s in list(self._recent)[-self.shift_window :]]
         step = median(s.step_ms for s in self._recent)
         return Pace(step_ms=step, spread=service_spread(services))
