@@ -388,9 +388,11 @@ def steady(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
                 for d in r["decisions"] or []:
                     print(f"    {d['batch']:4d} {d['workers']:3d} {d['depth']:3d} {d['reason']}")
                 print("    trace", [round(float(u), 2) for u in rolling(result, 5)[::3]])
+            each = ", ".join(f"{x['utilization']:.2f}/{x['peak_mib']:.0f}" for x in runs)
             print(
                 f"steady {key:28s} {name:13s} {r['utilization']:.2f} util, "
-                f"{r['peak_mib']:.1f} MiB, target after {r['batches_to_target']}",
+                f"{r['peak_mib']:.1f} MiB, target after {r['batches_to_target']} "
+                f"(each run, utilization/peak MiB: {each})",
                 flush=True,
             )
     return out
