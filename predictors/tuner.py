@@ -607,10 +607,14 @@ class LearnedTuner:
         window = self._settled()[-self.check_batches :]
         return bool(window) and self._supply(window) >= self._goal
 
+    def _last_window(self) -> list[TunerState]:
+        """The last settled window, else the last 4 batches (right after a change)."""
+        return self._settled()[-self.check_batches :] or list(self._recent)[-4:]
+
     def _service_rate(self) -> float:
         """Batches per second the busy workers could build, from the measured stage times
         of the last settled window (what more workers raise unless a stage is shared)."""
-        settled = self._settled()[-self.check_batches :] or list(self._recent)[-4:]
+        settled = self._last_window()
         s = settled[-1]
         service = median(x.service_ms for x in settled)
         return max(1, min(s.workers, s.depth)) / max(service, 1e-6)
@@ -647,7 +651,7 @@ class LearnedTuner:
             self._good.pop((current.workers, current.depth))
         # This configuration fell short: stepping down to it (or to one with no more
         # workers and no more depth) later is pointless.
-        judged = self._settled()[-self.check_batches :] or list(self._recent)[-4:]
+        judged = self._last_window()
         self._short[(current.workers, current.depth)] = median(map(batch_service_ms, judged))
         good = self._good_above(here, state)
         if good is not None:
