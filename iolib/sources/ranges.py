@@ -1,0 +1,148 @@
+"""Exact reads of Parquet column chunks: the bytes a batch needs, in as few ranged
+requests as they allow, handed to pyarrow from memory.
+
+Why not fsspec's buffered files: they read ahead a block past every request (1 MiB in
+the throttle, 5 MiB or more in s3fs). With 2+ workers each reading every n-th row
+group, the next row group's bytes belong to another worker, so half of every 1 MiB row
+group's request was thrown away: on the nas profile the shared link, not the workers,
+capped the loader at 2.1 ms a batch (8 threads; 1.3 ms with exact reads).
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from iolib.storage import ShortReadError
+
+# A gap between two wanted byte ranges up to this size is read rather than paid for with
+# another request: a request costs 2 ms on nas (0.5 MB at 250 MB/s) and 50 ms on object
+# storage (5 MB at 100 MB/s); 1 MiB sits between them.
+HOLE_BYTES = 1 << 20
+# One request reads at most this much (a batch of many small row groups is read in
+# several): the bytes stay in memory until the batch is decoded.
+MAX_REQUEST_BYTES = 64 << 20
+
+
+def chunk_spans(group: pq.RowGroupMetaData, columns: Sequence[str] | None) -> list[tuple[int, int]]:
+    """The byte ranges [start, end) of a row group's column chunks for `columns` (None:
+    all), as pyarrow reads them: from the dictionary page when there is one."""
+    wanted = None if columns is None else set(columns)
+    spans = []
+    for j in range(group.num_columns):
+        chunk = group.column(j)
+        if wanted is not None and chunk.path_in_schema.split(".")[0] not in wanted:
+            continue
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+            start = chunk.dictionary_page_offset
+        spans.append((start, start + chunk.total_compressed_size))
+    return spans
+
+
+def coalesce(
+    spans: Sequence[tuple[int, int]],
+    hole: int = HOLE_BYTES,
+    limit: int = MAX_REQUEST_BYTES,
+) -> list[tuple[int, int]]:
+    """Merge ranges whose gap is at most `hole` bytes, into requests of at most `limit`
+    bytes (a single range larger than that stays whole)."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start - merged[-1][1] <= hole and end - merged[-1][0] <= limit:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+class RangedFile(io.RawIOBase):
+    """A read-only file of `size` bytes that serves reads from ranges loaded beforehand
+    (`load`), one request per range; a read outside them is one request of its own.
+
+    One per thread and file: pyarrow seeks and reads it from the thread that decodes."""
+
+    def __init__(self, fs: Any, path: str, size: int) -> None:
+        super().__init__()
+        self.fs, self.path, self.size = fs, path, size
+        self._pos = 0
+        self._starts: list[int] = []
+        self._blocks: list[memoryview] = []
+        self.requests = 0  # for tests: how many requests this file made
+
+    def load(self, spans: Sequence[tuple[int, int]]) -> None:
+        """Hold the bytes of `spans` (already coalesced), reading those not held yet."""
+        missing = [(a, b) for a, b in spans if self._block_at(a, b) is None]
+        if not missing:
+            return
+        if len(missing) == 1:
+            ((start, end),) = missing
+            datas = [self.fs.cat_file(self.path, start=start, end=end)]
+        else:  # asynchronous filesystems (s3fs, gcsfs) make these requests concurrently
+            paths = [self.path] * len(missing)
+            starts, ends = [a for a, _ in missing], [b for _, b in missing]
+            datas = self.fs.cat_ranges(paths, starts, ends, on_error="raise")
+        self.requests += len(missing)
+        for (start, end), data in zip(missing, datas, strict=True):
+            self._check_length(start, end, data)
+            at = bisect.bisect_left(self._starts, start)
+            self._starts.insert(at, start)
+            self._blocks.insert(at, memoryview(data))
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes loaded and not yet released."""
+        return sum(len(block) for block in self._blocks)
+
+    def release(self) -> None:
+        """Drop the loaded bytes (what pyarrow decoded from them keeps its own reference)."""
+        self._starts, self._blocks = [], []
+
+    def _block_at(self, start: int, end: int) -> memoryview | None:
+        """The bytes [start, end) from a loaded range that holds all of them, else None."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        if i < 0 or end > self._starts[i] + len(self._blocks[i]):
+            return None
+        offset = start - self._starts[i]
+        return self._blocks[i][offset : offset + end - start]
+
+    def _check_length(self, start: int, end: int, data: bytes) -> None:
+        expected = max(0, min(end, self.size) - start)
+        if len(data) < expected:
+            # A body shorter than asked for (a connection closed early): transient and
+            # retried, never short bytes handed to the decoder.
+            raise ShortReadError(
+                f"read of {self.path} [{start}:{end}] returned {len(data)} of {expected} "
+                "bytes (connection closed early)"
+            )
+
+    # -- the file protocol pyarrow uses ----------------------------------------------
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, n: int | None = -1) -> bytes | memoryview:  # type: ignore[override]
+        end = self.size if n is None or n < 0 else min(self._pos + n, self.size)
+        if end <= self._pos:
+            return b""
+        data: bytes | memoryview | None = self._block_at(self._pos, end)
+        if data is None:
+            data = self.fs.cat_file(self.path, start=self._pos, end=end)
+            self.requests += 1
+            self._check_length(self._pos, end, data)
+        self._pos = end
+        return data

@@ -1,0 +1,125 @@
+"""Parquet reads ask storage for the column chunks a batch needs: no read-ahead thrown
+away, one request for a batch of small row groups, nothing held after the batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from iolib import DataLoader
+from iolib.sources import ParquetSource
+from iolib.sources.ranges import RangedFile, coalesce
+from iolib.storage import ShortReadError
+from iolib.storage.throttle import ThrottledFileSystem
+
+
+def _record_reads(monkeypatch) -> list[tuple[int, int]]:
+    """Every ranged read the throttled filesystem is asked for, from any thread."""
+    reads: list[tuple[int, int]] = []
+    request = ThrottledFileSystem._request
+
+    def recording(self, kind: str, path: str, start, end):
+        if kind == "read":
+            reads.append((start, end))
+        return request(self, kind, path, start, end)
+
+    monkeypatch.setattr(ThrottledFileSystem, "_request", recording)
+    return reads
+
+
+def _chunk(path: Path, group: int, column: str) -> tuple[int, int]:
+    """The bytes of one column chunk, from the footer (pyarrow's own reckoning)."""
+    meta = pq.ParquetFile(path).metadata.row_group(group)
+    names = [meta.column(j).path_in_schema for j in range(meta.num_columns)]
+    chunk = meta.column(names.index(column))
+    start = chunk.data_page_offset
+    if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+        start = chunk.dictionary_page_offset
+    return start, start + chunk.total_compressed_size
+
+
+def _throttled(directory: Path, **kw) -> ParquetSource:
+    options = {"throttled": {"latency_ms": 0, "skip_instance_cache": True}}
+    return ParquetSource(f"throttled::file://{directory}", storage_options=options, **kw)
+
+
+def test_each_row_group_is_read_as_its_column_chunks_and_no_more(tmp_path, monkeypatch) -> None:
+    """fsspec's buffered files read a block ahead (1 MiB here, 5 MiB or more in s3fs);
+    with two workers each reading every other row group, the bytes read ahead belonged
+    to the other worker, and half of every request was thrown away."""
+    rows = np.arange(4 * 16384)
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"x": rows, "y": -rows}), path, row_group_size=16384)
+    reads = _record_reads(monkeypatch)
+    source = _throttled(tmp_path, columns=["y"], cache_bytes=1)
+    assert len(source) == len(rows)  # plans: the footer reads are not counted below
+    reads.clear()
+    batches = list(DataLoader(source, batch_size=16384, num_workers=2))
+    assert np.concatenate([b["y"].numpy() for b in batches]).tolist() == (-rows).tolist()
+    assert sorted(reads) == [_chunk(path, g, "y") for g in range(4)]
+
+
+def test_a_batch_of_small_row_groups_costs_one_request(tmp_path, monkeypatch) -> None:
+    """Sixteen row groups of 100 rows, batches of 400: one request per batch, from its
+    first row group's chunk to its last one's (read-ahead gave this for free; exact
+    reads one row group at a time would pay 16 round trips)."""
+    rows = np.arange(1600)
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"x": rows}), path, row_group_size=100)
+    reads = _record_reads(monkeypatch)
+    source = _throttled(tmp_path, cache_bytes=1)
+    assert len(source) == len(rows)
+    reads.clear()
+    batches = list(DataLoader(source, batch_size=400, num_workers=1))
+    assert np.concatenate([b["x"].numpy() for b in batches]).tolist() == rows.tolist()
+    expected = [(_chunk(path, 4 * k, "x")[0], _chunk(path, 4 * k + 3, "x")[1]) for k in range(4)]
+    assert sorted(reads) == expected
+
+
+def test_the_bytes_read_for_a_batch_are_let_go_after_it(tmp_path) -> None:
+    """The reads run on a helper thread (timeouts) and the batch ends on the caller's:
+    both must see the same files, or the helper's kept every row group it read (the
+    next epoch then came from memory, and memory grew with the dataset)."""
+    pq.write_table(pa.table({"x": np.arange(400)}), tmp_path / "a.parquet", row_group_size=100)
+    source = _throttled(tmp_path, cache_bytes=1)
+    table = source.read(np.arange(50, 250))
+    assert table.column("x").to_pylist() == list(range(50, 250))
+    files = source._local.handles  # this thread's open files
+    assert files and all(ranged.held_bytes == 0 for _, ranged in files.values())
+
+
+def test_a_ranged_file_serves_what_it_loaded_and_reads_the_rest() -> None:
+    fs = fsspec.filesystem("memory")
+    data = bytes(range(256)) * 4
+    fs.pipe_file("/iolib-ranges/x", data)
+    ranged = RangedFile(fs, "/iolib-ranges/x", len(data))
+    ranged.load([(100, 200), (600, 700)])
+    assert ranged.requests == 2 and ranged.held_bytes == 200
+    ranged.seek(120)
+    assert bytes(ranged.read(10)) == data[120:130] and ranged.tell() == 130
+    ranged.load([(150, 190)])  # held already: no request
+    assert ranged.requests == 2
+    ranged.seek(-4, 2)  # outside the loaded ranges: one request of its own
+    assert bytes(ranged.read()) == data[-4:] and ranged.requests == 3
+    ranged.release()
+    assert ranged.held_bytes == 0
+
+
+def test_a_short_body_is_a_transient_error_not_short_bytes() -> None:
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file("/iolib-ranges/short", b"x" * 100)
+    ranged = RangedFile(fs, "/iolib-ranges/short", 1000)  # the footer said 1000 bytes
+    with pytest.raises(ShortReadError, match=r"\[50:500\] returned 50 of 450 bytes"):
+        ranged.load([(50, 500)])
+
+
+def test_ranges_closer_than_the_hole_are_read_in_one_request() -> None:
+    spans = [(5000, 6000), (0, 10), (15, 20)]
+    assert coalesce(spans, hole=10) == [(0, 20), (5000, 6000)]
+    assert coalesce(spans, hole=5000) == [(0, 6000)]
+    assert coalesce(spans, hole=5000, limit=1000) == [(0, 20), (5000, 6000)]
