@@ -5,7 +5,8 @@ Why not fsspec's buffered files: they read ahead a block past every request (1 M
 the throttle, 5 MiB or more in s3fs). With 2+ workers each reading every n-th row
 group, the next row group's bytes belong to another worker, so half of every 1 MiB row
 group's request was thrown away: on the nas profile the shared link, not the workers,
-capped the loader at 2.1 ms a batch (8 threads; 1.3 ms with exact reads).
+set the pace (8 threads read a 1 MiB row group every 2.1-2.3 ms; 1.6-1.7 ms with exact
+reads, docs/benchmarks.md).
 """
 
 from __future__ import annotations
