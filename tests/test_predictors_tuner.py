@@ -963,3 +963,25 @@ def test_a_speed_up_back_to_where_a_configuration_fell_short_keeps_it_short():
     assert (4, 6) in tuner._short
     tuner._replan_for_shift(state, before=short_at, now=short_at / 2, fresh=4, large=False)
     assert (4, 6) not in tuner._short
+
+
+def test_the_pipelines_first_batch_buys_no_depth():
+    """nas at 3 ms: the first batch starts the pipeline (10-21 ms against 7-8 ms after).
+    Counted as a late batch it made the first plan 3 workers at depth 6, where 3 / 3
+    holds 0.92-0.94; left out, the plan covers the batches being built."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=GiB)
+    reads = [17.2, 7.6, 7.2, 7.6, 7.2]
+    for k, read in enumerate(reads):
+        state = _state(
+            batch_index=k,
+            workers=1,
+            depth=1,
+            step_ms=0.0 if k == 0 else 3.1,
+            stall_ms=read,
+            read_ms=read,
+            decode_ms=0.0,
+            cpu_count=2,
+            epoch_start=k == 0,
+        )
+        decision = tuner.decide(state)
+    assert decision.workers == 3 and decision.depth <= 4, decision
