@@ -814,14 +814,14 @@ class LearnedTuner:
 
     def _climb(self, state: TunerState, current: Decision) -> tuple[int, int] | None:
         """One step up by measurement: the next depth of the grid with about 1.5x the
-        workers, else one more worker at this depth; None when neither fits."""
+        workers, else one more worker at this depth (below 10); None when neither fits."""
         max_workers = self.planner.workers_cap(state)
         deeper = [d for d in self.planner.depths(state) if d > current.depth]
         if deeper:
             depth = deeper[0]
             more = max(current.workers + 1, math.ceil(current.workers * 1.5))
             return max(current.workers, min(max_workers, depth, more)), depth
-        if current.workers < min(max_workers, current.depth) and current.workers < 10:
+        if current.workers < min(max_workers, current.depth, 10):
             return current.workers + 1, current.depth
         # One worker more among 10 or more is a step no window can judge (at most 10 %
         # more concurrency, within the measurement's noise): at 30 / 64 in a tenfold

@@ -28,7 +28,7 @@ from iolib.errors import ConfigError, DataError
 from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
-from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, chunk_spans, coalesce
+from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, Span, coalesce, column_spans
 from iolib.storage import RetryPolicy, call_with_retries, count_bytes, open_filesystem
 
 _GLOB_CHARS = "*?["
@@ -62,6 +62,7 @@ class _FileMeta:
     # The parsed footer, shared by every reader of the file: a worker opening it reads
     # no footer of its own (two round trips on object storage, 106 ms measured).
     footer: pq.FileMetaData
+    spans: tuple[dict[str, tuple[Span, ...]], ...]  # column chunks' byte ranges, per row group
 
 
 def _column_sizes(group: pq.RowGroupMetaData, compressed: bool) -> dict[str, int]:
@@ -242,7 +243,8 @@ class ParquetSource(Source):
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
         compressed = tuple(_column_sizes(meta.row_group(i), True) for i in range(len(groups)))
         raw = tuple(_column_sizes(meta.row_group(i), False) for i in range(len(groups)))
-        return _FileMeta(url, path, groups, size, schema, root, compressed, raw, meta)
+        spans = tuple(column_spans(meta.row_group(i)) for i in range(len(groups)))
+        return _FileMeta(url, path, groups, size, schema, root, compressed, raw, meta, spans)
 
     def _check_columns(self) -> None:
         if self.columns is None:
@@ -453,6 +455,9 @@ class ParquetSource(Source):
             policy=self.retry,
             redact=self._redact,
         )
+        # The file now holding this batch's bytes: let go once the batch is decoded (only
+        # these: a thread may have thousands of files open, and this is per batch).
+        self._local.__dict__.setdefault("loaded", []).append(handles[meta.path][1])
         self._check_types(table, meta, local)
         sizes = meta.column_bytes[local]
         count_bytes(sum(sizes[c] for c in (self.columns or sizes) if c in sizes))
@@ -474,13 +479,13 @@ class ParquetSource(Source):
                 "dataset's schema or leave it out."
             )
 
-    def _spans_for(self, group: int) -> list[tuple[int, int]]:
+    def _spans_for(self, group: int) -> list[Span]:
         """The byte ranges to read for `group`: its column chunks, and those of the
         batch's later row groups in the same file not cached or read by another thread
         (up to one request's worth), so that a batch of small row groups costs one
         request rather than one each."""
-        meta, local = self._groups[group]
-        spans = chunk_spans(meta.footer.row_group(local), self.columns)
+        meta = self._groups[group][0]
+        spans = self._chunk_spans(group)
         total = sum(end - start for start, end in spans)
         with self._lock:
             later = [
@@ -489,24 +494,29 @@ class ParquetSource(Source):
                 if g > group and g not in self._cache and g not in self._in_flight
             ]
         for other in later:
-            other_meta, other_local = self._groups[other]
-            if other_meta is not meta:
+            if self._groups[other][0] is not meta:
                 continue
-            more = chunk_spans(other_meta.footer.row_group(other_local), self.columns)
+            more = self._chunk_spans(other)
             total += sum(end - start for start, end in more)
             if total > MAX_REQUEST_BYTES:
                 break
             spans += more
         return coalesce(spans)
 
+    def _chunk_spans(self, group: int) -> list[Span]:
+        """The byte ranges of the columns read, in row group `group`."""
+        meta, local = self._groups[group]
+        by_column = meta.spans[local]
+        return [span for name in self.columns or by_column for span in by_column.get(name, ())]
+
     def _release_ranges(self) -> None:
         """Drop this thread's loaded bytes once a batch is decoded."""
-        for _, ranged in self._local.__dict__.get("handles", {}).values():
+        for ranged in self._local.__dict__.get("loaded", ()):
             ranged.release()
-        self._local.wanted = ()
+        self._local.loaded, self._local.wanted = [], ()
 
     def _read_row_group(
-        self, meta: _FileMeta, local: int, spans: list[tuple[int, int]], handles: dict
+        self, meta: _FileMeta, local: int, spans: list[Span], handles: dict
     ) -> pa.Table:
         # Taken out of `handles` while in use: an attempt abandoned on a timeout keeps
         # its file to itself, and the retry opens another.

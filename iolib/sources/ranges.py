@@ -29,30 +29,31 @@ HOLE_BYTES = 1 << 20
 MAX_REQUEST_BYTES = 64 << 20
 
 
-def chunk_spans(group: pq.RowGroupMetaData, columns: Sequence[str] | None) -> list[tuple[int, int]]:
-    """The byte ranges [start, end) of a row group's column chunks for `columns` (None:
-    all), as pyarrow reads them: from the dictionary page when there is one."""
-    wanted = None if columns is None else set(columns)
-    spans = []
+Span = tuple[int, int]
+
+
+def column_spans(group: pq.RowGroupMetaData) -> dict[str, tuple[Span, ...]]:
+    """The byte ranges [start, end) of a row group's column chunks by top-level column
+    (a nested column has one per leaf), as pyarrow reads them: from the dictionary page
+    when there is one. Read once per file with the footer: the metadata objects cost
+    Python work a batch should not pay again."""
+    spans: dict[str, list[Span]] = {}
     for j in range(group.num_columns):
         chunk = group.column(j)
-        if wanted is not None and chunk.path_in_schema.split(".")[0] not in wanted:
-            continue
         start = chunk.data_page_offset
         if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
             start = chunk.dictionary_page_offset
-        spans.append((start, start + chunk.total_compressed_size))
-    return spans
+        name = chunk.path_in_schema.split(".")[0]
+        spans.setdefault(name, []).append((start, start + chunk.total_compressed_size))
+    return {name: tuple(ranges) for name, ranges in spans.items()}
 
 
 def coalesce(
-    spans: Sequence[tuple[int, int]],
-    hole: int = HOLE_BYTES,
-    limit: int = MAX_REQUEST_BYTES,
-) -> list[tuple[int, int]]:
+    spans: Sequence[Span], hole: int = HOLE_BYTES, limit: int = MAX_REQUEST_BYTES
+) -> list[Span]:
     """Merge ranges whose gap is at most `hole` bytes, into requests of at most `limit`
     bytes (a single range larger than that stays whole)."""
-    merged: list[tuple[int, int]] = []
+    merged: list[Span] = []
     for start, end in sorted(spans):
         if merged and start - merged[-1][1] <= hole and end - merged[-1][0] <= limit:
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
@@ -75,7 +76,7 @@ class RangedFile(io.RawIOBase):
         self._blocks: list[memoryview] = []
         self.requests = 0  # for tests: how many requests this file made
 
-    def load(self, spans: Sequence[tuple[int, int]]) -> None:
+    def load(self, spans: Sequence[Span]) -> None:
         """Hold the bytes of `spans` (already coalesced), reading those not held yet."""
         missing = [(a, b) for a, b in spans if self._block_at(a, b) is None]
         if not missing:
