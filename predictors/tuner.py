@@ -193,7 +193,8 @@ class LearnedTuner:
         self._baseline = ServiceBaseline(shift_ratio)  # the service time shifts are read against
         self._recent: deque[TunerState] = deque(maxlen=max(window, check_batches + settle_batches))
         self._current: Decision | None = None
-        self._planned_at = 0
+        self._planned_at = 0  # the batch a change took effect after (settling counts from it)
+        self._in_effect = True  # the current configuration was measured at least once
         self._checked_at = 0
         self._ahead = 0  # checks in a row well above the target
         self._behind: float | None = None  # a first short window, judged with the next
@@ -509,9 +510,23 @@ class LearnedTuner:
         return slowing(service, self.shift_batches, self.shift_ratio)
 
     def _keep_record(self, state: TunerState) -> None:
+        self._note_in_effect(state)
         if self._is_settled(state):
             self._record.append(state)
             self._measured.setdefault((state.workers, state.depth), Measured()).add(state)
+
+    def _note_in_effect(self, state: TunerState) -> None:
+        """Settling counts from when a change took effect, not from when it was decided:
+        on the tuner's own thread a re-plan took 5 batches at nas 3 ms, the loader kept
+        building batches the old way meanwhile, and the settle was spent before the new
+        workers began. Their first batches (26-29 ms against 7-8) were judged, and the
+        first window after the first plan read 0.5 and bought 4 / 8 where 3 / 3 holds."""
+        current = self._current
+        if self._in_effect or current is None:
+            return
+        if (state.workers, state.depth) == (current.workers, current.depth):
+            self._in_effect = True
+            self._planned_at = max(self._planned_at, state.batch_index - 1)
 
     def _measured_enough(self) -> dict[tuple[int, int], Measured]:
         """Every configuration measured under this regime for a window at least."""
@@ -932,7 +947,7 @@ class LearnedTuner:
         self._ahead, self._behind = 0, None
         self._checked_at = state.batch_index  # the next check reads batches after this one
         if current is None or (current.workers, current.depth) != (workers, depth):
-            self._planned_at = state.batch_index
+            self._planned_at, self._in_effect = state.batch_index, False
             # New workers' first batches pay for opening files (footers, connections);
             # they come after the batches already in flight. Not judged, not a baseline.
             added = workers - current.workers if current else 0

@@ -985,3 +985,43 @@ def test_the_pipelines_first_batch_buys_no_depth():
         )
         decision = tuner.decide(state)
     assert decision.workers == 3 and decision.depth <= 4, decision
+
+
+def test_settling_counts_from_when_a_change_takes_effect():
+    """On the tuner's own thread a plan lands batches after it was decided (5 at nas
+    3 ms), and new workers' first batches are slow (26-29 ms against 7-8). Counted from
+    the decision, the settle was spent before the new workers began: their first batches
+    were judged, the window read 0.5, and the tuner bought 4 / 8 where 3 / 3 holds 0.95.
+    Counted from the first batch at the new configuration, it holds what it planned."""
+    tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=GiB)
+    lag, config, pending, seen_at = 5, (1, 1), None, None
+    decisions = []
+    for k in range(90):
+        if pending is not None and k >= pending[0]:
+            config, pending, seen_at = pending[1], None, k
+        fresh = seen_at is not None and k - seen_at in (1, 2)  # new workers' first batches
+        if config == (1, 1):
+            read, stall = (17.2, 17.2) if k == 0 else (7.4, 4.3)
+        else:
+            read, stall = (28.0, 24.0 if k - seen_at == 1 else 0.1) if fresh else (7.4, 0.05)
+        state = _state(
+            batch_index=k,
+            workers=config[0],
+            depth=config[1],
+            step_ms=0.0 if k == 0 else 3.1,
+            stall_ms=stall,
+            read_ms=read,
+            decode_ms=0.0,
+            cpu_count=2,
+            epoch_start=k == 0,
+            batch_memory_bytes=1e6,
+        )
+        decision = tuner.decide(state)
+        wanted = (decision.workers, decision.depth)
+        if wanted != config and (pending is None or pending[1] != wanted):
+            pending = (k + 1 + (lag if k > 0 else 0), wanted)
+            decisions.append((k, wanted))
+    first = decisions[0][1]
+    assert first[0] >= 2 and first[1] <= 4, decisions
+    # Later changes may step down; none buys more than the first plan's memory.
+    assert all(d <= first[1] and w <= first[0] for _, (w, d) in decisions), decisions
