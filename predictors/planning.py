@@ -180,7 +180,11 @@ class CandidatePlanner:
         import pandas as pd
 
         depths = self.depths(state, step_cap)
-        rows = [(w, d) for d in depths for w in range(1, self.workers_cap(state) + 1)]
+        # No more workers than depth: the engine keeps at most `depth` batches in flight,
+        # so the others would idle. The learned model does not know that, and ranked
+        # 22 workers at depth 4 above 4 / 4 for Pillow images on 2 cores (same memory).
+        cap = self.workers_cap(state)
+        rows = [(w, d) for d in depths for w in range(1, min(cap, d) + 1)]
         # Depth is what absorbs late batches; the model cannot see it (jitter is none of
         # its inputs), so candidates with too little are left out, when any remain. A
         # tenth of a batch short counts as enough: the stage times are not that exact.

@@ -133,3 +133,30 @@ def test_the_depth_needed_is_the_least_of_two_sufficient_conditions() -> None:
     assert planning.depth_needed(4, service_ms=80.0, step_ms=10.0, spread=0.3) == 8.0
     # No lateness: the batches being built, nothing more.
     assert planning.depth_needed(4, service_ms=40.0, step_ms=10.0, spread=0.0) == 4.0
+
+
+class _MoreWorkersLookBetter:
+    """A model that, like the learned one outside its data, credits workers beyond
+    the depth (which the engine leaves idle)."""
+
+    utilization_error = 0.05
+
+    def predict(self, frame):
+        out = QueueingModel().predict(frame)
+        out["utilization"] = (out["utilization"] + 0.01 * frame["workers"]).clip(upper=1.0)
+        return out
+
+
+def test_no_candidate_has_more_workers_than_depth() -> None:
+    """At most `depth` batches are in flight, so workers beyond it idle: same memory,
+    more threads. A model that credits them must not get to pick them."""
+    state = _read_bound()
+    planner = CandidatePlanner(
+        _MoreWorkersLookBetter(), target=0.9, margin=0.05, budget=None, max_workers=16, max_depth=64
+    )
+    frame = planner.candidates(state, state_features(state), Pace(step_ms=10.0))
+    assert len(frame) and (frame["workers"] <= frame["depth"]).all()
+    choice = planner.choose(
+        state, state_features(state), goal=0.9, stages={"step_ms": 10.0}, pace=Pace(step_ms=10.0)
+    )
+    assert choice.workers <= choice.depth, choice
