@@ -457,7 +457,7 @@ class ParquetSource(Source):
         )
         # The file now holding this batch's bytes: let go once the batch is decoded (only
         # these: a thread may have thousands of files open, and this is per batch).
-        self._local.__dict__.setdefault("loaded", []).append(handles[meta.path][1])
+        self._local.__dict__.setdefault("loaded", set()).add(handles[meta.path][1])
         self._check_types(table, meta, local)
         sizes = meta.column_bytes[local]
         count_bytes(sum(sizes[c] for c in (self.columns or sizes) if c in sizes))
@@ -511,9 +511,11 @@ class ParquetSource(Source):
 
     def _release_ranges(self) -> None:
         """Drop this thread's loaded bytes once a batch is decoded."""
-        for ranged in self._local.__dict__.get("loaded", ()):
+        loaded = self._local.__dict__.get("loaded", set())
+        for ranged in loaded:
             ranged.release()
-        self._local.loaded, self._local.wanted = [], ()
+        loaded.clear()
+        self._local.wanted = ()
 
     def _read_row_group(
         self, meta: _FileMeta, local: int, spans: list[Span], handles: dict
