@@ -46,12 +46,14 @@ def table_rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def collate_rows(rows: list[Any], collate_fn: Any = None) -> Any:
-    """Rows into a batch with the user's collate_fn, else torch's default_collate; dict
-    rows holding values torch cannot stack (bytes) keep those columns as lists."""
+def collate_rows(rows: list[Any], collate_fn: Any = None, *, arrow_rows: bool = False) -> Any:
+    """Rows into a batch with the user's collate_fn, else torch's default_collate (as torch
+    does: dict subclasses keep their type, ragged tensors raise). Rows made from Arrow
+    tables (`arrow_rows`) may hold values torch cannot stack (bytes, strings, nulls): those
+    columns stay lists."""
     if collate_fn is not None:
         return collate_fn(rows)
-    if rows and isinstance(rows[0], dict):
+    if arrow_rows and rows and isinstance(rows[0], dict):
         return {key: _collate_column([row[key] for row in rows]) for key in rows[0]}
     return default_collate(rows)
 

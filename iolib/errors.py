@@ -62,3 +62,13 @@ def require_non_negative_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"`{name}` must be a non-negative integer. Found: {value!r}.")
     return value
+
+
+def failure_text(exc: BaseException) -> str:
+    """Everything a batch failure shows when printed: its message, iolib's note (stage,
+    batch, samples), its traceback (a process worker's is in the message) and the causes
+    Python would print. A failure keeps its own exception type, as in torch, so its
+    context rides in a note and in `iolib_*` attributes."""
+    import traceback
+
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

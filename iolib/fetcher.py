@@ -7,6 +7,8 @@ threads and processes report errors the same way and the consumer re-raises them
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -16,11 +18,10 @@ from typing import Any, Literal
 import numpy as np
 
 from iolib.collate import batch_nbytes, collate_rows, collate_table, table_rows
-from iolib.errors import ConfigError
+from iolib.errors import ConfigError, WorkerError
 from iolib.redact import Redactor
 from iolib.rng import sample_rng
 from iolib.sources.base import Source
-from iolib.sources.torchds import TorchDatasetSource
 from iolib.storage import helper_cpu_s, take_counters
 
 OnError = Literal["raise", "skip"]
@@ -28,11 +29,16 @@ OnError = Literal["raise", "skip"]
 
 @dataclass(frozen=True)
 class BatchTask:
-    """Batch ``number`` of an epoch: the global sample indices, in batch order."""
+    """Batch ``number`` of an epoch: the samples' keys, in batch order (int64 indices; a
+    list of other keys where a user's sampler yields them)."""
 
     number: int
-    indices: np.ndarray
+    indices: Any
     epoch: int
+
+
+def key_list(indices: Any) -> list[Any]:
+    return indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
 
 
 @dataclass
@@ -51,17 +57,93 @@ class BatchMeta:
 
 
 @dataclass
+class Fetched:
+    """A finished batch and what making it measured."""
+
+    batch: Any
+    meta: BatchMeta
+
+    @property
+    def nbytes(self) -> int:
+        return self.meta.nbytes
+
+
+def _importable_type(kind: type) -> type | None:
+    """The exception's class where another process can find it by module and name, as
+    pickle does (torch rebuilds the same type from it); None for a class defined inside
+    a function."""
+    found: Any = sys.modules.get(kind.__module__)
+    for part in kind.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return kind if found is kind else None
+
+
+class _KeyErrorMessage(str):
+    """KeyError quotes its message with repr(); this keeps newlines readable (as torch)."""
+
+    def __repr__(self) -> str:
+        return self
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10: kept for tools that read __notes__
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+@dataclass
 class Failure:
     """A batch that failed: enough context to raise a useful error in the consumer."""
 
     stage: str
     message: str
     traceback: str
-    samples: list[int]
+    samples: list[Any]
     exception: BaseException | None = None  # kept in thread mode; dropped across processes
+    kind: type | None = None  # the exception's class, to re-raise the same type
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "exception": None}
+        kind = _importable_type(self.kind) if self.kind is not None else None
+        return {**self.__dict__, "exception": None, "kind": kind}
+
+    def context(self, batch: int, epoch: int) -> str:
+        shown = self.samples[:8]
+        more = f" (+{len(self.samples) - 8} more)" if len(self.samples) > 8 else ""
+        return (
+            f"Batch {batch} of epoch {epoch} failed in stage '{self.stage}' for sample(s) "
+            f"{shown}{more}: {self.message}"
+        )
+
+    def to_exception(self, batch: int, epoch: int) -> BaseException:
+        """The error to raise in the consumer: the worker's own exception where this
+        process holds it (thread workers, inline), else one of the same type rebuilt from
+        its message, as torch does; a WorkerError where the type cannot be rebuilt. The
+        stage, batch and samples come along as a note and as `iolib_*` attributes."""
+        context = self.context(batch, epoch)
+        exc = self.exception
+        if exc is None and self.kind is not None and self.kind is not WorkerError:
+            text = f"{context}\n\nOriginal traceback (in the worker):\n{self.traceback}"
+            if issubclass(self.kind, KeyError):
+                text = _KeyErrorMessage(text)
+            try:
+                exc = self.kind(text)
+            except Exception:
+                exc = None
+        if exc is None:
+            exc = WorkerError(
+                context,
+                stage=self.stage,
+                batch=batch,
+                samples=self.samples,
+                remote_traceback=self.traceback,
+            )
+        else:
+            add_note(exc, f"iolib: {context}")
+        for name, value in (("stage", self.stage), ("batch", batch), ("samples", self.samples)):
+            with contextlib.suppress(Exception):
+                setattr(exc, f"iolib_{name}", value)
+        return exc
 
 
 class _StageError(Exception):
@@ -71,7 +153,10 @@ class _StageError(Exception):
 
 
 class BatchFetcher:
-    """Makes one batch from a task. Holds only picklable configuration."""
+    """Makes one batch from a task. Holds only picklable configuration.
+
+    `unbatched` (torch's batch_size=None): each task is one sample, converted by
+    `collate_fn` (default: torch's default_convert) instead of collated."""
 
     def __init__(
         self,
@@ -82,6 +167,7 @@ class BatchFetcher:
         transform: Callable[[Any, np.random.Generator], Any] | None = None,
         decode: Any = None,
         on_error: OnError = "raise",
+        unbatched: bool = False,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"`on_error` must be 'raise' or 'skip'. Found: {on_error!r}.")
@@ -91,8 +177,9 @@ class BatchFetcher:
         self.transform = transform
         self.decode = decode
         self.on_error = on_error
+        self.unbatched = unbatched
 
-    def __call__(self, task: BatchTask) -> tuple[Any, BatchMeta] | Failure:
+    def __call__(self, task: BatchTask) -> Fetched | Failure:
         meta = BatchMeta()
         take_counters()  # start this batch's I/O counts from zero
         try:
@@ -100,12 +187,12 @@ class BatchFetcher:
         except _StageError as exc:
             return self._failure(exc.stage, exc.samples, exc.cause)
         except Exception as exc:  # a bug in our own glue: still report, never hang
-            return self._failure("fetch", task.indices.tolist(), exc)
+            return self._failure("fetch", key_list(task.indices), exc)
         meta.bytes_read, meta.retries = take_counters()
         meta.nbytes = batch_nbytes(batch)
-        return batch, meta
+        return Fetched(batch, meta)
 
-    def _failure(self, stage: str, samples: list[int], exc: BaseException) -> Failure:
+    def _failure(self, stage: str, samples: list[Any], exc: BaseException) -> Failure:
         where = self.source.locate(samples[0]) if len(samples) == 1 else self.source.describe()
         raw = f"{type(exc).__name__}: {exc} [{where}]"
         raw_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -113,9 +200,9 @@ class BatchFetcher:
         redact = getattr(self.source, "_redact", None) or Redactor()
         text, tb = redact(raw), redact(raw_tb, assignments=False)
         keep = exc if tb == raw_tb and redact(str(exc)) == str(exc) else None
-        return Failure(stage, text, tb, samples, keep)
+        return Failure(stage, text, tb, samples, keep, type(exc))
 
-    def _timed(self, meta: BatchMeta, stage: str, samples: list[int], fn: Callable[[], Any]) -> Any:
+    def _timed(self, meta: BatchMeta, stage: str, samples: list[Any], fn: Callable[[], Any]) -> Any:
         start, cpu, helper = time.perf_counter(), time.thread_time(), helper_cpu_s()
         try:
             return fn()
@@ -129,12 +216,7 @@ class BatchFetcher:
             meta.stage_ms[stage] = meta.stage_ms.get(stage, 0.0) + 1e3 * wall
             meta.cpu_ms[stage] = meta.cpu_ms.get(stage, 0.0) + 1e3 * used
 
-    def _read(self, indices: np.ndarray, epoch: int) -> Any:
-        if isinstance(self.source, TorchDatasetSource):
-            return self.source.read(indices, seed=self.seed, epoch=epoch)
-        return self.source.read(indices)
-
-    def _read_skipping(self, indices: np.ndarray, epoch: int, meta: BatchMeta) -> Any:
+    def _read_skipping(self, indices: Any, epoch: int, meta: BatchMeta) -> Any:
         """Read a batch; under on_error="skip", retry sample by sample and leave out those
         that fail (counted), keeping the others in order.
 
@@ -142,19 +224,19 @@ class BatchFetcher:
         fails every sample in it: the rest of its samples are skipped without another
         read (and its retries), so a corrupt row group costs one read, not one per sample."""
         try:
-            return self._read(indices, epoch), indices
+            return self.source.read(indices, epoch=epoch), indices
         except Exception:
             if self.on_error == "raise":
                 raise
         block_of = getattr(self.source, "block_of", None)
         kept, parts, failed_blocks = [], [], set()
-        for index in indices.tolist():
+        for index in key_list(indices):
             block = block_of(index) if block_of is not None else None
             if block is not None and block in failed_blocks:
                 meta.skipped.append(index)
                 continue
             try:
-                parts.append(self._read(np.array([index], dtype=np.int64), epoch))
+                parts.append(self.source.read(as_batch_of_one(indices, index), epoch=epoch))
                 kept.append(index)
             except Exception:
                 meta.skipped.append(index)
@@ -162,34 +244,40 @@ class BatchFetcher:
                     failed_blocks.add(block)
         if not parts:
             return None, np.zeros(0, dtype=np.int64)
+        kept_keys = np.array(kept, dtype=np.int64) if isinstance(indices, np.ndarray) else kept
         if self.source.columnar:
             import pyarrow as pa
 
-            return pa.concat_tables(parts), np.array(kept, dtype=np.int64)
-        return [s for part in parts for s in part], np.array(kept, dtype=np.int64)
+            return pa.concat_tables(parts), kept_keys
+        return [s for part in parts for s in part], kept_keys
 
     def _make(self, task: BatchTask, meta: BatchMeta) -> Any:
-        samples = task.indices.tolist()
+        samples = key_list(task.indices)
         data, indices = self._timed(
             meta, "read", samples, lambda: self._read_skipping(task.indices, task.epoch, meta)
         )
         if data is None:
             meta.samples = 0
             return None
+        columnar = self.source.columnar
         if self.transform is not None:
-            rows = table_rows(data) if self.source.columnar else data
+            rows = table_rows(data) if columnar else data
             data = self._timed(
                 meta, "transform", samples, lambda: self._transform(rows, indices, task)
             )
-            batch = self._timed(
-                meta, "collate", samples, lambda: collate_rows(data, self.collate_fn)
-            )
-        elif self.source.columnar and self.collate_fn is None:
+            columnar = False
+        if self.unbatched:
+            rows = table_rows(data) if columnar else data
+            batch = self._timed(meta, "collate", samples, lambda: self._convert(rows[0]))
+        elif columnar and self.collate_fn is None:
             batch = self._timed(meta, "collate", samples, lambda: collate_table(data))
         else:
-            rows = table_rows(data) if self.source.columnar else data
+            rows = table_rows(data) if columnar else data
             batch = self._timed(
-                meta, "collate", samples, lambda: collate_rows(rows, self.collate_fn)
+                meta,
+                "collate",
+                samples,
+                lambda: collate_rows(rows, self.collate_fn, arrow_rows=self.source.columnar),
             )
         meta.samples = len(indices)
         if self.decode is not None:
@@ -203,12 +291,24 @@ class BatchFetcher:
             meta.samples -= len(skipped)
         return batch
 
-    def _transform(self, rows: list[Any], indices: np.ndarray, task: BatchTask) -> list[Any]:
+    def _convert(self, sample: Any) -> Any:
+        if self.collate_fn is not None:
+            return self.collate_fn(sample)
+        from torch.utils.data import default_convert
+
+        return default_convert(sample)
+
+    def _transform(self, rows: list[Any], indices: Any, task: BatchTask) -> list[Any]:
         out = []
-        for row, index in zip(rows, indices.tolist(), strict=True):
+        for row, index in zip(rows, key_list(indices), strict=True):
             try:
                 out.append(self.transform(row, sample_rng(self.seed, task.epoch, index)))
             except Exception as exc:
                 exc.iolib_sample = index  # type: ignore[attr-defined]
                 raise
         return out
+
+
+def as_batch_of_one(indices: Any, key: Any) -> Any:
+    """A batch holding `key` alone, of the same kind as `indices`."""
+    return np.array([key], dtype=np.int64) if isinstance(indices, np.ndarray) else [key]

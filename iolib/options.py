@@ -1,80 +1,232 @@
-"""The DataLoader's argument checks: torch's rules, iolib's additions, clear errors.
+"""The DataLoader's arguments, validated once: torch's rules and exception types, then
+iolib's additions.
 
-Pure functions of the arguments, kept apart so loader.py reads as composition.
+Why a frozen dataclass: the loader, a stage feed and a resumed run all need the same
+validated configuration, and rebuilding a loader with one argument changed
+(`DataLoader.replace`) is `dataclasses.replace` on it. Every check raises ConfigError,
+a ValueError, as torch raises ValueError for the same mistakes.
 """
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
 import torch
+from torch.utils.data import IterableDataset
 
-from iolib.errors import ConfigError, require_positive_int
-from iolib.sources.torchds import TorchDatasetSource
+from iolib.errors import ConfigError
+from iolib.plan import SHUFFLE_MODES
 from iolib.tuning import parse_bytes
 
+ON_ERROR = ("raise", "skip")
+WORKER_MODES = ("auto", "thread", "process")
 
-def check_samplers(
-    sampler: Any, batch_sampler: Any, batch_size: Any, drop_last: bool, shuffle: str
-) -> None:
-    if (sampler is not None or batch_sampler is not None) and shuffle != "none":
-        raise ConfigError(
-            "`shuffle` must be False with a `sampler` or `batch_sampler` (as in torch): "
-            "the sampler decides the order."
-        )
-    if batch_sampler is not None:
-        if sampler is not None or drop_last or batch_size not in (1, None):
+
+def _flag(name: str, value: Any) -> bool:
+    """torch's truthy flags (True, 1, numpy bools), but no strings: `"no"` is truthy."""
+    if isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, numbers.Integral) and value in (0, 1)
+    ):
+        return bool(value)
+    raise ConfigError(f"`{name}` must be True or False. Found: {value!r}.")
+
+
+def _count(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"`{name}` must be an integer >= {minimum}. Found: {value!r}.")
+    if value < minimum:
+        raise ConfigError(f"`{name}` must be an integer >= {minimum}. Found: {value!r}.")
+    return int(value)
+
+
+def shuffle_mode(shuffle: Any) -> str:
+    """iolib's mode names as given; any other value by its truth, as torch reads it."""
+    if isinstance(shuffle, str):
+        if shuffle not in SHUFFLE_MODES:
             raise ConfigError(
-                "`batch_sampler` is mutually exclusive with batch_size, shuffle, sampler "
-                "and drop_last (as in torch): leave those at their defaults."
+                f"`shuffle` must be True, False, 'global' or 'block'. Found: {shuffle!r}."
             )
-        return
-    if batch_size is None:
-        raise ConfigError(
-            "`batch_size=None` (unbatched samples) is not supported: iolib plans whole "
-            "batches. Use batch_size=1 and index [0], or torch's DataLoader."
-        )
-    require_positive_int("batch_size", batch_size)
+        return shuffle
+    if shuffle is None:
+        return "none"
+    return "global" if _flag("shuffle", shuffle) else "none"
 
 
-def resolve_seed(seed: int | None, generator: torch.Generator | None) -> int:
-    if seed is None:
-        seed = generator.initial_seed() if generator is not None else 0
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"`seed` must be a non-negative integer. Found: {seed!r}.")
-    return seed
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Every DataLoader argument but the dataset. torch's come first, with its defaults;
+    the rest are iolib's (see DataLoader's docstring). Values are checked and
+    normalized at construction: a LoaderOptions is always valid."""
+
+    batch_size: int | None = 1
+    shuffle: Any = None
+    sampler: Any = None
+    batch_sampler: Any = None
+    num_workers: int = 0
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    pin_memory: bool = False
+    drop_last: bool = False
+    timeout: float = 0
+    worker_init_fn: Callable[[int], None] | None = None
+    multiprocessing_context: Any = None
+    generator: torch.Generator | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    pin_memory_device: str = ""
+    in_order: bool = True
+    seed: int | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    shuffle_window: int = 8
+    transform: Callable[[Any, np.random.Generator], Any] | None = None
+    decode: Any = None
+    worker_mode: str = "auto"
+    prefetch: Any = None
+    target_utilization: float = 0.9
+    memory_budget: int | str | None = None
+    on_error: str = "raise"
+    iterable: bool = False  # the dataset is an IterableDataset (set by the loader)
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        put("num_workers", _count("num_workers", self.num_workers, minimum=0))
+        timeout = self.timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
+            raise ConfigError(f"`timeout` must be a number of seconds >= 0. Found: {timeout!r}.")
+        self._check_workers(put)
+        for name in ("pin_memory", "in_order"):
+            put(name, _flag(name, getattr(self, name)))
+        put("shuffle", shuffle_mode(self.shuffle))
+        self._check_sampling(put)
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):
+            raise ConfigError(
+                f"`generator` must be a torch.Generator or None. Found: {self.generator!r}."
+            )
+        if self.seed is None:
+            put("seed", self.generator.initial_seed() if self.generator is not None else 0)
+        put("seed", _count("seed", self.seed, minimum=0))
+        self._check_iolib()
+
+    def _check_workers(self, put: Callable[[str, Any], None]) -> None:
+        workers, factor = self.num_workers, self.prefetch_factor
+        if workers == 0 and factor is not None:
+            raise ConfigError(
+                "`prefetch_factor` needs num_workers > 0 (as in torch): leave it None, or "
+                "use iolib's `prefetch` for the batches read ahead."
+            )
+        if factor is not None:
+            put("prefetch_factor", _count("prefetch_factor", factor, minimum=0))
+        elif workers > 0:
+            put("prefetch_factor", 2)
+        put("persistent_workers", _flag("persistent_workers", self.persistent_workers))
+        if self.persistent_workers and workers == 0:
+            raise ConfigError("`persistent_workers=True` needs num_workers > 0 (as in torch).")
+
+    def _check_sampling(self, put: Callable[[str, Any], None]) -> None:
+        shuffled = self.shuffle != "none"
+        if self.iterable and (
+            shuffled or self.sampler is not None or self.batch_sampler is not None
+        ):
+            raise ConfigError(
+                "An IterableDataset decides its own order: leave `shuffle`, `sampler` "
+                "and `batch_sampler` unset (as torch requires)."
+            )
+        if self.sampler is not None and shuffled:
+            raise ConfigError("`sampler` is mutually exclusive with `shuffle` (as in torch).")
+        if self.batch_sampler is not None:
+            if (
+                self.batch_size != 1
+                or shuffled
+                or self.sampler is not None
+                or _flag("drop_last", self.drop_last)
+            ):
+                raise ConfigError(
+                    "`batch_sampler` is mutually exclusive with batch_size, shuffle, sampler "
+                    "and drop_last (as in torch): leave those at their defaults."
+                )
+            put("batch_size", None)
+            put("drop_last", False)
+            return
+        if self.batch_size is None:
+            if _flag("drop_last", self.drop_last):
+                raise ConfigError(
+                    "`batch_size=None` (no batching) is mutually exclusive with `drop_last`."
+                )
+            put("drop_last", False)
+            return
+        size = self.batch_size
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size <= 0:
+            raise ConfigError(f"`batch_size` must be a positive integer or None. Found: {size!r}.")
+        put("batch_size", int(size))
+        if not isinstance(self.drop_last, (bool, np.bool_)):
+            raise ConfigError(f"`drop_last` must be True or False. Found: {self.drop_last!r}.")
+        put("drop_last", bool(self.drop_last))
+
+    def _check_iolib(self) -> None:
+        _count("shuffle_window", self.shuffle_window, minimum=1)
+        if self.worker_mode not in WORKER_MODES:
+            raise ConfigError(
+                f"`worker_mode` must be one of {WORKER_MODES}. Found: {self.worker_mode!r}."
+            )
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"`on_error` must be 'raise' or 'skip'. Found: {self.on_error!r}.")
+        prefetch = self.prefetch
+        if prefetch is not None and not (
+            prefetch == "auto" or hasattr(prefetch, "decide") or isinstance(prefetch, int)
+        ):
+            raise ConfigError(
+                "`prefetch` must be a positive integer (batches in flight or ready), 'auto' "
+                f"(the learned tuner) or a tuner with a decide() method. Found: {prefetch!r}."
+            )
+        if isinstance(prefetch, int):
+            _count("prefetch", prefetch, minimum=1)
+        target = self.target_utilization
+        if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
+            raise ConfigError(
+                "`target_utilization` must be a number strictly between 0 and 1 (the share "
+                f"of time the GPU should compute, e.g. 0.9). Found: {target!r}."
+            )
+        parse_bytes(self.memory_budget)
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def tuner(self) -> dict[str, Any] | None:
+        """The online tuner's spec, or None for a fixed depth."""
+        if self.prefetch is None or isinstance(self.prefetch, int):
+            return None
+        return {
+            "tuner": self.prefetch,
+            "target": float(self.target_utilization),
+            "budget": parse_bytes(self.memory_budget),
+        }
+
+    @property
+    def depth(self) -> int:
+        """Batches in flight or ready: `prefetch`, else torch's prefetch_factor × workers."""
+        if isinstance(self.prefetch, int):
+            return self.prefetch
+        return max(1, (self.prefetch_factor or 2) * max(self.num_workers, 1))
+
+    def arguments(self) -> dict[str, Any]:
+        """The constructor's keyword arguments that rebuild an equal loader."""
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "iterable"}
+        if self.batch_sampler is not None:
+            kwargs["batch_size"] = 1  # normalized to None above; torch wants it left at 1
+        return kwargs
 
 
-def resolve_mode(mode: str, source: Any) -> str:
+def resolve_mode(mode: str, torch_dataset: bool) -> str:
+    """ "auto" is processes for torch Datasets (GIL-bound Python), threads for iolib sources."""
     if mode == "auto":
-        return "process" if isinstance(source, TorchDatasetSource) else "thread"
-    if mode not in ("thread", "process"):
-        raise ConfigError(f"`worker_mode` must be 'auto', 'thread' or 'process'. Found: {mode!r}.")
+        return "process" if torch_dataset else "thread"
     return mode
 
 
-def resolve_tuner(prefetch: Any, target: Any, budget: Any) -> dict[str, Any] | None:
-    """prefetch="auto" (the learned tuner) or a tuner object (anything with decide())."""
-    if prefetch is None or isinstance(prefetch, int):
-        return None
-    if prefetch != "auto" and not hasattr(prefetch, "decide"):
-        raise ConfigError(
-            "`prefetch` must be a positive integer (batches in flight or ready), 'auto' "
-            f"(the learned tuner) or a tuner with a decide() method. Found: {prefetch!r}."
-        )
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
-        raise ConfigError(
-            "`target_utilization` must be a number strictly between 0 and 1 (the share "
-            f"of time the GPU should compute, e.g. 0.9). Found: {target!r}."
-        )
-    return {"tuner": prefetch, "target": float(target), "budget": parse_bytes(budget)}
-
-
-def resolve_depth(prefetch: Any, prefetch_factor: int | None, workers: int) -> int:
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ConfigError(f"`num_workers` must be a non-negative integer. Found: {workers!r}.")
-    if prefetch is not None:
-        return require_positive_int("prefetch", prefetch)
-    if prefetch_factor is not None:
-        require_positive_int("prefetch_factor", prefetch_factor)
-    return (prefetch_factor or 2) * max(workers, 1)
+def is_iterable(dataset: Any) -> bool:
+    return isinstance(dataset, IterableDataset)

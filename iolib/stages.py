@@ -126,7 +126,7 @@ class _IndexOnly(Source):
     def locate(self, index: int) -> str:
         return self.source.locate(index)
 
-    def read(self, indices: np.ndarray) -> pa.Table:
+    def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         return pa.table({_INDEX: np.asarray(indices, dtype=np.int64)})
 
 
@@ -137,7 +137,7 @@ class _FolderLabels(_IndexOnly):
         super().__init__(source)
         self.columns = columns
 
-    def read(self, indices: np.ndarray) -> pa.Table:
+    def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         from iolib.sources.files import SCHEMA
 
         _, paths, labels = self.source._list()
@@ -284,11 +284,11 @@ class StageFeed:
 
     def _reductions(self) -> dict[str, Any]:
         loader, decode = self.loader, self.loader.decode
-        if loader._arguments.get("on_error", "raise") == "skip":
+        if loader.options.on_error == "skip":
             return {}
         if getattr(decode, "on_error", "raise") == "skip":
             return {}
-        plain = loader.transform is None and loader.collate_fn is None
+        plain = loader.transform is None and loader.options.collate_fn is None
         names = _source_columns(loader.source) if plain else None
         if names is None:  # keys unknown before reading: only an empty stage reads less
             if self.columns is None and not (self.first or self.last):

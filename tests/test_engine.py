@@ -127,7 +127,7 @@ def test_killed_process_worker_is_reported_with_exit_code() -> None:
     with pytest.raises(WorkerDied, match=r"exited with code -9 while holding batches \[[0-9, ]*4"):
         list(loader)
     assert time.monotonic() - start < 30
-    assert loader._engine is None, "workers must be released after an error"
+    assert loader._pipeline.engine is None, "workers must be released after an error"
 
 
 def test_persistent_workers_survive_epochs_and_close() -> None:
@@ -142,12 +142,12 @@ def test_persistent_workers_survive_epochs_and_close() -> None:
         Plain(), batch_size=3, num_workers=2, worker_mode="thread", persistent_workers=True
     )
     list(loader)
-    engine = loader._engine
+    engine = loader._pipeline.engine
     assert engine is not None
     list(loader)
-    assert loader._engine is engine, "persistent workers are reused across epochs"
+    assert loader._pipeline.engine is engine, "persistent workers are reused across epochs"
     loader.close()
-    assert loader._engine is None
+    assert loader._pipeline.engine is None
 
 
 def test_follow_reads_the_next_sequence_ahead_and_advance_keeps_it() -> None:

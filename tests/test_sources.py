@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from iolib import DataLoader
-from iolib.errors import ConfigError, DataError, StateError, WorkerError
+from iolib.errors import ConfigError, DataError, StateError, failure_text
 from iolib.sources import ImageFolderSource, ParquetSource, TorchDatasetSource
 from tests.conftest import jpeg_bytes, write_parquet_shards
+from tests.failures import raises_failure
 
 
 def test_parquet_directory_glob_list_and_file_agree(token_dir) -> None:
@@ -167,10 +168,9 @@ def test_corrupt_row_group_names_file_and_group(tmp_path) -> None:
     data[start + 10 : end] = b"\xff" * (end - start - 10)  # garble row group 1's pages
     path.write_bytes(bytes(data))
     loader = DataLoader(ParquetSource(str(path)), batch_size=100, num_workers=2)
-    with pytest.raises(WorkerError, match=r"c.parquet.*row group 1") as info:
+    with raises_failure(DataError, match=r"c.parquet.*row group 1") as info:
         list(loader)
-    assert info.value.stage == "read"
-    assert "Original traceback" in str(info.value)
+    assert info.value.iolib_stage == "read"
 
 
 def test_empty_dataset(tmp_path) -> None:
@@ -209,10 +209,10 @@ def test_worker_exception_names_sample_and_keeps_traceback() -> None:
 
     for workers, mode in ((0, "auto"), (2, "thread"), (2, "process")):
         loader = DataLoader(Broken(), batch_size=4, num_workers=workers, worker_mode=mode)
-        with pytest.raises(WorkerError, match=r"sample\(s\) \[13\].*KeyError") as info:
+        with raises_failure(KeyError, match=r"sample\(s\) \[13\].*label missing") as info:
             list(loader)
-        assert info.value.samples == [13]
-        assert "__getitem__" in info.value.remote_traceback
+        assert info.value.iolib_samples == [13]
+        assert "__getitem__" in failure_text(info.value)
 
 
 def test_iterable_dataset_is_refused_with_reason() -> None:

@@ -61,15 +61,21 @@ def test_sampler_and_batch_sampler_are_honoured() -> None:
     assert len(got) == 7 and got[1] == [4, 5, 6, 7]
 
 
-def test_distributed_sampler_with_set_epoch() -> None:
-    def epoch_ids(rank: int, epoch: int) -> list[int]:
+def test_distributed_sampler_epoch_is_the_scripts() -> None:
+    """The script tells its sampler the epoch (as with torch); the loader never does, so a
+    run resumed at epoch 5 reads epoch 5's order, not the loader's own epoch count."""
+
+    def epoch_ids(loader_class, rank: int, epoch: int) -> list[int]:
         sampler = DistributedSampler(Squares(), num_replicas=2, rank=rank, shuffle=True, seed=3)
-        loader = DataLoader(Squares(), batch_size=5, sampler=sampler, rank=0, world_size=1)
-        loader.set_epoch(epoch)
+        sampler.set_epoch(epoch)
+        loader = loader_class(Squares(), batch_size=5, sampler=sampler)
         return [i for x, _ in loader for i in x.tolist()]
 
-    assert sorted(epoch_ids(0, 0) + epoch_ids(1, 0)) == list(range(30))
-    assert epoch_ids(0, 0) != epoch_ids(0, 1)
+    ours = [epoch_ids(DataLoader, r, e) for r in (0, 1) for e in (0, 5)]
+    theirs = [epoch_ids(torch.utils.data.DataLoader, r, e) for r in (0, 1) for e in (0, 5)]
+    assert ours == theirs
+    assert sorted(ours[0] + ours[2]) == list(range(30))
+    assert ours[0] != ours[1]
 
 
 def test_generator_seeds_the_order() -> None:
@@ -103,14 +109,14 @@ def test_pin_memory_without_cuda_warns_and_still_loads() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"batch_size": None}, "unbatched"),
-        ({"shuffle": True, "sampler": [1, 2]}, "`shuffle` must be False with a `sampler`"),
+        ({"batch_size": None, "drop_last": True}, "mutually exclusive with `drop_last`"),
+        ({"shuffle": True, "sampler": [1, 2]}, "mutually exclusive with `shuffle`"),
         ({"batch_sampler": [[0]], "batch_size": 4}, "mutually exclusive"),
         ({"num_workers": -1}, "num_workers"),
         ({"timeout": -1}, "timeout"),
         ({"shuffle": "sometimes"}, "shuffle"),
         ({"worker_mode": "fiber"}, "worker_mode"),
-        ({"sampler": [0, 1], "rank": 0, "world_size": 2}, "cannot shard"),
+        ({"sampler": [0, 1], "rank": 0, "world_size": 2}, "cannot also shard"),
         ({"rank": 1}, "both `rank` and `world_size`"),
     ],
 )

@@ -117,9 +117,15 @@ def _recorded_run(batches: int, delay_s: float = 0.0, step_s: float = 0.0, loade
 class SlowPinning(DataLoader):
     """A loader whose own work inside `__next__` (pinning, here) takes 20 ms."""
 
-    def _pin(self, batch):
-        time.sleep(0.02)
-        return super()._pin(batch)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        pin = self._pipeline.pin
+
+        def slow_pin(batch):
+            time.sleep(0.02)
+            return pin(batch)
+
+        self._pipeline.pin = slow_pin
 
 
 def test_the_tuner_is_told_which_batch_starts_an_iteration() -> None:

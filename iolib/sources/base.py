@@ -33,9 +33,10 @@ class Source(ABC):
         validating a restored state."""
 
     @abstractmethod
-    def read(self, indices: np.ndarray) -> Any:
-        """Read the samples at `indices` (int64, batch order): a pyarrow Table with rows in
-        that order for columnar sources, else a list of samples."""
+    def read(self, indices: np.ndarray, *, epoch: int = 0) -> Any:
+        """Read the samples at `indices` (int64, batch order; a map-style Dataset also takes
+        a list of other keys): a pyarrow Table with rows in that order for columnar sources,
+        else a list of samples. `epoch` keys any per-sample randomness a source applies."""
 
     def blocks(self) -> tuple[int, ...]:
         """Contiguous blocks (row groups) in sample order, for block shuffling; () if none."""

@@ -113,7 +113,7 @@ class ImageFolderSource(Source):
     def locate(self, index: int) -> str:
         return f"{self._redact(self._list()[1][index])!r} (sample {index})"
 
-    def read(self, indices: np.ndarray) -> pa.Table:
+    def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         _, paths, labels = self._list()
         chosen = [paths[int(i)] for i in indices]
         fs, _ = open_filesystem(self.url, self.storage_options)

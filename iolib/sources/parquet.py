@@ -338,7 +338,7 @@ class ParquetSource(Source):
         return int(np.searchsorted(self._rg_starts, index, side="right") - 1)
 
     # -- reads ---------------------------------------------------------------------------
-    def read(self, indices: np.ndarray) -> pa.Table:
+    def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Rows at `indices`, in that order, as one Arrow table: a fresh copy (collate hands
         its memory to tensors without copying again).
 

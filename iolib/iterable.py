@@ -1,0 +1,111 @@
+"""IterableDatasets, iterated exactly as torch iterates them.
+
+Why torch's own DataLoader does the work here: an IterableDataset decides its own order
+and sharding (each worker runs a copy and reads `get_worker_info()`), so there is no
+plan for iolib to own; torch's worker loop already gives those semantics, and a second
+implementation could only drift from them. What iolib adds: worker seeds drawn from the
+loader's `seed` (so a run repeats), a cursor (batches consumed) for `state_dict()`, and
+telemetry in `stats()`. Resume re-reads the stream and drops the batches already
+consumed: exact when the dataset yields the same stream each pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader as TorchDataLoader
+
+from iolib.errors import ConfigError
+from iolib.fetcher import BatchMeta
+from iolib.options import LoaderOptions
+from iolib.sampling import Cursor
+from iolib.telemetry import Telemetry
+
+
+class IterableFeed:
+    """Runs an IterableDataset through torch's DataLoader with the loader's options."""
+
+    def __init__(self, dataset: Any, options: LoaderOptions) -> None:
+        unsupported = [
+            name for name in ("transform", "decode") if getattr(options, name) is not None
+        ]
+        if options.prefetch is not None or options.on_error != "raise":
+            unsupported.append("prefetch" if options.prefetch is not None else "on_error")
+        if unsupported:
+            raise ConfigError(
+                f"{unsupported} are not supported with an IterableDataset (iolib cannot plan "
+                "its samples): apply them inside the dataset, or give it __getitem__ and "
+                "__len__ to use them."
+            )
+        self.dataset, self.options = dataset, options
+        self.telemetry = Telemetry()
+        self._torch: TorchDataLoader | None = None
+
+    def _loader(self) -> TorchDataLoader:
+        if self._torch is None:
+            o = self.options
+            generator = o.generator or torch.Generator().manual_seed(o.seed)
+            self._torch = TorchDataLoader(
+                self.dataset,
+                batch_size=o.batch_size,
+                num_workers=o.num_workers,
+                collate_fn=o.collate_fn,
+                pin_memory=o.pin_memory,
+                drop_last=o.drop_last,
+                timeout=o.timeout,
+                worker_init_fn=o.worker_init_fn,
+                multiprocessing_context=o.multiprocessing_context,
+                generator=generator,
+                prefetch_factor=o.prefetch_factor,
+                persistent_workers=o.persistent_workers,
+                pin_memory_device=o.pin_memory_device,
+                in_order=o.in_order,
+            )
+        return self._torch
+
+    def __len__(self) -> int:
+        return len(self._loader())
+
+    def begin(self, cursor: Cursor, owner: Any = None) -> Iterator[Any]:
+        self.telemetry.start_epoch()
+        return _StreamIterator(iter(self._loader()), cursor, self.telemetry, owner)
+
+    def close(self) -> None:
+        loader, self._torch = self._torch, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()  # persistent workers, as torch's own __del__ does
+
+
+class _StreamIterator:
+    def __init__(
+        self, batches: Iterator[Any], cursor: Cursor, telemetry: Telemetry, owner: Any
+    ) -> None:
+        self._owner = owner  # the loader lives while its iterator does, as in torch
+        self._batches, self._cursor, self._telemetry = batches, cursor, telemetry
+        self._epoch, self._skip = cursor.epoch, cursor.position
+
+    def __iter__(self) -> _StreamIterator:
+        return self
+
+    def __next__(self) -> Any:
+        for _ in range(self._skip):  # resume: the stream again, without what was consumed
+            self._pull()
+        self._skip = 0
+        requested = time.perf_counter()
+        self._telemetry.on_request(requested)
+        batch = self._pull()
+        self._cursor.position += 1
+        self._telemetry.on_batch(time.perf_counter() - requested, BatchMeta(samples=1))
+        return batch
+
+    def _pull(self) -> Any:
+        try:
+            return next(self._batches)
+        except StopIteration:
+            if self._cursor.epoch == self._epoch:
+                self._cursor.epoch, self._cursor.position = self._epoch + 1, 0
+            raise

@@ -1,0 +1,278 @@
+"""The running side of a loader: its engine, telemetry and tuner (a `Pipeline`), and the
+iterator a `for batch in loader` loop holds (a `LoaderIterator`).
+
+Why an iterator class, not a generator: torch's iterator stays usable after a batch
+raised (the script may catch the error and go on); a generator is finished once it
+raised. Why the pipeline holds no reference to the loader: a dropped loader must be
+freed at once, and its workers with it, without waiting for the cycle collector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from iolib.engine import Engine
+from iolib.fetcher import BatchFetcher, Failure, Fetched
+from iolib.sampling import Cursor, EpochTasks
+from iolib.telemetry import Telemetry
+from iolib.tuning import AutoPrefetch
+
+TaskMaker = Callable[[int, int], Sequence[Any]]  # (epoch, position) -> tasks
+
+
+class Pipeline:
+    """Engine, telemetry and tuner for one loader; it outlives iterators when
+    `persistent` (torch's persistent_workers), else each iterator releases it."""
+
+    def __init__(
+        self,
+        fetcher: BatchFetcher,
+        *,
+        workers: int,
+        depth: int,
+        mode: str,
+        persistent: bool,
+        engine_options: dict[str, Any],
+        tuner: dict[str, Any] | None,
+        pin_memory: bool = False,
+        pin_memory_device: str = "",
+        batch_size: int = 1,
+    ) -> None:
+        self.batch_size = batch_size
+        self.fetcher, self.workers, self.depth, self.mode = fetcher, workers, depth, mode
+        self.persistent, self.engine_options, self.tuner_spec = persistent, engine_options, tuner
+        self.pin_memory, self.pin_memory_device = pin_memory, pin_memory_device
+        self.telemetry = Telemetry()
+        self.engine: Engine | None = None
+        self.autotune: AutoPrefetch | None = None
+        self.followed: tuple[int, int] | None = None  # (epoch, position) read ahead
+        self.iteration = 0  # identifies the live iterator; older ones are superseded
+        self._pin_warned = False
+
+    # -- starting ------------------------------------------------------------------------
+    def begin(
+        self, make_tasks: TaskMaker, cursor: Cursor, *, follow: bool, owner: Any = None
+    ) -> LoaderIterator:
+        """An iterator over (cursor.epoch, from cursor.position); `follow` reads the next
+        epoch's first batches while this one ends (iolib's own order only: a user's
+        sampler may be told its epoch by the script after this one ends)."""
+        self.iteration += 1
+        epoch, position = cursor.epoch, cursor.position
+        engine = self._engine()
+        if self.followed == (epoch, position):
+            tasks = engine.advance()
+        else:
+            tasks = make_tasks(epoch, position)
+            engine.start(tasks)
+        self.followed = None
+        if follow and self.persistent and engine.workers and isinstance(tasks, EpochTasks):
+            engine.follow(lambda: make_tasks(epoch + 1, 0))
+            self.followed = (epoch + 1, 0)
+        self.telemetry.start_epoch()
+        return LoaderIterator(self, self.iteration, engine, tasks, cursor, owner)
+
+    def _engine(self) -> Engine:
+        self._start_tuner()
+        if self.engine is None:
+            self.engine = Engine(
+                self.fetcher,
+                workers=self.workers,
+                depth=self.depth,
+                mode=self.mode,  # type: ignore[arg-type]
+                sizeof=lambda r: r.nbytes if isinstance(r, Fetched) else 0,
+                **self.engine_options,
+            )
+        return self.engine
+
+    def _start_tuner(self) -> None:
+        """Build the tuner on first use (it needs the source's row-group size) and start
+        the engine from its safe configuration; `num_workers` is then the most it may use."""
+        if self.tuner_spec is None or self.autotune is not None:
+            return
+        spec, blocks = self.tuner_spec, self.fetcher.source.blocks()
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+        options = dict(
+            batch_size=self.batch_size,
+            rows_per_read=int(np.median(blocks)) if blocks else 1,
+            max_workers=self.workers or max(2, 2 * cpus),
+            memory_budget=spec["budget"],
+        )
+        if spec["tuner"] == "auto":
+            self.autotune = AutoPrefetch.learned(target=spec["target"], **options)
+        else:
+            self.autotune = AutoPrefetch(spec["tuner"], target=spec["target"], **options)
+        self.workers, self.depth = self.autotune.start()
+
+    # -- per batch -----------------------------------------------------------------------
+    def tune(self, engine: Engine, meta: Any, waited: float, *, epoch_start: bool) -> None:
+        if self.autotune is None:
+            return
+        steps = self.telemetry.steps
+        change = self.autotune.observe(
+            meta,
+            epoch_start=epoch_start,
+            waited_s=waited,
+            step_s=steps[-1] if steps else 0.0,
+            workers=engine.workers,
+            depth=engine.depth,
+            bytes_in_flight=engine.bytes_in_flight(),
+        )
+        if change is not None:
+            self.workers, self.depth = change
+            engine.set_workers(change[0])
+            engine.set_depth(change[1])
+
+    def pin(self, batch: Any) -> Any:
+        if not self.pin_memory:
+            return batch
+        if not torch.cuda.is_available():
+            if not self._pin_warned:
+                warnings.warn("pin_memory=True but no CUDA device: not pinning.", stacklevel=4)
+                self._pin_warned = True
+            return batch
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return pin_memory(batch, self.pin_memory_device or None)
+
+    # -- knobs and shutdown --------------------------------------------------------------
+    def set_prefetch(self, depth: int | None, workers: int | None) -> None:
+        if depth is not None:
+            self.depth = depth
+            if self.engine:
+                self.engine.set_depth(depth)
+        if workers is not None:
+            self.workers = workers
+            if self.engine:
+                self.engine.set_workers(workers)
+
+    def release(self, *, force: bool = False) -> None:
+        """Stop the workers unless they persist across epochs (or `force`)."""
+        if self.engine is not None and (force or not self.persistent):
+            engine, self.engine, self.followed = self.engine, None, None
+            engine.close()
+
+    def close(self) -> None:
+        self.release(force=True)
+        if self.autotune is not None:
+            self.autotune.close()
+
+    def stats(self) -> dict[str, Any]:
+        engine = self.engine
+        snapshot = self.telemetry.snapshot()
+        snapshot.update(
+            workers=engine.workers if engine else self.workers,
+            depth=engine.depth if engine else self.depth,
+            worker_mode=self.mode if self.workers else "inline",
+            batches_ready=engine.batches_ready() if engine else 0,
+            bytes_in_flight=engine.bytes_in_flight() if engine else 0,
+        )
+        if self.autotune is not None:
+            snapshot["tuner"] = self.autotune.report()
+        return snapshot
+
+
+class LoaderIterator:
+    """One pass over an epoch (from a cursor). After a batch raised, the next call goes on
+    with the batch after it, as torch's iterator does; a dead worker or a timeout ends
+    the pass (the workers are stopped)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        iteration: int,
+        engine: Engine,
+        tasks: Sequence[Any],
+        cursor: Cursor,
+        owner: Any = None,
+    ) -> None:
+        # The loader lives while an iterator of it does (as in torch): dropping it would
+        # stop the workers this iterator reads from.
+        self._owner = owner
+        self._pipeline, self._iteration, self._engine = pipeline, iteration, engine
+        self._tasks, self._cursor = tasks, cursor
+        self._epoch = cursor.epoch
+        self._delivered = 0
+        self._done = False
+
+    def __iter__(self) -> LoaderIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def _live(self) -> bool:
+        return self._pipeline.iteration == self._iteration
+
+    def __next__(self) -> Any:
+        while True:
+            if self._done:
+                raise StopIteration
+            if not self._live():
+                raise RuntimeError(
+                    "This iterator was superseded by a newer iter(loader); iterate one at "
+                    "a time (as with torch's persistent workers)."
+                )
+            batch, failure = self._next_batch()
+            if failure is not None:
+                # The traceback keeps this frame alive as long as the script keeps the
+                # error; without `self` in it, a dropped iterator still frees its workers.
+                del self
+                raise failure
+            if batch is not None:  # None: every sample of it skipped (on_error="skip")
+                return batch
+
+    def _next_batch(self) -> tuple[Any, BaseException | None]:
+        """(the next batch, None), or (None, the error its worker reported)."""
+        pipeline, engine = self._pipeline, self._engine
+        requested = time.perf_counter()
+        pipeline.telemetry.on_request(requested)
+        try:
+            result, _ = engine.next()
+        except StopIteration:
+            self._finish()
+            raise
+        except BaseException:
+            self._stop(force=True)  # a dead worker or a timeout: this pass cannot go on
+            raise
+        k = self._delivered
+        self._delivered += 1
+        self._cursor.position = self._tasks.position_after(self._delivered)  # type: ignore[attr-defined]
+        if isinstance(result, Failure):
+            task = self._tasks[k]
+            return None, result.to_exception(task.number, task.epoch)
+        pipeline.telemetry.on_memory(engine.bytes_in_flight() + result.nbytes)
+        pipeline.tune(engine, result.meta, time.perf_counter() - requested, epoch_start=k == 0)
+        batch = pipeline.pin(result.batch) if result.batch is not None else None
+        # The consumer waited for all of __next__ (unwrapping, tuning, pinning too).
+        pipeline.telemetry.on_batch(time.perf_counter() - requested, result.meta)
+        return batch, None
+
+    def _finish(self) -> None:
+        """The pass reached the epoch's end: the cursor moves to the next epoch."""
+        if self._live():
+            self._cursor.epoch, self._cursor.position = self._epoch + 1, 0
+        self._stop(force=False)
+
+    def _stop(self, *, force: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        # Only the live iterator owns the engine: a superseded one must not stop the
+        # workers its successor is using.
+        if self._live():
+            self._pipeline.release(force=force)
+
+    def __del__(self) -> None:
+        # A pass abandoned mid-epoch (break, an exception in the training loop) frees
+        # its workers now, unless they persist across epochs.
+        with contextlib.suppress(Exception):
+            if not self._done:
+                self._stop(force=False)

@@ -1,0 +1,205 @@
+"""Which batches an epoch holds: iolib's plan, or the user's sampler, as lazy task
+sequences; and the `sampler` / `batch_sampler` objects a script sees on the loader.
+
+Why lazy: a sampler may be infinite (detectron2's TrainingSampler) or expensive, and
+torch draws from it only as batches are requested; the engine asks for a task only when
+it submits one, a few batches ahead of the consumer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import BatchSampler, Sampler
+
+from iolib.errors import DataError
+from iolib.fetcher import BatchTask
+from iolib.plan import RankSchedule, epoch_order
+
+
+@dataclass
+class Cursor:
+    """Where the loader stands: the epoch, and global samples consumed in it (batches
+    consumed, for a user's sampler). Shared by the loader and its default samplers."""
+
+    epoch: int = 0
+    position: int = 0
+
+
+def as_keys(batch: Iterable[Any]) -> Any:
+    """A batch of sampler keys: int64 indices when they are all integers (the common case,
+    cheap to pass to workers), else the keys as a list (a dict-backed dataset's strings)."""
+    items = list(batch)
+    if all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
+        return np.fromiter(items, dtype=np.int64, count=len(items))
+    return items
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """iolib's own order: a pure function of (dataset, seed, epoch, batch size, shuffle,
+    rank, world size); see plan.py. `batch_size` None means one sample per task."""
+
+    source: Any  # an iolib Source: its length and blocks, read on first use
+    seed: int
+    shuffle: str
+    window: int
+    batch_size: int | None
+    world_size: int
+    rank: int
+    drop_last: bool
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.source)
+
+    def order(self, epoch: int) -> np.ndarray:
+        return epoch_order(
+            self.num_samples,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,  # type: ignore[arg-type]
+            blocks=self.source.blocks() if self.shuffle == "block" else (),
+            window=self.window,
+        )
+
+    def schedule(self, position: int = 0) -> RankSchedule:
+        return RankSchedule(
+            self.num_samples,
+            position,
+            self.batch_size or 1,
+            self.world_size,
+            self.rank,
+            self.drop_last,
+        )
+
+    def tasks(self, epoch: int, position: int) -> EpochTasks:
+        if self.num_samples == 0:
+            raise DataError(
+                f"{self.source.describe()} has no samples: there is nothing to load. Check "
+                "the files and filters."
+            )
+        return EpochTasks(self.order(epoch), self.schedule(position), epoch)
+
+
+class EpochTasks:
+    """Batch k of one epoch for this rank, computed on demand (a lazy Sequence)."""
+
+    def __init__(self, order: np.ndarray, schedule: RankSchedule, epoch: int) -> None:
+        self.order, self.schedule, self.epoch = order, schedule, epoch
+
+    def __len__(self) -> int:
+        return len(self.schedule)
+
+    def __getitem__(self, k: int) -> BatchTask:
+        return BatchTask(k, self.order[self.schedule.positions(k)], self.epoch)
+
+    def position_after(self, delivered: int) -> int:
+        return self.schedule.position_after(delivered)
+
+
+class StreamTasks:
+    """Tasks drawn lazily from an iterator of batches (a user's sampler or batch_sampler).
+
+    `len()` is the tasks drawn so far plus one more looked ahead while the iterator lasts,
+    so the engine submits up to its depth and learns the end when the iterator ends; an
+    infinite sampler never ends and is never read further than the engine's depth."""
+
+    _KEEP = 4096  # tasks kept behind the newest one asked for (error messages look back)
+
+    def __init__(self, batches: Iterator[Any], epoch: int, start: int) -> None:
+        self._batches, self.epoch, self._start = batches, epoch, start
+        self._tasks: dict[int, BatchTask] = {}
+        self._drawn = 0
+        self._asked = -1
+        self._ended = False
+
+    def _draw(self) -> None:
+        try:
+            keys = as_keys(next(self._batches))
+        except StopIteration:
+            self._ended = True
+            return
+        k = self._drawn
+        self._tasks[k] = BatchTask(k, keys, self.epoch)
+        self._tasks.pop(k - self._KEEP, None)
+        self._drawn += 1
+
+    def __len__(self) -> int:
+        if not self._ended and self._drawn <= self._asked + 1:
+            self._draw()
+        return self._drawn
+
+    def __getitem__(self, k: int) -> BatchTask:
+        while k >= self._drawn and not self._ended:
+            self._draw()
+        if k not in self._tasks:
+            raise IndexError(f"batch {k} is not (or no longer) available")
+        self._asked = max(self._asked, k)
+        return self._tasks[k]
+
+    def position_after(self, delivered: int) -> int:
+        return self._start + delivered
+
+
+def sampler_batches(
+    sampler: Any, batch_sampler: Any, batch_size: int | None, drop_last: bool, skip: int
+) -> Iterator[Any]:
+    """The user's batches for one pass, lazily, after skipping `skip` of them (resume).
+    The sampler is iterated afresh on each pass, as torch does; its epoch is the
+    script's business (set_epoch), never the loader's."""
+    if batch_sampler is not None:
+        batches: Iterator[Any] = iter(batch_sampler)
+    elif batch_size is None:
+        batches = ([key] for key in sampler)
+    else:
+        batches = _chunks(iter(sampler), batch_size, drop_last)
+    return itertools.islice(batches, skip, None)
+
+
+def _chunks(keys: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
+    while True:
+        chunk = list(itertools.islice(keys, size))
+        if not chunk or (drop_last and len(chunk) < size):
+            return
+        yield chunk
+
+
+class PlanSampler(Sampler[int]):
+    """`loader.sampler` when none was given: this rank's samples of the current epoch,
+    in iolib's order (so `len(loader.sampler)` and iterating it mean what they do in
+    torch)."""
+
+    def __init__(self, plan: EpochPlan, cursor: Cursor) -> None:
+        self.plan, self.cursor = plan, cursor
+
+    def __iter__(self) -> Iterator[int]:
+        order, schedule = self.plan.order(self.cursor.epoch), self.plan.schedule()
+        for k in range(len(schedule)):
+            yield from order[schedule.positions(k)].tolist()
+
+    def __len__(self) -> int:
+        schedule = self.plan.schedule()
+        return sum(len(schedule.positions(k)) for k in range(len(schedule)))
+
+
+class PlanBatchSampler(BatchSampler):
+    """`loader.batch_sampler` when none was given: this rank's batches of the current
+    epoch, exactly as the loader delivers them."""
+
+    def __init__(self, sampler: PlanSampler, batch_size: int, drop_last: bool) -> None:
+        # BatchSampler's own checks already ran on these values (LoaderOptions).
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+
+    def __iter__(self) -> Iterator[list[int]]:
+        plan, cursor = self.sampler.plan, self.sampler.cursor
+        order, schedule = plan.order(cursor.epoch), plan.schedule()
+        for k in range(len(schedule)):
+            yield order[schedule.positions(k)].tolist()
+
+    def __len__(self) -> int:
+        return len(self.sampler.plan.schedule())
