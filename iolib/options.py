@@ -164,7 +164,7 @@ class LoaderOptions:
         if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size <= 0:
             raise ConfigError(f"`batch_size` must be a positive integer or None. Found: {size!r}.")
         put("batch_size", int(size))
-        if not isinstance(self.drop_last, (bool, np.bool_)):
+        if not isinstance(self.drop_last, bool):  # torch's BatchSampler refuses 1 and np.bool_
             raise ConfigError(f"`drop_last` must be True or False. Found: {self.drop_last!r}.")
         put("drop_last", bool(self.drop_last))
 

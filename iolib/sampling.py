@@ -67,14 +67,14 @@ class EpochPlan:
             window=self.window,
         )
 
-    def schedule(self, position: int = 0) -> RankSchedule:
+    def schedule(self, position: int = 0, *, drop_last: bool | None = None) -> RankSchedule:
         return RankSchedule(
             self.num_samples,
             position,
             self.batch_size or 1,
             self.world_size,
             self.rank,
-            self.drop_last,
+            self.drop_last if drop_last is None else drop_last,
         )
 
     def tasks(self, epoch: int, position: int) -> EpochTasks:
@@ -171,19 +171,20 @@ def _chunks(keys: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[An
 
 class PlanSampler(Sampler[int]):
     """`loader.sampler` when none was given: this rank's samples of the current epoch,
-    in iolib's order (so `len(loader.sampler)` and iterating it mean what they do in
-    torch)."""
+    in iolib's order, before `drop_last` (which, as in torch, the batch sampler applies),
+    so `len(loader.sampler)` and iterating it mean what they do in torch."""
 
     def __init__(self, plan: EpochPlan, cursor: Cursor) -> None:
         self.plan, self.cursor = plan, cursor
 
     def __iter__(self) -> Iterator[int]:
-        order, schedule = self.plan.order(self.cursor.epoch), self.plan.schedule()
+        order = self.plan.order(self.cursor.epoch)
+        schedule = self.plan.schedule(drop_last=False)
         for k in range(len(schedule)):
             yield from order[schedule.positions(k)].tolist()
 
     def __len__(self) -> int:
-        schedule = self.plan.schedule()
+        schedule = self.plan.schedule(drop_last=False)
         return sum(len(schedule.positions(k)) for k in range(len(schedule)))
 
 
