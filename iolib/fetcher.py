@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from iolib.collate import batch_nbytes, collate_rows, collate_table, table_rows
-from iolib.errors import ConfigError, WorkerError
+from iolib.errors import ConfigError, DataError, WorkerError
 from iolib.redact import Redactor
 from iolib.rng import sample_rng
 from iolib.sources.base import Source
@@ -35,6 +35,9 @@ class BatchTask:
     number: int
     indices: Any
     epoch: int
+    # Keys that replace a batch whose every sample failed under on_error="skip" (the
+    # samples that follow it in the epoch's order), so no rank yields an empty batch.
+    reserve: Any = None
 
 
 def key_list(indices: Any) -> list[Any]:
@@ -54,6 +57,7 @@ class BatchMeta:
     retries: int = 0
     skipped: list[int] = field(default_factory=list)
     samples: int = 0
+    refilled: int = 0  # samples taken from the task's reserve
 
 
 @dataclass
@@ -184,6 +188,8 @@ class BatchFetcher:
         take_counters()  # start this batch's I/O counts from zero
         try:
             batch = self._make(task, meta)
+            if self.on_error == "skip" and meta.samples == 0:
+                batch = self._refill(task, meta)
         except _StageError as exc:
             return self._failure(exc.stage, exc.samples, exc.cause)
         except Exception as exc:  # a bug in our own glue: still report, never hang
@@ -290,6 +296,34 @@ class BatchFetcher:
             meta.skipped.extend(int(i) for i in skipped)
             meta.samples -= len(skipped)
         return batch
+
+    def _refill(self, task: BatchTask, meta: BatchMeta) -> Any:
+        """Every sample of the batch failed: make it from the reserve instead, a batch's
+        worth at a time, so every rank still yields a non-empty batch at this step."""
+        reserve = key_list(task.reserve) if task.reserve is not None else []
+        size = len(key_list(task.indices))
+        for start in range(0, len(reserve), size):
+            keys = reserve[start : start + size]
+            if isinstance(task.indices, np.ndarray):
+                keys = np.asarray(keys, dtype=np.int64)
+            spare = BatchMeta()
+            batch = self._make(BatchTask(task.number, keys, task.epoch), spare)
+            for stage, ms in spare.stage_ms.items():
+                meta.stage_ms[stage] = meta.stage_ms.get(stage, 0.0) + ms
+            meta.skipped.extend(spare.skipped)
+            if spare.samples > 0:
+                meta.samples = meta.refilled = spare.samples
+                return batch
+        raise _StageError(
+            "read",
+            key_list(task.indices),
+            DataError(
+                f"Every sample of batch {task.number} failed, and so did the {len(reserve)} "
+                "samples kept in reserve for it: under on_error='skip' a batch is never "
+                "yielded empty (every rank must yield the same batches). Check the data: "
+                "see the skipped samples in stats()."
+            ),
+        )
 
     def _convert(self, sample: Any) -> Any:
         if self.collate_fn is not None:

@@ -212,22 +212,20 @@ class LoaderIterator:
         return self._pipeline.iteration == self._iteration
 
     def __next__(self) -> Any:
-        while True:
-            if self._done:
-                raise StopIteration
-            if not self._live():
-                raise RuntimeError(
-                    "This iterator was superseded by a newer iter(loader); iterate one at "
-                    "a time (as with torch's persistent workers)."
-                )
-            batch, failure = self._next_batch()
-            if failure is not None:
-                # The traceback keeps this frame alive as long as the script keeps the
-                # error; without `self` in it, a dropped iterator still frees its workers.
-                del self
-                raise failure
-            if batch is not None:  # None: every sample of it skipped (on_error="skip")
-                return batch
+        if self._done:
+            raise StopIteration
+        if not self._live():
+            raise RuntimeError(
+                "This iterator was superseded by a newer iter(loader); iterate one at "
+                "a time (as with torch's persistent workers)."
+            )
+        batch, failure = self._next_batch()
+        if failure is not None:
+            # The traceback keeps this frame alive as long as the script keeps the
+            # error; without `self` in it, a dropped iterator still frees its workers.
+            del self
+            raise failure
+        return batch
 
     def _next_batch(self) -> tuple[Any, BaseException | None]:
         """(the next batch, None), or (None, the error its worker reported)."""
@@ -250,7 +248,7 @@ class LoaderIterator:
             return None, result.to_exception(task.number, task.epoch)
         pipeline.telemetry.on_memory(engine.bytes_in_flight() + result.nbytes)
         pipeline.tune(engine, result.meta, time.perf_counter() - requested, epoch_start=k == 0)
-        batch = pipeline.pin(result.batch) if result.batch is not None else None
+        batch = pipeline.pin(result.batch)
         # The consumer waited for all of __next__ (unwrapping, tuning, pinning too).
         pipeline.telemetry.on_batch(time.perf_counter() - requested, result.meta)
         return batch, None

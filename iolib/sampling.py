@@ -21,6 +21,9 @@ from iolib.fetcher import BatchTask
 from iolib.plan import RankSchedule, epoch_order
 
 
+RESERVE_BATCHES = 4  # batches' worth of spare samples a task carries (skip policy)
+
+
 @dataclass
 class Cursor:
     """Where the loader stands: the epoch, and global samples consumed in it (batches
@@ -96,7 +99,15 @@ class EpochTasks:
         return len(self.schedule)
 
     def __getitem__(self, k: int) -> BatchTask:
-        return BatchTask(k, self.order[self.schedule.positions(k)], self.epoch)
+        positions = self.schedule.positions(k)
+        return BatchTask(k, self.order[positions], self.epoch, self._reserve(positions))
+
+    def _reserve(self, positions: np.ndarray) -> np.ndarray:
+        """The samples after this batch in the epoch's order (wrapping): a pure function
+        of the plan, so a refilled batch is the same on every run."""
+        size = len(self.order)
+        after = int(positions[-1]) + 1 + np.arange(RESERVE_BATCHES * len(positions))
+        return self.order[after % size]
 
     def position_after(self, delivered: int) -> int:
         return self.schedule.position_after(delivered)
@@ -125,7 +136,8 @@ class StreamTasks:
             self._ended = True
             return
         k = self._drawn
-        self._tasks[k] = BatchTask(k, keys, self.epoch)
+        previous = self._tasks.get(k - 1)
+        self._tasks[k] = BatchTask(k, keys, self.epoch, previous.indices if previous else None)
         self._tasks.pop(k - self._KEEP, None)
         self._drawn += 1
 

@@ -28,6 +28,7 @@ class Telemetry:
         self.batch_bytes: deque[int] = deque(maxlen=window)
         self.batches = self.samples = self.bytes_read = self.retries = 0
         self.skipped: list[int] = []
+        self.refilled = 0  # samples read from a reserve for batches that lost every sample
         self.peak_bytes_in_flight = 0
         self._handed_over: float | None = None
         self.first_batch_s: float | None = None
@@ -61,6 +62,7 @@ class Telemetry:
         self.bytes_read += meta.bytes_read
         self.retries += meta.retries
         self.skipped.extend(meta.skipped)
+        self.refilled += meta.refilled
 
     def on_memory(self, bytes_in_flight: int) -> None:
         self.peak_bytes_in_flight = max(self.peak_bytes_in_flight, bytes_in_flight)
@@ -90,6 +92,7 @@ class Telemetry:
             "bytes_read": self.bytes_read,
             "retries": self.retries,
             "skipped": len(self.skipped),
+            "refilled": self.refilled,
             "peak_bytes_in_flight": self.peak_bytes_in_flight,
             "first_batch_s": self.first_batch_s,
         }
