@@ -20,7 +20,6 @@ from iolib.errors import DataError
 from iolib.fetcher import BatchTask
 from iolib.plan import RankSchedule, epoch_order
 
-
 RESERVE_BATCHES = 4  # batches' worth of spare samples a task carries (skip policy)
 
 
