@@ -26,11 +26,19 @@ MASK = "***"
 _SENSITIVE = re.compile(
     r"key|secret|token|passw|credential|signature|sig$|auth|session", re.IGNORECASE
 )
-# scheme://user:password@host or scheme://token@host
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s@'\"]+)@")
+# scheme://user:password@host, where the password may hold any character but an '@'
+# (AWS secret keys hold '/' and '+'), or scheme://token@host (no '/' in a token: a path
+# may hold '@'). The user part stops at ':' or '/', so a port (host:8080/a@b) is not one.
+_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
+    r"(?P<user>[^/:\s@'\"]+:(?!\d+/)[^\s@'\"]*|[^/:\s@'\"]+)@"
+)
 # "secret": "value", secret=value, 'token': 'value' (JSON, Python reprs, query strings)
+# An exception's name ("NoCredentialsError: Unable to ...") is no assignment.
 _ASSIGNED = re.compile(
-    r"(?P<name>[\"']?[A-Za-z0-9_-]*(?:key|secret|token|passw\w*|credential\w*|signature|auth\w*)"
+    r"(?P<name>(?<![A-Za-z0-9_-])[\"']?[A-Za-z0-9_-]*"
+    r"(?:key|secret|token|passw\w*|credential\w*|signature|auth\w*)"
+    r"(?<!error)(?<!exception)(?<!warning)"
     r"[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\"'&,}\s]+)",
     re.IGNORECASE,
 )
@@ -53,13 +61,24 @@ def secrets_in(urls: Iterable[str] = (), options: Any = None) -> frozenset[str]:
     return frozenset(s for s in found if len(s) >= _MIN_SECRET)
 
 
+def userinfo(url: str) -> str | None:
+    """The user info of `url` (``KEY:SECRET`` of ``s3://KEY:SECRET@bucket/x``), whatever
+    characters the secret holds; None when it has none. urllib stops at the first '/',
+    which cut secrets that hold one and let them through unmasked."""
+    match = _USERINFO.match(url.strip())
+    return match.group("user") if match else None
+
+
 def _url_secrets(url: str) -> set[str]:
     out: set[str] = set()
-    match = _USERINFO.search(url)
-    if match:
-        user = match.group("user")
+    user = userinfo(url)
+    if user:
         out.add(user)
-        out.update(user.split(":", 1))
+        parts = [part for part in user.split(":", 1) if part]
+        out.update(parts)
+        # A parser that stops at '/' quotes the secret in pieces ("Invalid bucket name
+        # 'KEY:abc'"), so each piece is a secret too.
+        out.update(piece for part in parts for piece in part.split("/"))
     if "?" in url:
         with _suppress():
             for name, value in parse_qsl(urlsplit(url).query):
@@ -129,8 +148,18 @@ class Redactor:
 
     def __init__(self, urls: Iterable[str] = (), options: Any = None) -> None:
         self.secrets = secrets_in(urls, options)
+        # "KEY:<what a parser kept of the secret>", however short that piece is.
+        users = {u.split(":", 1)[0] for u in map(userinfo, map(str, urls)) if u and ":" in u}
+        self._quoted = [
+            re.compile(re.escape(user) + r":[^\s'\"@]*")
+            for user in sorted(users, key=len, reverse=True)
+            if len(user) >= _MIN_SECRET
+        ]
 
     def __call__(self, text: str, *, assignments: bool = True) -> str:
+        text = str(text)
+        for pattern in self._quoted:
+            text = pattern.sub(MASK, text)
         return redact_text(text, self.secrets, assignments=assignments)
 
     def changes(self, text: str) -> bool:

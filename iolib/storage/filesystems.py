@@ -17,6 +17,7 @@ def open_filesystem(
     url: str, storage_options: dict[str, Any] | None = None
 ) -> tuple[fsspec.AbstractFileSystem, str]:
     """Resolve `url` to (filesystem, path), with a message naming the package to install."""
+    _check_userinfo(url)
     try:
         fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except ImportError as exc:
@@ -28,6 +29,22 @@ def open_filesystem(
             f"Install it: pip install {package}. ({exc})"
         ) from exc
     return fs, path
+
+
+def _check_userinfo(url: str) -> None:
+    """fsspec reads a URL's user info up to the first '/': a secret holding one (as AWS
+    secret keys often do) becomes part of the bucket name, and the request fails with
+    that piece of the secret quoted. Say how to pass it instead."""
+    from iolib.redact import redact_url, userinfo
+
+    for part in url.split("::"):
+        info = userinfo(part)
+        if info and "/" in info:
+            raise ConfigError(
+                f"The credentials in {redact_url(part)!r} hold a '/', which fsspec cannot "
+                "parse from a URL. Pass them as storage options instead, e.g. "
+                "storage_options={'key': ..., 'secret': ...} (CLI: -o key=... -o secret=...)."
+            )
 
 
 def wrap_url(
