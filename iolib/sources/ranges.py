@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import bisect
 import io
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from iolib.storage import ShortReadError
+
+log = logging.getLogger(__name__)
 
 # A gap between two wanted byte ranges up to this size is read rather than paid for with
 # another request: a request costs 2 ms on nas (0.5 MB at 250 MB/s) and 50 ms on object
@@ -68,6 +71,8 @@ class RangedFile(io.RawIOBase):
 
     One per thread and file: pyarrow seeks and reads it from the thread that decodes."""
 
+    _warned_ranges = False  # once per process: a server that ignores Range headers
+
     def __init__(self, fs: Any, path: str, size: int) -> None:
         super().__init__()
         self.fs, self.path, self.size = fs, path, size
@@ -91,9 +96,39 @@ class RangedFile(io.RawIOBase):
         self.requests += len(missing)
         for (start, end), data in zip(missing, datas, strict=True):
             self._check_length(start, end, data)
+            if len(data) > min(end, self.size) - start:
+                start, data = self._whole_file(start, end, data)
+                if self._block_at(start, start + len(data)) is not None:
+                    continue  # the whole file is held already
             at = bisect.bisect_left(self._starts, start)
             self._starts.insert(at, start)
             self._blocks.insert(at, memoryview(data))
+
+    def _whole_file(self, start: int, end: int, data: bytes) -> tuple[int, bytes]:
+        """A response longer than the range asked for: the server ignored the Range
+        header (Python's http.server, some proxies) and sent the whole file, status 200.
+        Keep it whole, from offset 0, so later ranges need no request; anything else that
+        is not the requested range is read again, in full."""
+        if len(data) != self.size:
+            data = self.fs.cat_file(self.path)
+            self.requests += 1
+            if len(data) != self.size:
+                raise ShortReadError(
+                    f"read of {self.path} returned {len(data)} bytes where its footer says "
+                    f"{self.size}: the file changed while it was read, or the server sends "
+                    "something else than the requested bytes"
+                )
+        if not self._warned_ranges:
+            log.warning(
+                "%s: the server ignored a range request [%d:%d] and sent the whole file "
+                "(%d bytes); iolib reads whole files from it.",
+                self.path,
+                start,
+                end,
+                self.size,
+            )
+            RangedFile._warned_ranges = True
+        return 0, data
 
     @property
     def held_bytes(self) -> int:
@@ -141,10 +176,10 @@ class RangedFile(io.RawIOBase):
         end = self.size if n is None or n < 0 else min(self._pos + n, self.size)
         if end <= self._pos:
             return b""
-        data: bytes | memoryview | None = self._block_at(self._pos, end)
+        data = self._block_at(self._pos, end)
         if data is None:
-            data = self.fs.cat_file(self.path, start=self._pos, end=end)
-            self.requests += 1
-            self._check_length(self._pos, end, data)
+            self.load([(self._pos, end)])
+            data = self._block_at(self._pos, end)
+            assert data is not None  # load() holds exactly this range, or the whole file
         self._pos = end
         return data
