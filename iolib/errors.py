@@ -19,6 +19,12 @@ class DataError(IolibError):
     """Input data is missing or malformed: the message names the file, row group or sample."""
 
 
+class StorageError(IolibError, OSError):
+    """Storage itself failed in a way no retry fixes (a full or read-only cache disk, a
+    cache directory that cannot be written): the message names the place and the fix,
+    and never blames the data."""
+
+
 class StateError(IolibError, ValueError):
     """A state dict does not fit this loader: the message names the keys that differ."""
 

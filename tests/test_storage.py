@@ -3,6 +3,7 @@ atomic cache, chained URLs through open_filesystem and ParquetSource."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import time
@@ -12,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from iolib.errors import ConfigError
+from iolib.errors import ConfigError, StorageError
+from iolib.sources import ParquetSource
 from iolib.storage import (
     PROFILES,
     RetryPolicy,
@@ -311,3 +313,34 @@ def test_cpu_of_a_call_on_the_timeout_helper_counts_for_the_caller():
     before = helper_cpu_s()
     assert timeouts._with_timeout(compute, 5.0, "x") == 7
     assert helper_cpu_s() - before >= 0.02
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 256 KiB filesystem (tmpfs, mounted by the test; needs root, as CI runs)."""
+    import subprocess
+
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_cache_disk_is_a_storage_error_at_once_not_bad_data(tmp_path, tiny_disk, caplog):
+    table = pa.table({"x": np.arange(200_000, dtype=np.int64)})  # ~1.6 MB: does not fit
+    pq.write_table(table, tmp_path / "big.parquet", compression="none")
+    url = f"shardcache::file://{tmp_path / 'big.parquet'}"
+    options = {"shardcache": {"cache_storage": str(tiny_disk), "skip_instance_cache": True}}
+    policy = RetryPolicy(attempts=5, base_delay_s=0.01, max_delay_s=0.01)
+    caplog.set_level(logging.DEBUG, logger="iolib")
+    with pytest.raises(StorageError, match=r"disk is full.*The data itself is fine") as info:
+        len(ParquetSource(url, storage_options=options, retry=policy))
+    assert "retrying" not in caplog.text, "a full disk is no transient error"
+    assert "corrupt" not in str(info.value) and str(tiny_disk) in str(info.value)

@@ -236,6 +236,8 @@ class ParquetSource(Source):
             )
             schema = meta.schema.to_arrow_schema()
         except (pa.ArrowInvalid, OSError) as exc:
+            if isinstance(exc, OSError) and not _is_corrupt(exc):
+                raise  # storage failed (named by the retries), not the data
             raise DataError(
                 f"Cannot read the Parquet footer of {url!r}: {self._redact(str(exc))}. The file "
                 "is truncated, corrupt or not Parquet; rewrite it or leave it out of `urls`."

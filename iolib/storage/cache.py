@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from typing import Any, ClassVar
 
 from fsspec.implementations.cached import SimpleCacheFileSystem
+
+from iolib.errors import StorageError
 
 
 class BoundedCacheFileSystem(SimpleCacheFileSystem):
@@ -33,13 +36,21 @@ class BoundedCacheFileSystem(SimpleCacheFileSystem):
         self.max_bytes = max_bytes
 
     def _get_cached_file_before_open(self, path, **kwargs):
-        final = os.path.join(self.storage[-1], self._mapper(path))
-        self._mkcache()
-        fd, tmp = tempfile.mkstemp(dir=self.storage[-1], prefix=f"{_PARTIAL}{os.getpid()}-")
-        os.close(fd)
+        directory = self.storage[-1]
+        final = os.path.join(directory, self._mapper(path))
+        try:
+            self._mkcache()
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{_PARTIAL}{os.getpid()}-")
+            os.close(fd)
+        except OSError as exc:
+            raise _cache_error(directory, exc) from exc
         try:
             self.fs.get_file(path, tmp)
             os.replace(tmp, final)  # atomic on one filesystem
+        except OSError as exc:
+            if exc.errno in _LOCAL_DISK_ERRORS:
+                raise _cache_error(directory, exc) from exc
+            raise
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -61,6 +72,24 @@ class BoundedCacheFileSystem(SimpleCacheFileSystem):
 
 
 _PARTIAL = ".partial-"  # + the downloading process's pid + "-" + a random suffix
+# Errors of the local disk, never of the remote store: no retry helps, and the data is fine.
+_LOCAL_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+
+
+def _cache_error(directory: str, exc: OSError) -> StorageError:
+    reason = {
+        errno.ENOSPC: "its disk is full",
+        errno.EDQUOT: "its disk quota is used up",
+        errno.EROFS: "its filesystem is read-only",
+        errno.EACCES: "it cannot be written (permission denied)",
+        errno.EPERM: "it cannot be written (not permitted)",
+    }.get(exc.errno or 0, f"writing there failed ({exc})")
+    return StorageError(
+        exc.errno or errno.EIO,
+        f"The shard cache at {directory!r} cannot hold another shard: {reason}. Free space "
+        "there, lower the cache's max_bytes, or point cache_storage at another disk. The "
+        "data itself is fine.",
+    )
 
 
 def _remove_orphans(directory: str) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from iolib.errors import ConfigError, DataError
+from iolib.errors import ConfigError, DataError, StorageError
 from iolib.storage.counters import _counters
 from iolib.storage.timeouts import _with_timeout
 
@@ -30,6 +30,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
     TypeError,
     DataError,
+    StorageError,
 )
 
 
