@@ -221,6 +221,12 @@ def convert(
         f"Wrote {total} images of {len(source.classes)} classes to {len(sizes)} shard(s) "
         f"in {dst} ({sum(len(g) for g in sizes)} row groups)."
     )
+    if source.links_outside:
+        click.echo(
+            f"Left out {source.links_outside} file(s) reached through symbolic links that "
+            f"lead out of {src}.",
+            err=True,
+        )
 
 
 def _read_group(source: ImageFolderSource, indices: np.ndarray, root: str) -> pa.Table:

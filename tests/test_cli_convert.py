@@ -218,3 +218,37 @@ def test_overwrite_replaces_an_earlier_conversion(image_folder: Path, tmp_path: 
     assert [p.name for p in sorted(dst.glob("*.parquet"))] == ["part-00000.parquet"]  # no stale
     assert (dst / "README.txt").read_text() == "mine"
     assert len(ParquetSource(str(dst))) == 15
+
+
+def test_convert_does_not_follow_links_out_of_src(image_folder: Path, tmp_path: Path, capsys):
+    secret = tmp_path / "outside" / "passwd.jpg"
+    secret.parent.mkdir()
+    secret.write_bytes(b"root:x:0:0:not an image, and not SRC's")
+    (image_folder / "cat" / "link.jpg").symlink_to(secret)
+    (image_folder / "dog" / "elsewhere").symlink_to(secret.parent, target_is_directory=True)
+    (image_folder / "eel" / "inside.jpg").symlink_to(image_folder / "cat" / "img_00.jpg")
+    code, _, err = run(capsys, "convert", str(image_folder), str(tmp_path / "out"))
+    assert code == 0, err
+    assert "Left out 1 file(s) reached through symbolic links" in err  # a linked folder
+    # is not descended into at all
+    table = pq.read_table(tmp_path / "out")
+    assert b"root:x" not in b"".join(table.column("image").to_pylist())
+    assert table.num_rows == sum(COUNTS.values()) + 1  # the link that stays inside counts
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "--out", "{ro}/runs"],
+        ["bench", "--storage-options", "notjson", "--data", "{tmp}/x"],
+        ["convert", "{src}", "{ro}/shards"],
+    ],
+    ids=["bench-out", "bench-options", "convert-dst"],
+)
+def test_outputs_and_options_are_checked_before_any_work(image_folder, tmp_path, capsys, args):
+    unwritable = tmp_path / "a-file"  # nothing can be created under a file (even as root)
+    unwritable.write_text("")
+    argv = [a.format(tmp=tmp_path, src=image_folder, ro=unwritable) for a in args]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and len(err.strip().split("\n")) == 1, err
+    assert "Traceback" not in err and "iolib bench:" not in err, "no work before the check"

@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 import warnings
 from typing import Any
 
@@ -210,7 +211,24 @@ def bench(**kw: Any) -> None:
         raise click.Abort()
 
 
+def writable_directory(path: str, option: str) -> None:
+    """Create `path` if needed and check it can be written, before any work is done."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot write to {path!r}: {exc.strerror or exc}.", param_hint=option
+        ) from None
+
+
 def _spec(kw: dict[str, Any]) -> BenchSpec:
+    for option in ("out", "data_dir"):
+        if kw[option]:
+            writable_directory(kw[option], f"--{option.replace('_', '-')}")
+    if kw["plot"] and not kw["out"]:
+        writable_directory("bench-plots", "--plot")
     options = None
     if kw["storage_options"]:
         try:

@@ -8,6 +8,7 @@ Labels follow torchvision's ImageFolder: class directories sorted by name.
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 from typing import Any
 
@@ -57,6 +58,9 @@ class ImageFolderSource(Source):
         self.extensions = tuple(e.lower() for e in extensions)
         self._listing: tuple[list[str], list[str], np.ndarray] | None = None
         self._redact = Redactor([url], self.storage_options)
+        # Files reached through symbolic links that lead out of the folder: left out and
+        # counted, so a link in an image folder cannot pull in, say, a system file.
+        self.links_outside = 0
 
     def _list(self) -> tuple[list[str], list[str], np.ndarray]:
         if self._listing is None:
@@ -70,9 +74,13 @@ class ImageFolderSource(Source):
                 n for n in names if n not in (".", "..") and fs.isdir(posixpath.join(root, n))
             )
             paths, labels, empty = [], [], []
+            inside = _inside_root(fs, root)
             for label, name in enumerate(classes):
                 found = sorted(fs.find(posixpath.join(root, name)))
                 kept = [p for p in found if p.lower().endswith(self.extensions)]
+                outside = [p for p in kept if not inside(p)]
+                self.links_outside += len(outside)
+                kept = [p for p in kept if inside(p)]
                 empty += [] if kept else [name]
                 paths += kept
                 labels += [label] * len(kept)
@@ -140,3 +148,19 @@ class ImageFolderSource(Source):
             {"image": images, "label": labels[np.asarray(indices, dtype=np.int64)], "path": chosen},
             schema=SCHEMA,
         )
+
+
+def _inside_root(fs: Any, root: str) -> Any:
+    """A test: does a listed path really lie under `root` (links resolved)? Only local
+    folders have links to follow; elsewhere every listed path is inside."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    if not isinstance(fs, LocalFileSystem):
+        return lambda path: True
+    real_root = os.path.realpath(root)
+
+    def inside(path: str) -> bool:
+        real = os.path.realpath(path)
+        return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+    return inside
