@@ -43,6 +43,30 @@ class LoaderState:
         return asdict(self)
 
 
+# What each key holds: "int" (not bool), "int?" (or None), "bool", "str".
+_TYPES = {
+    "epoch": "int",
+    "position": "int",
+    "seed": "int",
+    "batch_size": "int?",
+    "drop_last": "bool",
+    "shuffle": "str",
+    "shuffle_window": "int",
+    "dataset": "str",
+    "num_samples": "int",
+    "world_size": "int",
+    "version": "int",
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == "int?" and value is None:
+        return True
+    if kind.startswith("int"):
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, {"bool": bool, "str": str}[kind])
+
+
 def check_state(state: dict[str, Any], current: LoaderState) -> LoaderState:
     """Validate a saved state against the loader's configuration; name every difference."""
     if not isinstance(state, dict):
@@ -53,6 +77,16 @@ def check_state(state: dict[str, Any], current: LoaderState) -> LoaderState:
         raise StateError(
             f"The state lacks key(s) {missing}: it was not made by iolib's "
             "DataLoader.state_dict() (or by an incompatible version)."
+        )
+    wrong = [
+        f"{key}={state[key]!r} (expected {kind})"
+        for key, kind in _TYPES.items()
+        if not _is(state[key], kind)
+    ]
+    if wrong:
+        raise StateError(
+            f"The state has values of the wrong type: {', '.join(wrong)}. It was edited or "
+            "damaged; use a state from DataLoader.state_dict()."
         )
     if state["version"] != STATE_VERSION:
         raise StateError(
@@ -72,8 +106,11 @@ def check_state(state: dict[str, Any], current: LoaderState) -> LoaderState:
             "or start without load_state_dict()."
         )
     restored = LoaderState(**{k: state[k] for k in expected})
-    limit = restored.num_samples
-    if not 0 <= restored.position <= limit or restored.epoch < 0:
+    # A user sampler's cursor counts batches and a stream's has no bound: only iolib's
+    # own order bounds the position by the samples.
+    limit = restored.num_samples if restored.num_samples else None
+    position_ok = restored.position >= 0 and (limit is None or restored.position <= limit)
+    if not position_ok or restored.epoch < 0:
         raise StateError(
             f"The state's cursor (epoch {restored.epoch}, position {restored.position}) lies "
             f"outside the dataset (0..{limit})."
