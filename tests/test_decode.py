@@ -345,3 +345,58 @@ def test_uint8_and_float16_outputs(blobs):
     assert out["image"].dtype == torch.uint8 and out["image"].shape == (4, SIZE, SIZE, 3)
     out, _ = _run(_dali(dtype="float16"), blobs[:4], range(4))
     assert out["image"].dtype == torch.float16 and out["image"].shape == (4, 3, SIZE, SIZE)
+
+
+# --- formats Pillow and DALI read differently ------------------------------------------
+
+
+def _png16(values: np.ndarray) -> bytes:
+    """A 16-bit PNG (grey if `values` is 2-D, else RGB), written by hand: Pillow cannot
+    write 16-bit RGB."""
+    import struct
+    import zlib
+
+    height, width = values.shape[:2]
+    color = 0 if values.ndim == 2 else 2
+    rows = values.reshape(height, -1).astype(">u2")
+    raw = b"".join(b"\x00" + rows[y].tobytes() for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 16, color, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _odd_formats() -> dict[str, bytes]:
+    rng = np.random.default_rng(4)
+    out = {
+        "png16-grey": _png16(rng.integers(0, 65536, (40, 52))),
+        "png16-rgb": _png16(rng.integers(0, 65536, (40, 52, 3))),
+    }
+    for name, mode, fmt in (("cmyk-jpeg", "CMYK", "JPEG"), ("gif", "P", "GIF")):
+        pixels = rng.integers(0, 255, (40, 52, 3), dtype=np.uint8)
+        image = Image.fromarray(pixels).convert(mode)
+        buffer = io.BytesIO()
+        image.save(buffer, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+        out[name] = buffer.getvalue()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["png16-grey", "png16-rgb", "cmyk-jpeg", "gif"])
+def test_backends_agree_on_16_bit_cmyk_and_gif(kind):
+    blob = _odd_formats()[kind]
+    batches = [
+        _run(make(train=False, layout="NHWC"), [blob] * 2, [0, 1])[0]["image"]
+        for make in (_dali, _pil)
+    ]
+    assert batches[0].shape == batches[1].shape == (2, SIZE, SIZE, 3)
+    diff = (batches[0].int() - batches[1].int()).abs()
+    assert int(diff.max()) <= UINT8_MAX_DIFF, f"{kind}: backends differ by {int(diff.max())}"
+    assert 60 < float(batches[1].float().mean()) < 195, "16-bit values must not saturate"

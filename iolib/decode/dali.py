@@ -115,9 +115,13 @@ class DaliBackend:
         return pipe
 
     def decode(self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray) -> torch.Tensor:
-        """Run one batch through this thread's pipeline; drop the pipeline on failure."""
-        pipe = self._pipeline(len(blobs))
+        """Run one batch through this thread's pipeline; drop the pipeline on failure.
+        Images DALI decodes otherwise than Pillow, or not at all, go to Pillow."""
         windows = np.asarray(windows, dtype=np.int32).reshape(-1, 4)
+        foreign = [i for i, blob in enumerate(blobs) if pillow_only(as_buffer(blob))]
+        if foreign:
+            return self._decode_mixed(blobs, windows, flips, foreign)
+        pipe = self._pipeline(len(blobs))
         # Per-sample arguments go in as one dense array each (a batch of N samples):
         # three numpy arrays per batch instead of 3 x N small ones.
         inputs = {
@@ -133,6 +137,25 @@ class DaliBackend:
             self._local.pipe = None  # DALI marks a pipeline invalid after an error
             raise
 
+    def _decode_mixed(
+        self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray, foreign: list[int]
+    ) -> torch.Tensor:
+        from iolib.decode.pil import PilBackend
+
+        flips = np.asarray(flips).reshape(-1)
+        native = [i for i in range(len(blobs)) if i not in set(foreign)]
+        by_pillow = PilBackend(self.spec).decode(
+            [blobs[i] for i in foreign], windows[foreign], flips[foreign]
+        )
+        if not native:
+            return by_pillow
+        by_dali = self.decode([blobs[i] for i in native], windows[native], flips[native])
+        out = torch.empty(
+            (len(blobs), *by_dali.shape[1:]), dtype=by_dali.dtype, device=by_dali.device
+        )
+        out[native], out[foreign] = by_dali, by_pillow.to(by_dali.device)
+        return out
+
     def _to_torch(self, out: Any) -> torch.Tensor:
         if not self.spec.on_gpu:
             # Zero copy: the tensor owns DALI's output buffer (see _EXEC_CPU).
@@ -145,3 +168,13 @@ class DaliBackend:
             result = view.clone()
             torch.cuda.current_stream().synchronize()
         return result
+
+
+def pillow_only(buffer: memoryview) -> bool:
+    """Images the DALI backend hands to Pillow: GIFs (DALI's decoders refuse them) and
+    16-bit PNGs (DALI rounds v / 257 where Pillow's 16-bit RGB truncates v / 256), so
+    both backends give the same pixels for every format either can read."""
+    head = bytes(buffer[:26])
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return True
+    return head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR" and head[24] == 16

@@ -43,12 +43,30 @@ def decode_one(blob: Any, window: np.ndarray, flip: bool, out: np.ndarray) -> np
     x, y, w, h = (int(v) for v in window)
     with Image.open(io.BytesIO(as_buffer(blob))) as img:
         img.load()  # decodes the whole image; raises on bad data
-        rgb = img if img.mode == "RGB" else img.convert("RGB")
-        pixels = np.asarray(rgb)[y : y + h, x : x + w]
+        pixels = rgb8(img)[y : y + h, x : x + w]
     resize_window(pixels, out)
     if flip:
         out[...] = out[:, :, ::-1]  # numpy copies overlapping operands first
     return out
+
+
+_WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def rgb8(img: Image.Image) -> np.ndarray:
+    """8-bit RGB as DALI's decoder makes it, where Pillow's own conversion differs:
+    16-bit samples are scaled (v / 257, rounded; Pillow saturates them at 255) and CMYK
+    becomes (255 - C)(255 - K) / 255, rounded down (Pillow drops K's rounding: up to 2
+    levels apart). Other modes go through Pillow's conversion."""
+    if img.mode in _WIDE_MODES:
+        wide = np.asarray(img).astype(np.float64)
+        gray = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
+        return np.repeat(gray[..., None], 3, axis=-1)
+    if img.mode == "CMYK":
+        cmyk = np.asarray(img).astype(np.uint16)
+        white = 255 - cmyk[..., 3:4]
+        return ((255 - cmyk[..., :3]) * white // 255).astype(np.uint8)
+    return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
 
 
 def to_output(batch: torch.Tensor, spec: OutputSpec, layout: str = "NHWC") -> torch.Tensor:
