@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, Sampler, default_collate, default_convert
+from torch.utils.data import DataLoader as TorchDataLoader
 
 from iolib.distributed import resolve_rank
 from iolib.errors import ConfigError, require_positive_int
@@ -151,6 +152,8 @@ class DataLoader(Generic[T_co]):
         self.transform, self.decode = o.transform, o.decode
         batched = o.batch_size is not None or o.batch_sampler is not None
         self.collate_fn = o.collate_fn or (default_collate if batched else default_convert)
+        # torch's own warning when workers outnumber the cores (its wording, its rule).
+        TorchDataLoader.check_worker_number_rationality(self)  # type: ignore[arg-type]
         self._cursor = Cursor()
         self._resume_pending = False
         if o.iterable:
@@ -241,6 +244,16 @@ class DataLoader(Generic[T_co]):
                 "initialized (as in torch): build a new loader, or use replace()."
             )
         super().__setattr__(name, value)
+
+    @property
+    def _auto_collation(self) -> bool:
+        """torch's name for "batches are collated" (libraries such as Lightning read it)."""
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Any:
+        """torch's name for what yields each fetch's keys: batches, else single keys."""
+        return self.batch_sampler if self._auto_collation else self.sampler
 
     # -- plan ----------------------------------------------------------------------------
     def _tasks(self, epoch: int, position: int) -> Any:

@@ -9,6 +9,7 @@ a ValueError, as torch raises ValueError for the same mistakes.
 
 from __future__ import annotations
 
+import multiprocessing.context
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -27,10 +28,9 @@ WORKER_MODES = ("auto", "thread", "process")
 
 
 def _flag(name: str, value: Any) -> bool:
-    """torch's truthy flags (True, 1, numpy bools), but no strings: `"no"` is truthy."""
-    if isinstance(value, (bool, np.bool_)) or (
-        isinstance(value, numbers.Integral) and value in (0, 1)
-    ):
+    """A flag by its truth, as torch reads it (True, 3, np.bool_), but no strings:
+    `"no"` is truthy, and a flag given as text is a mistake, not a choice."""
+    if isinstance(value, (bool, np.bool_, numbers.Number)):
         return bool(value)
     raise ConfigError(f"`{name}` must be True or False. Found: {value!r}.")
 
@@ -39,7 +39,8 @@ def _count(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ConfigError(f"`{name}` must be an integer >= {minimum}. Found: {value!r}.")
     if value < minimum:
-        raise ConfigError(f"`{name}` must be an integer >= {minimum}. Found: {value!r}.")
+        rule = "should be non-negative" if minimum == 0 else f"should be >= {minimum}"
+        raise ConfigError(f"{name} option {rule} (an integer >= {minimum}). Found: {value!r}.")
     return int(value)
 
 
@@ -98,7 +99,9 @@ class LoaderOptions:
         put("num_workers", _count("num_workers", self.num_workers, minimum=0))
         timeout = self.timeout
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
-            raise ConfigError(f"`timeout` must be a number of seconds >= 0. Found: {timeout!r}.")
+            raise ConfigError(
+                f"timeout option should be non-negative (seconds, a number). Found: {timeout!r}."
+            )
         self._check_workers(put)
         for name in ("pin_memory", "in_order"):
             put(name, _flag(name, getattr(self, name)))
@@ -117,8 +120,8 @@ class LoaderOptions:
         workers, factor = self.num_workers, self.prefetch_factor
         if workers == 0 and factor is not None:
             raise ConfigError(
-                "`prefetch_factor` needs num_workers > 0 (as in torch): leave it None, or "
-                "use iolib's `prefetch` for the batches read ahead."
+                "prefetch_factor option could only be specified in multiprocessing (num_workers "
+                "> 0, as in torch): leave it None, or use iolib's `prefetch` for read-ahead."
             )
         if factor is not None:
             put("prefetch_factor", _count("prefetch_factor", factor, minimum=0))
@@ -126,19 +129,25 @@ class LoaderOptions:
             put("prefetch_factor", 2)
         put("persistent_workers", _flag("persistent_workers", self.persistent_workers))
         if self.persistent_workers and workers == 0:
-            raise ConfigError("`persistent_workers=True` needs num_workers > 0 (as in torch).")
+            raise ConfigError("persistent_workers option needs num_workers > 0 (as in torch).")
+        put("multiprocessing_context", _context(self.multiprocessing_context, workers))
 
     def _check_sampling(self, put: Callable[[str, Any], None]) -> None:
         shuffled = self.shuffle != "none"
-        if self.iterable and (
-            shuffled or self.sampler is not None or self.batch_sampler is not None
-        ):
-            raise ConfigError(
-                "An IterableDataset decides its own order: leave `shuffle`, `sampler` "
-                "and `batch_sampler` unset (as torch requires)."
-            )
+        if self.iterable:
+            for name, given in (
+                ("shuffle", shuffled),
+                ("sampler", self.sampler is not None),
+                ("batch_sampler", self.batch_sampler is not None),
+            ):
+                if given:
+                    raise ConfigError(
+                        f"DataLoader with IterableDataset: expected unspecified {name} option, "
+                        f"but got {name}={getattr(self, name)!r}. An IterableDataset decides "
+                        "its own order (as in torch)."
+                    )
         if self.sampler is not None and shuffled:
-            raise ConfigError("`sampler` is mutually exclusive with `shuffle` (as in torch).")
+            raise ConfigError("sampler option is mutually exclusive with shuffle (as in torch).")
         if self.batch_sampler is not None:
             if (
                 self.batch_size != 1
@@ -147,8 +156,8 @@ class LoaderOptions:
                 or _flag("drop_last", self.drop_last)
             ):
                 raise ConfigError(
-                    "`batch_sampler` is mutually exclusive with batch_size, shuffle, sampler "
-                    "and drop_last (as in torch): leave those at their defaults."
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                    "sampler, and drop_last (as in torch): leave those at their defaults."
                 )
             put("batch_size", None)
             put("drop_last", False)
@@ -156,7 +165,8 @@ class LoaderOptions:
         if self.batch_size is None:
             if _flag("drop_last", self.drop_last):
                 raise ConfigError(
-                    "`batch_size=None` (no batching) is mutually exclusive with `drop_last`."
+                    "batch_size=None option disables auto-batching and is mutually exclusive "
+                    "with drop_last (as in torch)."
                 )
             put("drop_last", False)
             return
@@ -219,6 +229,32 @@ class LoaderOptions:
         if self.batch_sampler is not None:
             kwargs["batch_size"] = 1  # normalized to None above; torch wants it left at 1
         return kwargs
+
+
+def _context(context: Any, workers: int) -> Any:
+    """torch's checks of `multiprocessing_context`; a start method's name becomes its
+    context, as torch's loader stores it."""
+    if context is None:
+        return None
+    if workers == 0:
+        raise ConfigError(
+            "multiprocessing_context can only be used with multi-process loading "
+            f"(num_workers > 0), but got num_workers={workers}."
+        )
+    if isinstance(context, str):
+        methods = torch.multiprocessing.get_all_start_methods()
+        if context not in methods:
+            raise ConfigError(
+                f"multiprocessing_context option should specify a valid start method in "
+                f"{methods!r}, but got multiprocessing_context={context!r}."
+            )
+        return torch.multiprocessing.get_context(context)
+    if not isinstance(context, multiprocessing.context.BaseContext):
+        raise TypeError(
+            "multiprocessing_context option should be a valid context object or a string "
+            f"specifying the start method, but got multiprocessing_context={context!r}."
+        )
+    return context
 
 
 def resolve_mode(mode: str, torch_dataset: bool) -> str:

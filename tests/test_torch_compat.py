@@ -109,8 +109,8 @@ def test_pin_memory_without_cuda_warns_and_still_loads() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"batch_size": None, "drop_last": True}, "mutually exclusive with `drop_last`"),
-        ({"shuffle": True, "sampler": [1, 2]}, "mutually exclusive with `shuffle`"),
+        ({"batch_size": None, "drop_last": True}, "mutually exclusive with drop_last"),
+        ({"shuffle": True, "sampler": [1, 2]}, "mutually exclusive with shuffle"),
         ({"batch_sampler": [[0]], "batch_size": 4}, "mutually exclusive"),
         ({"num_workers": -1}, "num_workers"),
         ({"timeout": -1}, "timeout"),
