@@ -114,14 +114,28 @@ class _Pool:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
-            todo.close()
+            _close_queue(todo)
             with contextlib.suppress(ValueError):
                 proc.close()  # its sentinel's file descriptor
         if self.reader is not None:
             self.reader.join(max(1.0, deadline - time.monotonic()))
         if self.done_q is not None:
-            self.done_q.close()
+            _close_queue(self.done_q)
         self.threads, self.procs, self.reader = [], [], None
+
+
+def _close_queue(q: Any) -> None:
+    """Close both ends of a multiprocessing queue's pipe now. Queue.close() leaves that
+    to its feeder thread, and a queue this process never put into has none: its pipe
+    stayed open until the queue was collected."""
+    q.close()
+    feeder = q._thread
+    if feeder is not None:
+        feeder.join(1.0)  # it closes both ends once it has flushed (or failed to)
+    if feeder is None or feeder.is_alive():
+        for end in (q._reader, q._writer):
+            with contextlib.suppress(OSError):
+                end.close()
 
 
 def _drain(todo: Any) -> None:
