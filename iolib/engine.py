@@ -375,11 +375,11 @@ class Engine:
                     raise RuntimeError(
                         f"The loader's workers were stopped while batch {shown} was awaited."
                     )
+                if pool.fatal is not None:  # a dead worker fails the epoch as soon as known
+                    raise pool.fatal.error.rebuild()
                 if number in pool.ready:
                     pool.ready_bytes.pop(number)
                     return pool.ready.pop(number)
-                if pool.fatal is not None:
-                    raise pool.fatal.error.rebuild()
                 left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
                 if left > 0:
                     pool.cv.wait(left)  # a result, a worker's death or a Stop wakes it

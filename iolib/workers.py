@@ -30,6 +30,22 @@ from iolib.errors import WorkerDied, WorkerError
 WATCH_S = 1.0  # how often a process worker idle on its queue checks that its parent lives
 
 
+_WORKER_STREAM = 0x574F524B45  # "WORKE": a stream of its own, apart from rng's
+
+
+def worker_base_seed(seed: int) -> int:
+    """The base of a loader's worker seeds (``get_worker_info().seed`` is base + id): a
+    pure function of the loader's seed, where torch draws it from its generator.
+
+    >>> worker_base_seed(0) == worker_base_seed(0) != worker_base_seed(1)
+    True
+    """
+    import numpy as np
+
+    words = np.random.SeedSequence([_WORKER_STREAM, seed]).generate_state(2, np.uint32)
+    return (int(words[0]) << 30) | (int(words[1]) >> 2)  # 62 bits: base + id fits int64
+
+
 class Stop:
     """Sentinel asking one worker thread to exit."""
 

@@ -423,21 +423,25 @@ def test_a_forked_copy_never_stops_or_joins_its_parents_workers(mode: str) -> No
 
 
 IN_CHILD = """
-import multiprocessing as mp, sys, torch
+import multiprocessing as mp, sys
 from iolib import DataLoader
 from torch.utils.data import Dataset
 
-class Plain(Dataset):
+class Numbers(Dataset):
     def __len__(self):
-        return 400
+        return 200_000
 
     def __getitem__(self, i):
-        return torch.zeros(4096)
+        return i
 
 def child():
-    loader = DataLoader(Plain(), batch_size=8, num_workers=2, worker_mode="process")
+    # Large batches, deep prefetch: each task's indices (64 KiB) fill the task pipe, so
+    # the queue's feeder thread waits in a write that only the worker's reads finish.
+    loader = DataLoader(
+        Numbers(), batch_size=8192, num_workers=2, worker_mode="process", prefetch=16
+    )
     for k, _ in enumerate(loader):
-        if k == 2:
+        if k == 1:
             raise RuntimeError("the training step failed")
 
 if __name__ == "__main__":
