@@ -7,28 +7,33 @@ finished work from being buffered, and batches still come out in plan order. The
 content of batch ``k`` depends only on its task, so ``depth`` and the worker count can
 change while iterating: that changes pace and memory, never content.
 
-Workers are threads by default (pyarrow, fsspec and DALI release the GIL). Process
-workers serve GIL-bound Python datasets; each has its own task queue (round-robin) so a
-worker that dies is known by the batches it held, and is reported rather than waited on.
+Workers are threads by default (pyarrow, fsspec and DALI release the GIL), started
+lazily: no more than there are batches in flight. Process workers serve GIL-bound Python
+datasets; each has its own task queue (round-robin) so a worker that dies is known by the
+batches it held, and is reported rather than waited on. A reader thread moves process
+results into the reorder buffer as they land and wakes the consumer when a worker exits.
+What runs inside a worker (torch's hygiene, get_worker_info, errors) is in workers.py.
+
+Lifecycle: the workers, the reader and the finalizer share a ``Pool``, never the engine,
+so an engine dropped without ``close()`` is freed by reference counting and its finalizer
+(``multiprocessing.util.Finalize``: also at exit, also in a child process) stops them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from multiprocessing import connection
 from multiprocessing.util import Finalize
 from typing import Any, Literal
 
 from iolib.errors import ConfigError, WorkerDied, WorkerError, require_non_negative_int
+from iolib.pool import Pool, drain, read_results
 from iolib.workers import (
-    Fatal,
     Stop,
     WorkerSetup,
     install_thread_worker_info,
@@ -36,150 +41,11 @@ from iolib.workers import (
     thread_worker,
 )
 
-log = logging.getLogger(__name__)
 WorkerMode = Literal["thread", "process"]
 # How often a waiting consumer checks for dead workers and its timeout when nothing
-# wakes it: results and worker deaths wake it at once (the result reader, below).
+# wakes it: results and worker deaths wake it at once (pool.read_results).
 _POLL_S = 0.05
 _GRACE_S = 2.0  # how long a dead process's last messages may take to be read
-
-
-class _Pool:
-    """What the workers, the result reader and the finalizer share: never the Engine,
-    so an engine (and its loader) dropped without close() is collected, and its
-    finalizer stops the workers."""
-
-    def __init__(self, sizeof: Callable[[Any], int]) -> None:
-        self.pid = os.getpid()  # a fork inherits this object: only its creator stops it
-        self.sizeof = sizeof
-        self.cv = threading.Condition()
-        self.ready: dict[int, Any] = {}  # the reorder buffer: batch number -> result
-        self.ready_bytes: dict[int, int] = {}
-        self.generation = 0
-        self.fatal: Fatal | None = None  # the first worker death, raised by the consumer
-        self.threads: list[threading.Thread] = []
-        self.stops_pending = 0  # Stop sentinels queued and not yet taken by a thread
-        self.todo: queue.Queue = queue.Queue()
-        self.procs: list[list[Any]] = []  # [process, task queue, retiring]
-        self.held: dict[int, int] = {}  # batch number -> process slot (process mode)
-        self.done_q: Any = None
-        self.reader: threading.Thread | None = None
-        self.reading = False  # the reader holds a message it has not delivered yet
-        self.closed = False
-
-    def deliver(self, generation: int, number: int, result: Any) -> None:
-        size = self.sizeof(result)
-        with self.cv:
-            if generation == self.generation:
-                self.ready[number] = result
-                self.ready_bytes[number] = size
-                self.held.pop(number, None)
-                self.cv.notify_all()
-
-    def report(self, message: Any) -> None:
-        """A worker thread took a Stop, or died (Fatal)."""
-        with self.cv:
-            if isinstance(message, Stop):
-                self.stops_pending -= 1
-            elif self.fatal is None:
-                self.fatal = message
-            self.cv.notify_all()
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop every worker and the reader; join what was started. Idempotent; does
-        nothing in a process that inherited this pool by fork."""
-        if self.closed or os.getpid() != self.pid:
-            return
-        self.closed = True
-        with self.cv:
-            self.generation += 1
-            self.ready.clear()
-            self.ready_bytes.clear()
-            self.cv.notify_all()
-        _drain(self.todo)
-        for _ in self.threads:
-            self.todo.put(Stop())
-        deadline = time.monotonic() + timeout
-        for _proc, todo, retiring in self.procs:
-            if not retiring:
-                with contextlib.suppress(OSError, ValueError):
-                    todo.put(None)
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        for proc, todo, _ in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(1.0)
-            _close_queue(todo)
-            with contextlib.suppress(ValueError):
-                proc.close()  # its sentinel's file descriptor
-        if self.reader is not None:
-            self.reader.join(max(1.0, deadline - time.monotonic()))
-        if self.done_q is not None:
-            _close_queue(self.done_q)
-        self.threads, self.procs, self.reader = [], [], None
-
-
-def _close_queue(q: Any) -> None:
-    """Close both ends of a multiprocessing queue's pipe now. Queue.close() leaves that
-    to its feeder thread, and a queue this process never put into has none: its pipe
-    stayed open until the queue was collected."""
-    q.close()
-    feeder = q._thread
-    if feeder is not None:
-        feeder.join(1.0)  # it closes both ends once it has flushed (or failed to)
-    if feeder is None or feeder.is_alive():
-        for end in (q._reader, q._writer):
-            with contextlib.suppress(OSError):
-                end.close()
-
-
-def _drain(todo: Any) -> None:
-    while True:
-        try:
-            todo.get_nowait()
-        except (queue.Empty, OSError, ValueError):
-            return
-
-
-def _read_results(pool: _Pool, done_q: Any) -> None:
-    """The result reader (process mode): delivers each result into the reorder buffer
-    as soon as it arrives, and wakes the consumer when a worker process exits, so the
-    consumer waits for neither a poll interval nor a liveness check."""
-    seen_dead: set[int] = set()
-    while not pool.closed:
-        with pool.cv:
-            procs = [p for p, _, _ in pool.procs]
-        sentinels = {p.sentinel: p for p in procs if p.sentinel not in seen_dead}
-        try:
-            ready = connection.wait([done_q._reader, *sentinels], timeout=_POLL_S)
-        except (OSError, ValueError):  # closed under us: shutting down
-            return
-        if any(r is not done_q._reader for r in ready):
-            seen_dead.update(r for r in ready if r is not done_q._reader)
-            with pool.cv:
-                pool.cv.notify_all()
-        if done_q._reader not in ready or pool.closed:
-            continue
-        pool.reading = True
-        try:
-            message = done_q.get()
-            if isinstance(message, Fatal):
-                pool.report(message)
-            else:
-                pool.deliver(*message)
-            del message
-        except (EOFError, ConnectionError, OSError, ValueError) as exc:
-            # A result whose sender died cannot be unpickled (torch passes tensors by file
-            # descriptor through the sender); its batch stays held, so the liveness check
-            # reports the dead worker.
-            log.debug("lost a result from a dead worker: %s", exc)
-        finally:
-            pool.reading = False
 
 
 class Engine:
@@ -225,7 +91,7 @@ class Engine:
         self._rr = 0
         self._thread_ids = 0  # the next thread worker's id
         self._started = False
-        self._pool = _Pool(sizeof)
+        self._pool = Pool(sizeof)
         # Stops the workers when the engine is dropped without close(), and at exit
         # before multiprocessing terminates daemon children: also in a child process
         # (multiprocessing.Process), where atexit handlers never run.
@@ -446,7 +312,7 @@ class Engine:
         for _ in range(stops):
             pool.todo.put(Stop())
         for proc in pool.procs:
-            _drain(proc[1])
+            drain(proc[1])
 
     # -- processes -----------------------------------------------------------------------
     def _context(self) -> Any:
@@ -463,7 +329,7 @@ class Engine:
             # Results left unread at exit are worthless: never block an exit on them.
             pool.done_q.cancel_join_thread()
             pool.reader = threading.Thread(
-                target=_read_results, args=(pool, pool.done_q), name="iolib-results", daemon=True
+                target=read_results, args=(pool, pool.done_q), name="iolib-results", daemon=True
             )
             pool.reader.start()
         active = [p for p in pool.procs if not p[2]]
@@ -547,7 +413,7 @@ class Engine:
         self._finalizer.cancel()
 
 
-_LIVE: weakref.WeakSet[_Pool] = weakref.WeakSet()  # pools whose engines may still run
+_LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()  # pools whose engines may still run
 
 
 def close_live_engines(timeout: float = 5.0) -> None:
