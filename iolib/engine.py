@@ -34,6 +34,7 @@ from typing import Any, Literal
 from iolib.errors import ConfigError, WorkerDied, WorkerError, require_non_negative_int
 from iolib.pool import Pool, drain, read_results
 from iolib.workers import (
+    RETIRE,
     Stop,
     WorkerSetup,
     install_thread_worker_info,
@@ -352,7 +353,7 @@ class Engine:
             active.append(pool.procs[-1])
         for entry in active[self._target_workers :]:
             entry[2] = True  # retiring: no new tasks; it exits after the ones it holds
-            entry[1].put(None)
+            entry[1].put(RETIRE)
 
     def _pick_process(self) -> int:
         slots = [i for i, p in enumerate(self._pool.procs) if not p[2]]
@@ -372,8 +373,13 @@ class Engine:
 
     def _check_processes(self) -> None:
         pool = self._pool
-        dead = [p for p, _, _ in pool.procs if not p.is_alive()]
-        if not dead:
+        with pool.cv:
+            holding = set(pool.held.values())
+        # A retired worker that exited after its last batch is no news.
+        if all(
+            proc.is_alive() or (retiring and slot not in holding and proc.exitcode == 0)
+            for slot, (proc, _, retiring) in enumerate(pool.procs)
+        ):
             return
         self._settle()
         with pool.cv:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from multiprocessing import connection
 from typing import Any
 
-from iolib.workers import Fatal, Stop
+from iolib.workers import Fatal, Retired, Stop
 
 log = logging.getLogger(__name__)
 # How often the reader re-checks the workers it waits on (new ones, shutdown).
@@ -80,10 +80,9 @@ class Pool:
         for _ in self.threads:
             self.todo.put(Stop())
         deadline = time.monotonic() + timeout
-        for _proc, todo, retiring in self.procs:
-            if not retiring:
-                with contextlib.suppress(OSError, ValueError):
-                    todo.put(None)
+        for _proc, todo, _ in self.procs:
+            with contextlib.suppress(OSError, ValueError):
+                todo.put(None)
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         for proc, _, _ in self.procs:
@@ -151,6 +150,12 @@ def read_results(pool: Pool, done_q: Any) -> None:
             message = done_q.get()
             if isinstance(message, Fatal):
                 pool.report(message)
+            elif isinstance(message, Retired):
+                # Every result it sent came before this and has been received (its
+                # tensors' file descriptors too, fetched from it while unpickling): it
+                # may exit now.
+                with contextlib.suppress(OSError, ValueError):
+                    pool.procs[message.wid][1].put(None)
             else:
                 pool.deliver(*message)
             del message

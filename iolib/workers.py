@@ -50,6 +50,19 @@ class Stop:
     """Sentinel asking one worker thread to exit."""
 
 
+RETIRE = "retire"  # asks a process worker to retire once it has sent what it holds
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A retiring process worker has sent its last result; it exits on the next None.
+    It must not exit before: torch hands a tensor over by a file descriptor that the
+    receiver fetches from the sender while unpickling, so a result whose sender has
+    exited is lost."""
+
+    wid: int
+
+
 @dataclass(frozen=True)
 class WorkerSetup:
     """What a worker needs to know about itself: torch's WorkerInfo fields."""
@@ -275,6 +288,9 @@ def process_worker(
                 continue
             if item is None:
                 return
+            if isinstance(item, str):  # RETIRE
+                done.put(Retired(setup.wid))
+                continue
             generation, number, task = item
             done.put((generation, number, fn(task)))
             del item, task

@@ -541,3 +541,23 @@ def test_process_results_reach_the_buffer_without_the_consumer_asking() -> None:
 
 def _identity(task: int) -> int:
     return task
+
+
+def _tensor(task: int) -> torch.Tensor:
+    return torch.full((256,), task)  # crosses processes by file descriptor
+
+
+def test_shrinking_process_workers_loses_no_result() -> None:
+    """A retiring worker once exited right after sending its last batches: their
+    tensors, fetched from the sender while unpickling, were lost with it, and the
+    consumer reported it dead 'with code 0 while holding batches'."""
+    engine = Engine(_tensor, workers=3, depth=6, mode="process")
+    for round_ in range(3):
+        engine.start(list(range(24)))
+        out = [int(engine.next()[0][0])]
+        engine.set_workers(1)
+        out += [int(engine.next()[0][0]) for _ in range(11)]
+        engine.set_workers(3)
+        out += [int(engine.next()[0][0]) for _ in range(12)]
+        assert out == list(range(24)), f"round {round_}"
+    engine.close()
