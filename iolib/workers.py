@@ -9,8 +9,9 @@ parent died; and any error that ends a worker, ``worker_init_fn``'s included, re
 the consumer with its type, message and traceback (``RemoteError``, after torch's
 ``ExceptionWrapper``).
 
-``fn(task)`` itself never raises an ``Exception`` (see fetcher.Failure); what escapes it
-(``SystemExit``, ``KeyboardInterrupt``) ends the worker and is reported as a ``Fatal``.
+``fn(task)`` returns its errors as results (see fetcher.Failure); whatever escapes it
+anyway (``SystemExit``, ``KeyboardInterrupt``, a bug) ends the worker and is reported
+as a ``Fatal``.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class RemoteError:
     def __init__(self, exc: BaseException, where: str) -> None:
         self.exc_type: type | None = type(exc)
         self.type_name = type(exc).__name__
+        self.fatal = not isinstance(exc, Exception)  # SystemExit, KeyboardInterrupt...
         self.message = str(exc)
         self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         self.where = where
@@ -112,7 +114,7 @@ class RemoteError:
         as itself, so the trainer is not exited or interrupted by it."""
         text = f"Caught {self.type_name} {self.where}.\nOriginal {self.traceback}"
         kind = self.exc_type
-        if kind is None or not issubclass(kind, Exception):
+        if self.fatal:
             died = WorkerDied(
                 f"The {self.where[3:]} died of {self.type_name}: "
                 f"{self.message or '(no message)'}.\nOriginal {self.traceback}",
@@ -121,7 +123,9 @@ class RemoteError:
             died.__cause__ = self.exception
             return died
         built: BaseException
-        if kind is KeyError:
+        if kind is None:  # a type pickle could not send (a local class)
+            built = WorkerError(text, stage="worker")
+        elif kind is KeyError:
             from torch._utils import KeyErrorMessage
 
             built = KeyError(KeyErrorMessage(text))

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from iolib import DataLoader
 from iolib.engine import Engine
-from iolib.errors import WorkerDied
+from iolib.errors import WorkerDied, WorkerError
 
 REPO = Path(__file__).resolve().parents[1]
 LOADERS = {"torch": torch.utils.data.DataLoader, "iolib": DataLoader}
@@ -558,4 +558,19 @@ def test_shrinking_process_workers_loses_no_result() -> None:
         engine.set_workers(3)
         out += [int(engine.next()[0][0]) for _ in range(12)]
         assert out == list(range(24)), f"round {round_}"
+    engine.close()
+
+
+def test_an_error_type_that_cannot_cross_processes_still_brings_its_message() -> None:
+    class LocalError(Exception):  # pickle cannot send a local class by reference
+        pass
+
+    def init(worker_id: int) -> None:
+        raise LocalError(f"worker {worker_id} has no shard")
+
+    engine = Engine(_identity, workers=1, depth=1, mode="process", worker_init_fn=init,
+                    mp_context="fork")  # fmt: skip
+    engine.start([0])
+    with pytest.raises(WorkerError, match=r"(?s)Caught LocalError in .*process 0.*has no shard"):
+        engine.next()
     engine.close()
