@@ -329,6 +329,7 @@ class Engine:
             pool.done_q = ctx.Queue()
             # Results left unread at exit are worthless: never block an exit on them.
             pool.done_q.cancel_join_thread()
+            pool.stopping = ctx.Event()
             pool.reader = threading.Thread(
                 target=read_results, args=(pool, pool.done_q), name="iolib-results", daemon=True
             )
@@ -343,7 +344,15 @@ class Engine:
             )
             proc = ctx.Process(
                 target=process_worker,
-                args=(setup, self.fn, todo, pool.done_q, self.worker_init_fn, os.getpid()),
+                args=(
+                    setup,
+                    self.fn,
+                    todo,
+                    pool.done_q,
+                    self.worker_init_fn,
+                    os.getpid(),
+                    pool.stopping,
+                ),
                 name=f"iolib-worker-{wid}",
                 daemon=True,
             )

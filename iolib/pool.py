@@ -43,6 +43,7 @@ class Pool:
         self.procs: list[list[Any]] = []  # [process, task queue, retiring]
         self.held: dict[int, int] = {}  # batch number -> process slot (process mode)
         self.done_q: Any = None
+        self.stopping: Any = None  # a multiprocessing Event: process workers stop at once
         self.reader: threading.Thread | None = None
         self.reading = False  # the reader holds a message it has not delivered yet
         self.closed = False
@@ -80,6 +81,8 @@ class Pool:
         for _ in self.threads:
             self.todo.put(Stop())
         deadline = time.monotonic() + timeout
+        if self.stopping is not None:
+            self.stopping.set()
         for _proc, todo, _ in self.procs:
             with contextlib.suppress(OSError, ValueError):
                 todo.put(None)
@@ -104,18 +107,27 @@ class Pool:
         self.threads, self.procs, self.reader = [], [], None
 
 
-def _close_queue(q: Any) -> None:
-    """Close both ends of a multiprocessing queue's pipe now. Queue.close() leaves that
-    to its feeder thread, and a queue this process never put into has none: its pipe
-    stayed open until the queue was collected."""
-    q.close()
+def _close_queue(q: Any, timeout: float = 1.0) -> None:
+    """Close both ends of a multiprocessing queue's pipe now; its readers are gone.
+
+    Queue.close() leaves that to its feeder thread, once it has written what it holds: a
+    feeder blocked on a full pipe that no worker reads any more would never get there,
+    so what it holds is dropped and the pipe read empty here first (before close(),
+    after which the feeder may close the pipe under a reader). A queue this process
+    never put into has no feeder: its pipe stayed open until the queue was collected."""
     feeder = q._thread
     if feeder is not None:
-        feeder.join(1.0)  # it closes both ends once it has flushed (or failed to)
-    if feeder is None or feeder.is_alive():
+        with q._notempty:
+            q._buffer.clear()  # tasks not written yet: nobody will run them
+        with contextlib.suppress(OSError, EOFError):
+            while q._reader.poll(0.01):
+                q._reader.recv_bytes()
+    q.close()
+    if feeder is None:
         for end in (q._reader, q._writer):
-            with contextlib.suppress(OSError):
-                end.close()
+            end.close()
+    else:
+        feeder.join(timeout)  # it closes both ends once it has taken the close sentinel
 
 
 def drain(todo: Any) -> None:

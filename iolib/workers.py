@@ -162,9 +162,11 @@ def _thread_info(default: Any) -> Any:
     # torch's default_collate stacks into shared memory when it finds worker info, to
     # pass the batch to another process. A thread's batch stays here: shared memory
     # would hold a file descriptor per batch and fill a container's small /dev/shm.
-    if sys._getframe(2).f_globals.get("__name__") == "torch.utils.data._utils.collate":
-        return None
-    return info
+    try:
+        caller = sys._getframe(2).f_globals.get("__name__")
+    except ValueError:  # called from the bottom of a stack: not from collate
+        return info
+    return None if caller == "torch.utils.data._utils.collate" else info
 
 
 def _lookup_code() -> Any:
@@ -272,9 +274,11 @@ def process_worker(
     done: Any,
     init: Callable[[int], None] | None,
     parent: int,
+    stopping: Any,
 ) -> None:
     """A worker process: like thread_worker, and exits within WATCH_S of its parent's
-    death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes)."""
+    death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes).
+    Once `stopping` (an Event) is set it runs no more tasks (torch's done_event)."""
     import torch
 
     # First, before any torch op: one intra-op thread, as in torch's worker loop.
@@ -285,21 +289,22 @@ def process_worker(
         if init is not None:
             init(setup.wid)
         stage = "running a task"
-        while os.getppid() == parent:
+        while os.getppid() == parent and not stopping.is_set():
             try:
                 item = todo.get(timeout=WATCH_S)
             except queue.Empty:
                 continue
-            if item is None:
-                return
+            if item is None or stopping.is_set():
+                break
             if isinstance(item, str):  # RETIRE
                 done.put(Retired(setup.wid))
                 continue
             generation, number, task = item
             done.put((generation, number, fn(task)))
             del item, task
-        # Orphaned: nobody reads the results, so do not wait to flush them at exit.
-        done.cancel_join_thread()
+        if stopping.is_set() or os.getppid() != parent:
+            # Nobody will read what is not sent yet: do not wait at exit to flush it.
+            done.cancel_join_thread()
     except BaseException as exc:
         done.put(Fatal(setup.wid, RemoteError(exc, _where("process", setup.wid, stage))))
         sys.exit(1)  # an exit code, and no traceback printed by multiprocessing

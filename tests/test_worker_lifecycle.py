@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -27,21 +28,25 @@ from torch.utils.data import Dataset
 from iolib import DataLoader
 from iolib.engine import Engine
 from iolib.errors import WorkerDied, WorkerError
+from tests.conftest import write_parquet_shards
 
 REPO = Path(__file__).resolve().parents[1]
 LOADERS = {"torch": torch.utils.data.DataLoader, "iolib": DataLoader}
 
 
 def _run(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `script` from a file (spawn's children import their target from it)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    code = textwrap.dedent(script)
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "script.py"
+        path.write_text(textwrap.dedent(script))
+        return subprocess.run(
+            [sys.executable, str(path), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def _iolib_threads() -> set[threading.Thread]:
@@ -423,21 +428,13 @@ def test_a_forked_copy_never_stops_or_joins_its_parents_workers(mode: str) -> No
 IN_CHILD = """
 import multiprocessing as mp, sys
 from iolib import DataLoader
-from torch.utils.data import Dataset
-
-class Numbers(Dataset):
-    def __len__(self):
-        return 200_000
-
-    def __getitem__(self, i):
-        return i
+from iolib.sources import ParquetSource
 
 def child():
     # Large batches, deep prefetch: each task's indices (64 KiB) fill the task pipe, so
     # the queue's feeder thread waits in a write that only the worker's reads finish.
-    loader = DataLoader(
-        Numbers(), batch_size=8192, num_workers=2, worker_mode="process", prefetch=16
-    )
+    loader = DataLoader(ParquetSource(sys.argv[2]), batch_size=8192, num_workers=2,
+                        worker_mode="process", prefetch=16)
     for k, _ in enumerate(loader):
         if k == 1:
             raise RuntimeError("the training step failed")
@@ -453,10 +450,13 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_loader_in_a_child_process_that_raises_lets_it_exit(context: str) -> None:
-    run = _run(IN_CHILD, context)
+def test_loader_in_a_child_process_that_raises_lets_it_exit(context: str, tmp_path: Path) -> None:
+    write_parquet_shards(tmp_path, 200_000, shards=1, row_group_size=8192, seq_len=1)
+    run = _run(IN_CHILD, context, str(tmp_path / "part-000.parquet"))
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "exit 1", "the child exits (it hung at exit before)"
+    # Only the child's own error: no queue feeder's or finalizer's traceback.
+    assert run.stderr.count("Traceback") == 1 and "the training step failed" in run.stderr
 
 
 AT_EXIT = """
