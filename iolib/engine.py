@@ -90,7 +90,6 @@ class Engine:
         self._make_following: Callable[[], Sequence[Any]] | None = None
         self._following: Sequence[Any] | None = None
         self._rr = 0
-        self._thread_ids = 0  # the next thread worker's id
         self._started = False
         self._pool = Pool(sizeof)
         # Stops the workers when the engine is dropped without close(), and at exit
@@ -289,7 +288,10 @@ class Engine:
             pool.threads = [t for t in pool.threads if t.is_alive()]
             working = len(pool.threads) - pool.stops_pending
         for _ in range(want - working):
-            wid, self._thread_ids = self._thread_ids, self._thread_ids + 1
+            # The smallest id no live thread has: ids stay 0 .. workers - 1 as in torch
+            # (a thread that took a Stop may still hold its id a moment).
+            taken = {getattr(t, "iolib_wid", -1) for t in pool.threads}
+            wid = next(i for i in range(len(taken) + 1) if i not in taken)
             setup = self._setup(wid)
             thread = threading.Thread(
                 target=thread_worker,
@@ -297,6 +299,7 @@ class Engine:
                 name=f"iolib-worker-{wid}",
                 daemon=True,
             )
+            thread.iolib_wid = wid  # type: ignore[attr-defined]
             thread.start()
             with pool.cv:
                 pool.threads.append(thread)
