@@ -7,71 +7,46 @@ finished work from being buffered, and batches still come out in plan order. The
 content of batch ``k`` depends only on its task, so ``depth`` and the worker count can
 change while iterating: that changes pace and memory, never content.
 
-Workers are threads by default (pyarrow, fsspec and DALI release the GIL). Process
-workers serve GIL-bound Python datasets; each has its own task queue (round-robin) so a
-worker that dies is known by the batches it held, and is reported rather than waited on.
+Workers are threads by default (pyarrow, fsspec and DALI release the GIL), started
+lazily: no more than there are batches in flight. Process workers serve GIL-bound Python
+datasets; each has its own task queue (round-robin) so a worker that dies is known by the
+batches it held, and is reported rather than waited on. A reader thread moves process
+results into the reorder buffer as they land and wakes the consumer when a worker exits.
+What runs inside a worker (torch's hygiene, get_worker_info, errors) is in workers.py.
+
+Lifecycle: the workers, the reader and the finalizer share a ``Pool``, never the engine,
+so an engine dropped without ``close()`` is freed by reference counting and its finalizer
+(``multiprocessing.util.Finalize``: also at exit, also in a child process) stops them.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import logging
+import os
 import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from multiprocessing.util import Finalize
 from typing import Any, Literal
 
 from iolib.errors import ConfigError, WorkerDied, WorkerError, require_non_negative_int
+from iolib.pool import Pool, drain, read_results
+from iolib.workers import (
+    RETIRE,
+    Stop,
+    WorkerSetup,
+    install_thread_worker_info,
+    process_worker,
+    thread_worker,
+)
 
-log = logging.getLogger(__name__)
 WorkerMode = Literal["thread", "process"]
-_POLL_S = 0.05  # how often a waiting consumer checks for dead workers and timeouts
-
-
-class _Stop:
-    """Sentinel asking one worker to exit."""
-
-
-def _thread_worker(
-    wid: int, fn: Callable, todo: queue.Queue, deliver: Callable, init: Callable | None
-) -> None:
-    if init is not None:
-        init(wid)
-    while True:
-        item = todo.get()
-        if isinstance(item, _Stop):
-            return
-        generation, number, task = item
-        deliver(generation, number, fn(task))
-
-
-def _process_worker(wid: int, fn: Callable, todo: Any, done: Any, init: Callable | None) -> None:
-    if init is not None:
-        init(wid)
-    while True:
-        item = todo.get()
-        if item is None:
-            return
-        generation, number, task = item
-        done.put((generation, number, fn(task)))
-
-
-_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()  # engines not closed yet
-
-
-@atexit.register
-def _close_live_engines() -> None:
-    """At exit, stop the workers of an epoch left mid-way: a daemon worker thread still
-    inside pyarrow while the interpreter finalizes can abort it ("terminate called
-    without an active exception"), seen about once in 15 runs of a script that exits
-    after saving its state_dict mid-epoch. (pyarrow's own IO threads were the other
-    cause: see ParquetSource._read_row_group.)"""
-    for engine in list(_LIVE):
-        with contextlib.suppress(Exception):
-            engine.close(timeout=5.0)
+# How often a waiting consumer checks for dead workers and its timeout when nothing
+# wakes it: results and worker deaths wake it at once (pool.read_results).
+_POLL_S = 0.05
+_GRACE_S = 2.0  # how long a dead process's last messages may take to be read
 
 
 class Engine:
@@ -79,6 +54,10 @@ class Engine:
 
     ``fn`` must not raise: it returns its result or an error object (see fetcher.Failure);
     the engine only moves results. ``workers=0`` runs tasks inline in ``next()``.
+
+    ``worker_info_dataset`` and ``base_seed`` fill ``get_worker_info()`` in the workers
+    (its ``dataset`` and ``seed = base_seed + worker id``); process workers also seed
+    torch, ``random`` and numpy from them once, as torch's workers do.
     """
 
     def __init__(
@@ -92,32 +71,32 @@ class Engine:
         timeout: float = 0,
         worker_init_fn: Callable[[int], None] | None = None,
         sizeof: Callable[[Any], int] = lambda result: 0,
+        worker_info_dataset: Any = None,
+        base_seed: int = 0,
     ) -> None:
         require_non_negative_int("num_workers", workers)
+        require_non_negative_int("base_seed", base_seed)
         if mode not in ("thread", "process"):
             raise ConfigError(f"`worker_mode` must be 'thread' or 'process'. Found: {mode!r}.")
         self.fn, self.mode, self.timeout = fn, mode, timeout
-        self.mp_context, self.worker_init_fn, self.sizeof = mp_context, worker_init_fn, sizeof
+        self.mp_context, self.worker_init_fn = mp_context, worker_init_fn
+        self.worker_info_dataset, self.base_seed = worker_info_dataset, base_seed
         self._depth = max(1, depth)
         self._target_workers = workers
-        self._cv = threading.Condition()
-        self._ready: dict[int, Any] = {}  # the reorder buffer: batch number -> result
-        self._ready_bytes: dict[int, int] = {}
-        self._generation = 0
         self._tasks: Sequence[Any] = ()
         # Batch numbers count on across sequences joined by `follow`: the current sequence
         # holds numbers base .. base + len(tasks) - 1, the following one the next ones.
         self._base = self._submitted = self._next = 0
         self._make_following: Callable[[], Sequence[Any]] | None = None
         self._following: Sequence[Any] | None = None
-        self._threads: list[threading.Thread] = []
-        self._todo: queue.Queue = queue.Queue()
-        self._procs: list[Any] = []  # [process, task queue, retiring]
-        self._held: dict[int, int] = {}  # batch number -> process slot (process mode)
-        self._done_q: Any = None
         self._rr = 0
-        self._closed = False
-        _LIVE.add(self)
+        self._started = False
+        self._pool = Pool(sizeof)
+        # Stops the workers when the engine is dropped without close(), and at exit
+        # before multiprocessing terminates daemon children: also in a child process
+        # (multiprocessing.Process), where atexit handlers never run.
+        self._finalizer = Finalize(self, self._pool.shutdown, exitpriority=10)
+        _LIVE.add(self._pool)
 
     # -- knobs ---------------------------------------------------------------------------
     @property
@@ -127,6 +106,20 @@ class Engine:
     @property
     def workers(self) -> int:
         return self._target_workers
+
+    @property
+    def _closed(self) -> bool:
+        return self._pool.closed
+
+    @property
+    def _procs(self) -> list[list[Any]]:
+        """[process, task queue, retiring] per process worker started (for tests)."""
+        return self._pool.procs
+
+    @property
+    def _threads(self) -> list[threading.Thread]:
+        """The worker threads started and not known to have exited (for tests)."""
+        return self._pool.threads
 
     def set_depth(self, depth: int) -> None:
         """Change how many batches may be in flight or ready; takes effect at once."""
@@ -139,33 +132,31 @@ class Engine:
         if self._started:
             self._resize()
 
-    @property
-    def _started(self) -> bool:
-        return bool(self._threads or self._procs)
-
     def bytes_in_flight(self) -> int:
         """Bytes held by finished batches waiting in the reorder buffer."""
-        with self._cv:
-            return sum(self._ready_bytes.values())
+        with self._pool.cv:
+            return sum(self._pool.ready_bytes.values())
 
     def batches_ready(self) -> int:
-        with self._cv:
-            return len(self._ready)
+        with self._pool.cv:
+            return len(self._pool.ready)
 
     # -- epochs --------------------------------------------------------------------------
     def start(self, tasks: Sequence[Any]) -> None:
         """Begin a new sequence of tasks; results of an abandoned one are discarded."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        with self._cv:
-            self._generation += 1
-            self._ready.clear()
-            self._ready_bytes.clear()
-            self._held.clear()
+        pool = self._pool
+        with pool.cv:
+            pool.generation += 1
+            pool.ready.clear()
+            pool.ready_bytes.clear()
+            pool.held.clear()
         self._drain_todo()
         self._tasks, self._base, self._submitted, self._next = tasks, 0, 0, 0
         self._make_following = self._following = None
         if self._target_workers and not self._started:
+            self._started = True
             self._resize()
 
     def follow(self, make_tasks: Callable[[], Sequence[Any]]) -> None:
@@ -223,91 +214,109 @@ class Engine:
         return result, time.perf_counter() - begin
 
     def _top_up(self) -> None:
+        pool = self._pool
         while self._submitted - self._next < self._depth:
             if self._submitted >= self._submittable():
                 break
             number = self._submitted
-            item = (self._generation, number, self._task(number))
+            item = (pool.generation, number, self._task(number))
             if self.mode == "thread":
-                self._todo.put(item)
+                pool.todo.put(item)
             else:
                 slot = self._pick_process()
-                self._held[number] = slot
-                self._procs[slot][1].put(item)
+                with pool.cv:
+                    pool.held[number] = slot
+                pool.procs[slot][1].put(item)
             self._submitted += 1
-
-    def _deliver(self, generation: int, number: int, result: Any) -> None:
-        size = self.sizeof(result)
-        with self._cv:
-            if generation == self._generation:
-                self._ready[number] = result
-                self._ready_bytes[number] = size
-                self._held.pop(number, None)
-                self._cv.notify_all()
+        if self.mode == "thread":
+            self._grow_threads()
 
     def _wait_for(self, number: int) -> Any:
+        pool = self._pool
         shown = number - self._base  # the batch's number within its epoch
         deadline = time.monotonic() + self.timeout if self.timeout > 0 else None
         while True:
-            if self._closed:
-                raise RuntimeError(
-                    f"The loader's workers were stopped while batch {shown} was awaited."
-                )
-            if self.mode == "process":
-                self._collect()
-            with self._cv:
-                if number in self._ready:
-                    self._ready_bytes.pop(number)
-                    return self._ready.pop(number)
-                if self.mode == "thread":
-                    self._cv.wait(_POLL_S)
-                    if number in self._ready:
-                        continue
+            with pool.cv:
+                if pool.closed:
+                    raise RuntimeError(
+                        f"The loader's workers were stopped while batch {shown} was awaited."
+                    )
+                if pool.fatal is not None:  # a dead worker fails the epoch as soon as known
+                    raise pool.fatal.error.rebuild()
+                if number in pool.ready:
+                    pool.ready_bytes.pop(number)
+                    return pool.ready.pop(number)
+                left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+                if left > 0:
+                    pool.cv.wait(left)  # a result, a worker's death or a Stop wakes it
+                if number in pool.ready or pool.fatal is not None:
+                    continue
             if deadline is not None and time.monotonic() > deadline:
                 raise WorkerError(
                     f"Timed out after {self.timeout:g} s waiting for batch {shown} "
-                    f"(`timeout` argument); {len(self._ready)} later batches were ready.",
+                    f"(`timeout` argument); {len(pool.ready)} later batches were ready.",
                     stage="wait",
                     batch=shown,
                 )
             if self.mode == "process":
                 self._check_processes()
 
+    def _setup(self, wid: int) -> WorkerSetup:
+        return WorkerSetup(wid, self._target_workers, self.base_seed, self.worker_info_dataset)
+
     # -- threads -------------------------------------------------------------------------
     def _resize(self) -> None:
-        if self.mode == "thread":
-            alive = [t for t in self._threads if t.is_alive()]
-            for wid in range(len(alive), self._target_workers):
-                thread = threading.Thread(
-                    target=_thread_worker,
-                    args=(wid, self.fn, self._todo, self._deliver, self.worker_init_fn),
-                    name=f"iolib-worker-{wid}",
-                    daemon=True,
-                )
-                thread.start()
-                alive.append(thread)
-            for _ in range(len(alive) - self._target_workers):
-                self._todo.put(_Stop())  # an idle worker takes it and exits
-            self._threads = alive
-        else:
+        if self.mode == "process":
             self._resize_processes()
+            return
+        install_thread_worker_info()
+        pool = self._pool
+        with pool.cv:
+            working = sum(t.is_alive() for t in pool.threads) - pool.stops_pending
+            surplus = working - self._target_workers
+            pool.stops_pending += max(0, surplus)
+        for _ in range(surplus):
+            pool.todo.put(Stop())  # an idle worker takes it and exits
+        self._grow_threads()
+
+    def _grow_threads(self) -> None:
+        """Start threads lazily: no more than there are batches in flight (at most
+        `depth`), so a large worker count costs nothing until there is work for it."""
+        pool = self._pool
+        want = min(self._target_workers, self._submitted - self._next)
+        with pool.cv:
+            pool.threads = [t for t in pool.threads if t.is_alive()]
+            working = len(pool.threads) - pool.stops_pending
+        for _ in range(want - working):
+            # The smallest id no live thread has: ids stay 0 .. workers - 1 as in torch
+            # (a thread that took a Stop may still hold its id a moment).
+            taken = {getattr(t, "iolib_wid", -1) for t in pool.threads}
+            wid = next(i for i in range(len(taken) + 1) if i not in taken)
+            setup = self._setup(wid)
+            thread = threading.Thread(
+                target=thread_worker,
+                args=(setup, self.fn, pool.todo, pool.deliver, pool.report, self.worker_init_fn),
+                name=f"iolib-worker-{wid}",
+                daemon=True,
+            )
+            thread.iolib_wid = wid  # type: ignore[attr-defined]
+            thread.start()
+            with pool.cv:
+                pool.threads.append(thread)
 
     def _drain_todo(self) -> None:
+        pool = self._pool
         stops = 0
         while True:
             try:
-                item = self._todo.get_nowait()
+                item = pool.todo.get_nowait()
             except queue.Empty:
                 break
-            stops += isinstance(item, _Stop)
+            stops += isinstance(item, Stop)
         for _ in range(stops):
-            self._todo.put(_Stop())
-        for proc in self._procs:
-            while True:
-                try:
-                    proc[1].get_nowait()
-                except (queue.Empty, OSError, ValueError):
-                    break
+            pool.todo.put(Stop())
+        for proc in pool.procs:
+            drain(proc[1])
 
     # -- processes -----------------------------------------------------------------------
     def _context(self) -> Any:
@@ -318,61 +327,88 @@ class Engine:
         return self.mp_context
 
     def _resize_processes(self) -> None:
-        ctx = self._context()
-        if self._done_q is None:
-            self._done_q = ctx.Queue()
-        active = [p for p in self._procs if not p[2]]
+        pool, ctx = self._pool, self._context()
+        if pool.done_q is None:
+            pool.done_q = ctx.Queue()
+            # Results left unread at exit are worthless: never block an exit on them.
+            pool.done_q.cancel_join_thread()
+            pool.stopping = ctx.Event()
+            pool.reader = threading.Thread(
+                target=read_results, args=(pool, pool.done_q), name="iolib-results", daemon=True
+            )
+            pool.reader.start()
+        active = [p for p in pool.procs if not p[2]]
         for wid in range(len(active), self._target_workers):
             todo = ctx.Queue()
+            todo.cancel_join_thread()  # tasks for a worker that is gone: drop them at exit
+            slot = len(pool.procs)
+            setup = WorkerSetup(
+                slot, self._target_workers, self.base_seed, self.worker_info_dataset
+            )
             proc = ctx.Process(
-                target=_process_worker,
-                args=(len(self._procs), self.fn, todo, self._done_q, self.worker_init_fn),
+                target=process_worker,
+                args=(
+                    setup,
+                    self.fn,
+                    todo,
+                    pool.done_q,
+                    self.worker_init_fn,
+                    os.getpid(),
+                    pool.stopping,
+                ),
                 name=f"iolib-worker-{wid}",
                 daemon=True,
             )
             proc.start()
-            self._procs.append([proc, todo, False])
-            active.append(self._procs[-1])
+            with pool.cv:
+                pool.procs.append([proc, todo, False])
+            active.append(pool.procs[-1])
         for entry in active[self._target_workers :]:
             entry[2] = True  # retiring: no new tasks; it exits after the ones it holds
-            entry[1].put(None)
+            entry[1].put(RETIRE)
 
     def _pick_process(self) -> int:
-        slots = [i for i, p in enumerate(self._procs) if not p[2]]
+        slots = [i for i, p in enumerate(self._pool.procs) if not p[2]]
         self._rr = (self._rr + 1) % len(slots)
         return slots[self._rr]
 
-    def _collect(self) -> None:
-        try:
-            generation, number, result = self._done_q.get(timeout=_POLL_S)
-        except queue.Empty:
-            return
-        except (EOFError, ConnectionError, OSError) as exc:
-            # A result whose sender died cannot be unpickled (torch passes tensors by file
-            # descriptor through the sender); its batch stays held, so the liveness check
-            # reports the dead worker.
-            log.debug("lost a result from a dead worker: %s", exc)
-            return
-        self._deliver(generation, number, result)
+    def _settle(self) -> None:
+        """Let the reader deliver what a dead worker sent before it died (its result, or
+        the error that ended it), so the consumer reports that and not a bare exit code."""
+        pool, end = self._pool, time.monotonic() + _GRACE_S
+        while time.monotonic() < end and pool.fatal is None:
+            with contextlib.suppress(OSError, ValueError):
+                if not pool.reading and not pool.done_q._reader.poll(0):
+                    return
+            with pool.cv:
+                pool.cv.wait(0.01)
 
     def _check_processes(self) -> None:
-        with self._cv:
-            held = dict(self._held)
-        for slot, (proc, _, _) in enumerate(self._procs):
+        pool = self._pool
+        with pool.cv:
+            holding = set(pool.held.values())
+        # A retired worker that exited after its last batch is no news.
+        if all(
+            proc.is_alive() or (retiring and slot not in holding and proc.exitcode == 0)
+            for slot, (proc, _, retiring) in enumerate(pool.procs)
+        ):
+            return
+        self._settle()
+        with pool.cv:
+            if pool.fatal is not None:
+                raise pool.fatal.error.rebuild()
+            held = dict(pool.held)
+        for slot, (proc, _, _) in enumerate(pool.procs):
             lost = sorted(n for n, s in held.items() if s == slot)
             if lost and not proc.is_alive():
-                self._collect()  # its last result may still be in the pipe
-                with self._cv:
-                    if any(n in self._held for n in lost):
-                        raise WorkerDied(
-                            f"Process worker {proc.name} (pid {proc.pid}) exited with code "
-                            f"{proc.exitcode} while holding batches {lost}. A negative code is "
-                            "the signal that killed it (e.g. -9: out of memory or SIGKILL).",
-                            stage="worker",
-                            batch=lost[0],
-                        )
-
-        for proc, _, retiring in self._procs:
+                raise WorkerDied(
+                    f"Process worker {proc.name} (pid {proc.pid}) exited with code "
+                    f"{proc.exitcode} while holding batches {lost}. A negative code is "
+                    "the signal that killed it (e.g. -9: out of memory or SIGKILL).",
+                    stage="worker",
+                    batch=lost[0],
+                )
+        for proc, _, retiring in pool.procs:
             # A worker killed while sending a result can hold the queue's lock and block
             # the others with no batch of its own: any abnormal exit is reported.
             if not retiring and not proc.is_alive() and proc.exitcode not in (0, None):
@@ -386,36 +422,21 @@ class Engine:
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
-        """Stop every worker; never blocks longer than about `timeout` seconds."""
-        if self._closed:
+        """Stop every worker and join every thread and process it started; never blocks
+        longer than about `timeout` seconds. Does nothing in a process that inherited
+        this engine by fork (those workers are its parent's children)."""
+        if os.getpid() != self._pool.pid:
             return
-        self._closed = True
-        with self._cv:
-            self._generation += 1
-            self._ready.clear()
-            self._ready_bytes.clear()
-        self._drain_todo()
-        for _ in self._threads:
-            self._todo.put(_Stop())
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        for _proc, todo, retiring in self._procs:
-            if not retiring:
-                with contextlib.suppress(OSError, ValueError):
-                    todo.put(None)
-        for proc, todo, _ in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(1.0)
-            todo.cancel_join_thread()
-            todo.close()
-        if self._done_q is not None:
-            self._done_q.cancel_join_thread()
-            self._done_q.close()
-        self._threads, self._procs = [], []
+        self._pool.shutdown(timeout)
+        self._finalizer.cancel()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown: nobody to report to
-            self.close(timeout=1.0)
+
+_LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()  # pools whose engines may still run
+
+
+def close_live_engines(timeout: float = 5.0) -> None:
+    """Stop every engine's workers now (e.g. at exit, before a library's own exit hook
+    finds their threads still running)."""
+    for pool in list(_LIVE):
+        with contextlib.suppress(Exception):
+            pool.shutdown(timeout)

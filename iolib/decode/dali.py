@@ -17,6 +17,8 @@ output tensor is DALI's own buffer, handed over without a copy (see ``_EXEC_CPU`
 
 from __future__ import annotations
 
+import atexit
+import gc
 import threading
 from typing import Any
 
@@ -38,9 +40,35 @@ _EXEC_CPU = {"prefetch_queue_depth": 1, "exec_dynamic": True}
 _EXEC_GPU = {"prefetch_queue_depth": 1, "exec_async": False, "exec_pipelined": False}
 
 
+_exit_hook = threading.Lock()
+_exit_hook_registered = False
+
+
+def _release_at_exit() -> None:
+    """Stop the loaders' workers and free their pipelines before DALI's own exit hook
+    runs. That hook shuts down the pipelines alive at exit and asserts none is left: a
+    worker thread still decoding (persistent workers read the next epoch ahead) built or
+    held one meanwhile, and the AssertionError's traceback printed at exit."""
+    from iolib.engine import close_live_engines  # lazily: decode never needs the engine
+
+    close_live_engines()
+    gc.collect()  # pipelines in reference cycles go before DALI looks
+
+
+def _register_exit_hook() -> None:
+    """Once DALI is imported: atexit runs hooks last-registered first, so this one,
+    registered after DALI's, runs before it."""
+    global _exit_hook_registered
+    with _exit_hook:
+        if not _exit_hook_registered:
+            atexit.register(_release_at_exit)
+            _exit_hook_registered = True
+
+
 def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
     from nvidia.dali import fn, pipeline_def, types
 
+    _register_exit_hook()
     on_gpu = device_id is not None
     mean = [255.0 * m for m in spec.mean] if spec.normalize else [0.0, 0.0, 0.0]
     std = [255.0 * s for s in spec.std] if spec.normalize else [1.0, 1.0, 1.0]

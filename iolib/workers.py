@@ -1,0 +1,310 @@
+"""What runs in each worker thread or process, and what it sets up first.
+
+Mirrors torch's worker loop (``torch/utils/data/_utils/worker.py``) where a script can
+see it: one intra-op thread per process worker (``torch.set_num_threads(1)``: a forked
+child must not use the parent's OpenMP pool, or its first parallel op can deadlock);
+torch, ``random`` and numpy seeded once from ``base_seed + worker id``;
+``torch.utils.data.get_worker_info()``; a watchdog that ends a process worker whose
+parent died; and any error that ends a worker, ``worker_init_fn``'s included, reaches
+the consumer with its type, message and traceback (``RemoteError``, after torch's
+``ExceptionWrapper``).
+
+``fn(task)`` returns its errors as results (see fetcher.Failure); whatever escapes it
+anyway (``SystemExit``, ``KeyboardInterrupt``, a bug) ends the worker and is reported
+as a ``Fatal``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from iolib.errors import WorkerDied, WorkerError
+
+WATCH_S = 1.0  # how often a process worker idle on its queue checks that its parent lives
+
+
+_WORKER_STREAM = 0x574F524B45  # "WORKE": a stream of its own, apart from rng's
+
+
+def worker_base_seed(seed: int) -> int:
+    """The base of a loader's worker seeds (``get_worker_info().seed`` is base + id): a
+    pure function of the loader's seed, where torch draws it from its generator.
+
+    >>> worker_base_seed(0) == worker_base_seed(0) != worker_base_seed(1)
+    True
+    """
+    import numpy as np
+
+    words = np.random.SeedSequence([_WORKER_STREAM, seed]).generate_state(2, np.uint32)
+    return (int(words[0]) << 30) | (int(words[1]) >> 2)  # 62 bits: base + id fits int64
+
+
+class Stop:
+    """Sentinel asking one worker thread to exit."""
+
+
+RETIRE = "retire"  # asks a process worker to retire once it has sent what it holds
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A retiring process worker has sent its last result; it exits on the next None.
+    It must not exit before: torch hands a tensor over by a file descriptor that the
+    receiver fetches from the sender while unpickling, so a result whose sender has
+    exited is lost."""
+
+    wid: int
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker needs to know about itself: torch's WorkerInfo fields."""
+
+    wid: int
+    num_workers: int
+    base_seed: int
+    dataset: Any = None
+
+    @property
+    def seed(self) -> int:
+        return self.base_seed + self.wid  # torch's rule: a pure function of (seed, id)
+
+
+def _importable(kind: type) -> bool:
+    """Whether pickle can send `kind` by reference (a module-level class)."""
+    target: Any = sys.modules.get(kind.__module__)
+    for part in kind.__qualname__.split("."):
+        target = getattr(target, part, None)
+    return target is kind
+
+
+class RemoteError:
+    """An exception that ended a worker, sent to the consumer and rebuilt there.
+
+    Keeps its type (by reference, when pickle can send it), message and traceback
+    text; the live exception only within one process (thread workers)."""
+
+    def __init__(self, exc: BaseException, where: str) -> None:
+        self.exc_type: type | None = type(exc)
+        self.type_name = type(exc).__name__
+        self.fatal = not isinstance(exc, Exception)  # SystemExit, KeyboardInterrupt...
+        self.message = str(exc)
+        self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.where = where
+        self.exception: BaseException | None = exc
+
+    def __getstate__(self) -> dict[str, Any]:
+        kind = self.exc_type
+        keep = kind if kind is not None and _importable(kind) else None
+        return {**self.__dict__, "exc_type": keep, "exception": None}
+
+    def rebuild(self) -> BaseException:
+        """The exception to raise in the consumer: the worker's own type with the message
+        and the original traceback where it can be built from one message (as torch's
+        ExceptionWrapper.reraise does); else WorkerError. What is not an Exception
+        (SystemExit, KeyboardInterrupt) killed the worker: WorkerDied, never re-raised
+        as itself, so the trainer is not exited or interrupted by it."""
+        text = f"Caught {self.type_name} {self.where}.\nOriginal {self.traceback}"
+        kind = self.exc_type
+        if self.fatal:
+            died = WorkerDied(
+                f"The {self.where[3:]} died of {self.type_name}: "
+                f"{self.message or '(no message)'}.\nOriginal {self.traceback}",
+                stage="worker",
+            )
+            died.__cause__ = self.exception
+            return died
+        built: BaseException
+        if kind is None:  # a type pickle could not send (a local class)
+            built = WorkerError(text, stage="worker")
+        elif kind is KeyError:
+            from torch._utils import KeyErrorMessage
+
+            built = KeyError(KeyErrorMessage(text))
+        else:
+            try:
+                built = kind(text)
+            except Exception:
+                built = WorkerError(text, stage="worker")
+        built.__cause__ = self.exception
+        return built
+
+
+@dataclass
+class Fatal:
+    """A worker ended: which one, and what ended it."""
+
+    wid: int
+    error: RemoteError
+
+
+def _where(kind: str, wid: int, stage: str) -> str:
+    return f"in iolib worker {kind} {wid} ({stage})"
+
+
+# -- get_worker_info in threads ------------------------------------------------------
+_local = threading.local()
+_patch_lock = threading.Lock()
+
+
+def _thread_info(default: Any) -> Any:
+    info = getattr(_local, "info", None)
+    if info is None:
+        return default
+    # torch's default_collate stacks into shared memory when it finds worker info, to
+    # pass the batch to another process. A thread's batch stays here: shared memory
+    # would hold a file descriptor per batch and fill a container's small /dev/shm.
+    try:
+        caller = sys._getframe(2).f_globals.get("__name__")
+    except ValueError:  # called from the bottom of a stack: not from collate
+        return info
+    return None if caller == "torch.utils.data._utils.collate" else info
+
+
+def _lookup_code() -> Any:
+    def get_worker_info():  # type: ignore[no-untyped-def]  # runs with torch's globals
+        return _iolib_thread_info(_worker_info)  # noqa: F821
+
+    return get_worker_info.__code__
+
+
+def install_thread_worker_info() -> None:
+    """Make ``torch.utils.data.get_worker_info()`` see thread workers' info.
+
+    torch's function returns its module global ``_worker_info``: one value per process,
+    which cannot tell threads apart. Its code is replaced (once, when the first thread
+    worker starts) by a lookup that returns this thread's info where a thread worker set
+    one, else the global exactly as before. Replacing the code, not the name, reaches
+    every reference, ``from torch.utils.data import get_worker_info`` made earlier too."""
+    import torch.utils.data._utils.worker as torch_worker
+
+    with _patch_lock:
+        if getattr(torch_worker, "_iolib_thread_info", None) is not None:
+            return
+        torch_worker._iolib_thread_info = _thread_info  # type: ignore[attr-defined]
+        torch_worker.get_worker_info.__code__ = _lookup_code()
+
+
+def _thread_worker_info(setup: WorkerSetup) -> Any:
+    import numpy as np
+    import torch
+    from torch.utils.data._utils.worker import WorkerInfo
+
+    seed = setup.seed
+    try:
+        from torch.utils.data._utils.worker import _RNG
+
+        rng = _RNG(
+            random.Random(seed), torch.Generator().manual_seed(seed), np.random.default_rng(seed)
+        )
+        return WorkerInfo(
+            id=setup.wid,
+            num_workers=setup.num_workers,
+            seed=seed,
+            dataset=setup.dataset,
+            rng=rng,
+            worker_method="thread",
+        )
+    except (ImportError, TypeError):  # an older torch: no per-thread fields
+        return WorkerInfo(
+            id=setup.wid, num_workers=setup.num_workers, seed=seed, dataset=setup.dataset
+        )
+
+
+def thread_worker(
+    setup: WorkerSetup,
+    fn: Callable[[Any], Any],
+    todo: queue.Queue,
+    deliver: Callable[[int, int, Any], None],
+    report: Callable[[Any], None],
+    init: Callable[[int], None] | None,
+) -> None:
+    """A worker thread: takes (generation, number, task), delivers fn(task). Whatever
+    ends it other than a Stop is reported, so the consumer raises instead of waiting."""
+    stage = "worker_init_fn"
+    try:
+        _local.info = _thread_worker_info(setup)
+        if init is not None:
+            init(setup.wid)
+        stage = "running a task"
+        while True:
+            item = todo.get()
+            if isinstance(item, Stop):
+                report(item)
+                return
+            generation, number, task = item
+            deliver(generation, number, fn(task))
+            del item, task
+    except BaseException as exc:  # any death is reported, never hangs
+        report(Fatal(setup.wid, RemoteError(exc, _where("thread", setup.wid, stage))))
+    finally:
+        _local.info = None
+
+
+# -- process workers ------------------------------------------------------------------
+def _setup_process(setup: WorkerSetup) -> None:
+    """What torch's worker loop does before its first task."""
+    import numpy as np
+    import torch
+    import torch.utils.data._utils.worker as torch_worker
+    from torch.utils.data._utils import signal_handling
+
+    signal_handling._set_worker_signal_handlers()
+    seed = setup.seed
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(torch_worker._generate_state(setup.base_seed, setup.wid))
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=setup.wid, num_workers=setup.num_workers, seed=seed, dataset=setup.dataset
+    )
+
+
+def process_worker(
+    setup: WorkerSetup,
+    fn: Callable[[Any], Any],
+    todo: Any,
+    done: Any,
+    init: Callable[[int], None] | None,
+    parent: int,
+    stopping: Any,
+) -> None:
+    """A worker process: like thread_worker, and exits within WATCH_S of its parent's
+    death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes).
+    Once `stopping` (an Event) is set it runs no more tasks (torch's done_event)."""
+    import torch
+
+    # First, before any torch op: one intra-op thread, as in torch's worker loop.
+    torch.set_num_threads(1)
+    stage = "worker_init_fn"
+    try:
+        _setup_process(setup)
+        if init is not None:
+            init(setup.wid)
+        stage = "running a task"
+        while os.getppid() == parent and not stopping.is_set():
+            try:
+                item = todo.get(timeout=WATCH_S)
+            except queue.Empty:
+                continue
+            if item is None or stopping.is_set():
+                break
+            if isinstance(item, str):  # RETIRE
+                done.put(Retired(setup.wid))
+                continue
+            generation, number, task = item
+            done.put((generation, number, fn(task)))
+            del item, task
+        if stopping.is_set() or os.getppid() != parent:
+            # Nobody will read what is not sent yet: do not wait at exit to flush it.
+            done.cancel_join_thread()
+    except BaseException as exc:
+        done.put(Fatal(setup.wid, RemoteError(exc, _where("process", setup.wid, stage))))
+        sys.exit(1)  # an exit code, and no traceback printed by multiprocessing
