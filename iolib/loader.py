@@ -32,6 +32,7 @@ from iolib.sampling import (
 from iolib.sources.base import Source
 from iolib.sources.torchds import as_source
 from iolib.state import LoaderState, check_state
+from iolib.workers import worker_base_seed
 
 T_co = TypeVar("T_co", covariant=True)
 # Attributes torch refuses to change after construction (they define the batches).
@@ -215,6 +216,9 @@ class DataLoader(Generic[T_co]):
                 mp_context=o.multiprocessing_context,
                 timeout=o.timeout,
                 worker_init_fn=o.worker_init_fn,
+                # get_worker_info().dataset is the object the worker reads, as in torch.
+                worker_info_dataset=getattr(self.source, "dataset", self.source),
+                base_seed=worker_base_seed(o.seed),
             ),
             tuner=o.tuner,
             pin_memory=o.pin_memory,

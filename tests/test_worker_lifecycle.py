@@ -112,7 +112,7 @@ class Slow(Dataset):
 loader = DataLoader(Slow(), batch_size=2, num_workers=2, worker_mode="process")
 it = iter(loader)
 next(it)
-print(" ".join(str(p[0].pid) for p in loader._engine._procs), flush=True)
+print(" ".join(str(p[0].pid) for p in loader._pipeline.engine._procs), flush=True)
 time.sleep(600)
 """
 
@@ -225,20 +225,7 @@ class Introspect(Dataset):
         return torch.tensor([info.id, info.num_workers, info.seed, same])
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "torch",
-        pytest.param(
-            "iolib",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the loader does not pass worker_info_dataset/base_seed to the Engine "
-                "yet (the lead's hook in loader.py); remove this mark once it does",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("kind", ["torch", "iolib"])
 def test_get_worker_info_in_process_workers_as_in_torch(kind: str) -> None:
     extra = {"worker_mode": "process", "seed": 7} if kind == "iolib" else {}
     loader = LOADERS[kind](Introspect(), batch_size=1, num_workers=2, **extra)
@@ -346,7 +333,7 @@ def test_nothing_survives_the_loader(mode: str, end: str) -> None:
     else:
         it = iter(loader)
         next(it)
-        engine = weakref.ref(loader._engine)
+        engine = weakref.ref(loader._pipeline.engine)
     if end == "close":
         loader.close()
         assert _settled(before)[1:] == (0, set()), "close() joins its threads and processes"
@@ -383,10 +370,10 @@ def test_huge_worker_count_starts_only_threads_that_can_have_work() -> None:
         Plain(), batch_size=1, num_workers=100_000, worker_mode="thread", prefetch=4
     )
     for k, _ in enumerate(loader):
-        assert len(loader._engine._threads) <= 4, "at most one thread per batch in flight"
+        assert len(loader._pipeline.engine._threads) <= 4, "at most one thread per batch in flight"
         if k == 5:
             break
-    assert loader._engine is None
+    assert loader._pipeline.engine is None
     assert not _iolib_threads() - before, "close() joins every thread it started"
 
 
