@@ -153,8 +153,6 @@ class DataLoader(Generic[T_co]):
         self.transform, self.decode = o.transform, o.decode
         batched = o.batch_size is not None or o.batch_sampler is not None
         self.collate_fn = o.collate_fn or (default_collate if batched else default_convert)
-        # torch's own warning when workers outnumber the cores (its wording, its rule).
-        TorchDataLoader.check_worker_number_rationality(self)  # type: ignore[arg-type]
         self._cursor = Cursor()
         self._resume_pending = False
         if o.iterable:
@@ -173,6 +171,11 @@ class DataLoader(Generic[T_co]):
         self.rank, self.world_size = self._ranks(o)
         torch_dataset = not isinstance(dataset, Source)
         self.worker_mode = resolve_mode(o.worker_mode, torch_dataset)
+        if self.worker_mode == "process" and o.tuner is None:
+            # torch's own warning when processes outnumber the cores (its wording and
+            # rule); threads that wait on storage cost no core, and a tuner's
+            # num_workers is only its upper bound.
+            TorchDataLoader.check_worker_number_rationality(self)  # type: ignore[arg-type]
         # Global RNG state is private inline and in process workers: seed it per sample.
         private = o.num_workers == 0 or self.worker_mode == "process"
         self.source = as_source(
