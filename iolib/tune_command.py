@@ -207,6 +207,12 @@ def _importances(model: Any) -> Any:
     is_flag=True,
     help="Train the default model from observation files (DATA and more).",
 )
+@click.option(
+    "--model-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --retrain: where to write the model (.npz); default: the user data directory.",
+)
 @click.argument("more", nargs=-1)
 def tune(**kw: Any) -> None:
     """Recommend workers and prefetch depth for DATA (a Parquet or image-folder URL) so
@@ -227,8 +233,13 @@ def _model_command(kw: dict[str, Any], files: tuple[str, ...]) -> None:
     paths = _observation_files(files)
     try:
         if kw["retrain"]:
-            model = train_default(paths)
-            click.echo(f"Trained on {len(paths)} file(s); saved the default model.")
+            from predictors.model import MODEL_ENV, user_model_path
+
+            out = Path(kw["model_out"]) if kw["model_out"] else user_model_path()
+            model = train_default(paths, out=out)
+            click.echo(
+                f"Trained on {len(paths)} file(s); wrote {out}. Use it: export {MODEL_ENV}={out}"
+            )
             click.echo(json.dumps(getattr(model, "metrics", {}), indent=2, default=str))
             return
         result = evaluate(read_observations(paths))
