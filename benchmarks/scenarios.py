@@ -182,6 +182,14 @@ def _metrics(trace: Any, s: Scenario) -> dict[str, Any]:
     return out
 
 
+def _torch_default(s: Scenario) -> StaticDefaultTuner:
+    """torch's default (a worker per core, 2 batches each), within the same memory
+    budget: a static choice that ignored the budget would be no fair comparison."""
+    room = int(s.budget // (s.workload.memory_factor * s.workload.batch_bytes))
+    workers = max(1, min(s.workload.cpu_count, room))
+    return StaticDefaultTuner(workers, prefetch_factor=max(1, min(2, room // workers)))
+
+
 def evaluate(s: Scenario, model: Any) -> dict[str, Any]:
     seed = 7
     tuners = {
@@ -192,7 +200,7 @@ def evaluate(s: Scenario, model: Any) -> dict[str, Any]:
             max_workers=MAX_WORKERS,
         ),
         "hill-climb": HillClimbTuner(memory_budget_bytes=s.budget, max_workers=MAX_WORKERS),
-        "torch-default": StaticDefaultTuner(),
+        "torch-default": _torch_default(s),
     }
     out: dict[str, Any] = {"family": s.family, "seed": s.seed}
     for name, tuner in tuners.items():
