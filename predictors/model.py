@@ -2,13 +2,15 @@
 
 Three scikit-learn regressors on the inputs of `predictors.features` (computed from
 feature and config columns only). Each learns a *correction* to first principles
-rather than the raw outcome, which is what lets it carry over to workloads it never
-saw (the raw-target variants are kept for the comparison in docs/tuning.md):
+rather than the raw outcome, meant to carry it over to workloads it never saw (left
+one whole workload or storage profile out it still did worse than the queueing
+model: benchmarks/results/model-families.md; the raw-target variants are kept for the comparison in
+benchmarks/results/tuning-history.md):
 
 - throughput: log(throughput) - log(queueing-model throughput);
 - stall fraction: from the predicted throughput, since utilization = step / (step +
   stall) = throughput * step / batch_size (a direct regressor is the option
-  `stall_from_throughput=False`; it measured worse, see docs/tuning.md);
+  `stall_from_throughput=False`; it measured worse, see tuning-history.md);
 - memory: log(memory) - log(depth * batch_bytes).
 
 `evaluate` scores models with cross-validation grouped by (workload, storage_profile):

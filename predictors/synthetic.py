@@ -280,7 +280,7 @@ def run_tuner(
     """Drive `tuner` (anything with `decide(TunerState)`) on a simulated loader.
 
     `slowdown=(begin, end, factor)` multiplies storage time by `factor` for batches in
-    [begin, end): the regime shift of docs/tuning.md. `report_cpu=False` leaves the
+    [begin, end): the regime shift of the scenarios. `report_cpu=False` leaves the
     workers' CPU unmeasured (as a loader without CPU clocks would). Returns one row per batch with
     the measured utilization, the configuration and memory, and the decision's reason.
     """
