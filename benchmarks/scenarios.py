@@ -272,6 +272,24 @@ def write(rows: list[dict[str, Any]], name: str, command: str) -> Path:
         lines.append(f"| {key} | {shown} |")
     lines += [
         "",
+        "By family (learned): target met where the oracle can, memory within 1.25x of the "
+        "oracle, faster to the target than the hill-climber, within 0.02 of torch's default:",
+        "",
+        "| family | met | memory | faster | torch |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    keys = (
+        "meets_target",
+        "memory_within_1.25x_oracle",
+        "faster_than_hill_climb",
+        "within_0.02_of_torch_default",
+    )
+    for family in dict.fromkeys(r["family"] for r in rows):
+        part = summarize([r for r in rows if r["family"] == family])
+        cells = " | ".join(f"{part[k][0]} / {part[k][1]}" for k in keys)
+        lines.append(f"| {family} | {cells} |")
+    lines += [
+        "",
         "| family | seed | learned util | hill util | torch util | oracle util | "
         "mem / oracle | batches to target (learned / hill) |",
         "|" + " --- |" * 8,
