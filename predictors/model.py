@@ -416,7 +416,7 @@ def train_default(
     pair = {"learned": Predictor, "queueing": QueueingModel}
     evaluation = evaluate(frame, pair, n_splits=n_splits)
     families = [
-        evaluate(frame, pair, by=by)
+        evaluate(frame, pair, n_splits=n_splits, by=by)
         for by in ("workload", "storage_profile")
         if frame[by].nunique() >= 2
     ]
