@@ -45,7 +45,7 @@ FAMILIES = (
     "tight-budget",
     "shift",
 )
-SEEDS = {"dev": 0, "heldout": 10_000}
+SEEDS = {"dev": 0, "validation": 500, "heldout": 10_000, "heldout2": 20_000}
 MAX_WORKERS = 16
 
 

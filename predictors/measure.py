@@ -87,6 +87,7 @@ class Service:
     samples: int
     wait_ms: float = 0.0  # the service less its CPU at the cores' contention: storage
     cpu_count: int = 1
+    relative: tuple[float, ...] = ()  # each batch's service over the mean: its spread
     read_ms: float = 0.0
     decode_ms: float = 0.0
     transform_ms: float = 0.0
@@ -119,7 +120,9 @@ def summarize(states: list[TunerState], cores_share: float = 0.8) -> Service:
         * max(1.0, min(s.workers, s.depth) / max(cores_share * s.cpu_count, 1.0))
         for s in states
     ]
+    mean = max(fmean(s.service_ms for s in states), 1e-3)
     return Service(
+        relative=tuple(s.service_ms / mean for s in states),
         wait_ms=max(fmean(waits), 0.0),
         cpu_count=last.cpu_count,
         service_ms=max(fmean(s.service_ms for s in states), 1e-3),

@@ -11,11 +11,14 @@ far as its measured skill on unseen families allows (`Predictor.correction_weigh
 - CPU contention: of S, the measured worker CPU c is shared by the usable cores P,
   S(a) = W + c * max(1, a / P) with W the waiting (storage) part; so a / S(a) never
   exceeds P / c, however many workers;
-- depth: batches requested `depth` steps ahead must cover late ones (`depth_needed`,
-  from the measured lateness spread); short of that, utilization falls in proportion;
+- depth: a batch asked for `depth` batch intervals before it is needed stalls the
+  consumer by what its service exceeds that, read from the measured services
+  themselves (heavy tails and bursts count as often as they came);
 - confidence: the headroom a * step / S(a) is uncertain by a log-normal factor of
   sigma = sqrt(prior_error^2 + spread^2 / samples); the lower bound uses
   exp(-confidence * sigma).
+
+So utilization = step / (interval + lateness), interval = max(step, S(a) / a).
 """
 
 from __future__ import annotations
@@ -29,31 +32,9 @@ import numpy as np
 from predictors.measure import Service
 from predictors.state import PerformanceModel, name_bottleneck, stage_text
 
-__all__ = ["DEPTH_GRID", "Choice", "Planner", "depth_needed"]
+__all__ = ["DEPTH_GRID", "Choice", "Planner"]
 
 DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-
-
-def depth_needed(active: int, service_ms: float, step_ms: float, spread: float) -> float:
-    """Depth that keeps the consumer fed by `active` busy workers through late batches:
-    the lesser of two conditions that each suffice. In time: a batch asked for `depth`
-    steps ahead is on time if built within depth * step (service, two spreads late, and
-    Kingman's wait behind a worker's previous batch). In batches: the busy workers plus
-    one batch two spreads late each, at most as many again (holds near saturation,
-    where Kingman's wait grows without bound).
-
-    >>> round(depth_needed(3, service_ms=11.5, step_ms=4.0, spread=0.1), 1)
-    3.6
-    >>> round(depth_needed(4, service_ms=65.0, step_ms=20.0, spread=0.4), 1)
-    6.6
-    """
-    step = max(step_ms, 1e-3)
-    beyond = active + min(2 * spread * service_ms / step, active)
-    rho = service_ms / (max(active, 1) * step)
-    if spread > 0 and rho >= 1:
-        return beyond
-    wait = rho / (1 - rho) * spread**2 / 2 * service_ms if spread > 0 else 0.0
-    return min((service_ms * (1 + 2 * spread) + wait) / step, beyond)
 
 
 @dataclass(frozen=True)
@@ -125,20 +106,38 @@ class Planner:
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         service = est.wait_ms + cpu * np.maximum(1.0, active / cores)
         headroom = active * est.step_ms / service * calibration[0]
-        needed = calibration[1] * np.array(
-            [
-                depth_needed(int(a), s, est.step_ms, est.spread)
-                for a, s in zip(active, service, strict=True)
-            ]
-        )
-        fed = np.minimum(1.0, depth / np.maximum(needed, 1.0))
         sigma = math.sqrt(self.prior_error**2 + est.spread**2 / max(est.samples, 1))
-        point = np.minimum(1.0, headroom) * fed
-        lower = np.minimum(1.0, headroom * math.exp(-self.confidence * sigma)) * fed
+        point = self.utilization(headroom, depth, service, est, calibration[1])
+        low = headroom * math.exp(-self.confidence * sigma)
+        lower = self.utilization(low, depth, service, est, calibration[1])
         if self.weight > 0 and self.model is not None and features is not None:
             shift = self.correction(grid, features)
             point, lower = np.clip(point + shift, 0, 1), np.clip(lower + shift, 0, 1)
         return point, lower
+
+    def utilization(
+        self,
+        headroom: np.ndarray,
+        depth: np.ndarray,
+        service: np.ndarray,
+        est: Service,
+        scale: float = 1.0,
+    ) -> np.ndarray:
+        """step / (interval + lateness): the consumer asks for a batch every `interval`
+        (the step, or what the workers deliver when they cannot keep up: Little's law),
+        and a batch asked for `depth` intervals before it is needed stalls it by what
+        its service exceeds that. Lateness is read from the measured services
+        themselves (each over their mean, at the candidate's service), so a heavy tail
+        or a burst counts as often as it came; `scale` multiplies it (a measured
+        shortfall the workers' rate does not explain)."""
+        step = est.step_ms
+        interval = step / np.minimum(1.0, np.maximum(headroom, 1e-6))
+        late = np.zeros_like(depth)
+        if est.relative:
+            relative = np.asarray(est.relative)[None, :]
+            excess = service[:, None] * relative - (depth * interval)[:, None]
+            late = np.maximum(excess, 0.0).mean(axis=1)
+        return np.minimum(1.0, step / (interval + scale * late))
 
     def service_ratio(self, est: Service, active: int, new_active: int) -> float:
         """How much the prior expects one batch's service to change from `active` to

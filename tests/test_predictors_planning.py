@@ -82,10 +82,13 @@ def test_no_candidate_has_more_workers_than_depth_or_exceeds_the_budget() -> Non
 
 
 def test_late_batches_ask_for_depth_beyond_the_workers() -> None:
+    """The same mean service, once steady and once with one batch in five 3x late (a
+    heavy tail): the late ones need batches ready ahead, so more depth."""
     planner = Planner(QueueingModel(), target=0.9, budget=None, max_workers=16)
-    steady, _ = _choose(planner, _storage_bound(spread=0.0))
-    late, _ = _choose(planner, _storage_bound(spread=0.6))
-    assert late.depth > steady.depth
+    steady, _ = _choose(planner, _storage_bound(relative=(1.0,) * 10))
+    tail = (0.5,) * 8 + (3.0,) * 2  # mean 1
+    late, _ = _choose(planner, _storage_bound(relative=tail))
+    assert late.depth > steady.depth, (steady, late)
 
 
 def test_a_larger_confidence_never_buys_less_memory() -> None:
