@@ -143,7 +143,8 @@ class LearnedTuner:
             self._calibration = (1.0, 1.0)
             before = self._last["service"] if self._last else float("nan")
             why = f"regime shift ({shift}: service {before:.1f} -> "
-            return self._plan(state, why + f"{summarize(self._samples).service_ms:.1f} ms)")
+            why += f"{summarize(self._samples).service_ms:.1f} ms)"
+            return self._plan(state, why, shifted=True)
         if self._due():
             return self._plan(state, "measured")
         return self._current
@@ -167,7 +168,7 @@ class LearnedTuner:
         pace = max(median(s.step_ms for s in recent), 1e-3)
         return max(self.warmup_batches, min(64, math.ceil(self.window_services * service / pace)))
 
-    def _plan(self, state: TunerState, why: str) -> Decision:
+    def _plan(self, state: TunerState, why: str, shifted: bool = False) -> Decision:
         self._since_plan = 0
         est = summarize(self._regime, self.planner.cores_share)
         config = (self._current.workers, self._current.depth)
@@ -200,7 +201,7 @@ class LearnedTuner:
         new = (choice.workers, choice.depth)
         keep = record.batches >= 4 and record.utilization >= self.target
         mem_new = choice.depth * state.one_batch_bytes
-        if new == config or (keep and mem_new >= here and "shift" not in why):
+        if new == config or (keep and mem_new >= here and not shifted):
             self._samples = self._samples[-64:]
             self._current = Decision(
                 *config,
