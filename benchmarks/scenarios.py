@@ -208,6 +208,10 @@ def evaluate(s: Scenario, model: Any) -> dict[str, Any]:
         out[name] = _metrics(trace, s)
     if s.slowdown is None:
         out["oracle"] = oracle(s)
+        # The oracle's configuration on the seed the tuners ran on: how far a static
+        # choice made with hindsight on two runs holds on a third.
+        w, d = out["oracle"]["workers"], out["oracle"]["depth"]
+        out["oracle"]["utilization_on_run_seed"] = float(static_run(s, w, d, seed)[0])
     return out
 
 
@@ -236,6 +240,10 @@ def summarize(rows: list[dict[str, Any]], target: float = 0.9) -> dict[str, Any]
         "memory_within_1.25x_oracle": (sum(x <= 1.25 for x in ratio), len(ratio)),
         "memory_ratio_median": statistics.median(ratio) if ratio else None,
         "faster_than_hill_climb": (sum(map(faster, steady)), len(steady)),
+        "oracle_config_meets_target_on_run_seed": (
+            sum(r["oracle"].get("utilization_on_run_seed", 1.0) >= target for r in steady),
+            len(steady),
+        ),
         "worst_gap_to_torch_default": min(torch_gap) if torch_gap else None,
         "within_0.02_of_torch_default": (sum(g >= -0.02 for g in torch_gap), len(torch_gap)),
         "shift_recovered_within_20": (
