@@ -86,7 +86,8 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
         bar.update(1)
         drivers = tune_probe.drivers(probe, tuner, kw)
         runs = {}
-        for workers, depth in tune_probe.checks(tuner, final, kw):
+        batch_bytes = float(probe["stats"]["batch_bytes"])
+        for workers, depth in tune_probe.checks(tuner, final, kw, batch_bytes):
             fixed = DataLoader(source, **common, num_workers=workers, prefetch=depth)
             runs[(workers, depth)] = tune_probe.run(fixed, kw["verify_batches"], kw["step_ms"])
         bar.update(1)
@@ -127,7 +128,7 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
     )
     verdict = "meets" if recommendation["meets_target"] else "MISSED; best measured"
     click.echo(
-        f"{recommendation['workers']} workers, depth {recommendation['depth']}: measured "
+        f"{recommendation['workers']} worker(s), depth {recommendation['depth']}: measured "
         f"{recommendation['measured_utilization']:.2f} against {kw['target']:.2f} ({verdict})"
     )
     return paths

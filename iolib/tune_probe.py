@@ -49,11 +49,16 @@ def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
     }
 
 
-def checks(tuner: Any, final: tuple[int, int], kw: dict[str, Any]) -> list[tuple[int, int]]:
+def checks(
+    tuner: Any, final: tuple[int, int], kw: dict[str, Any], batch_bytes: float
+) -> list[tuple[int, int]]:
     """What to verify: the probe's final configuration, the least memory the tuner
     predicted to meet the target, one depth step less, one worker more, torch's
-    default; at most --max-workers, no more workers than depth."""
+    default; at most --max-workers, no more workers than depth, within the budget."""
+    from iolib.tuning import parse_bytes
     from predictors.planning import DEPTH_GRID
+
+    budget = parse_bytes(kw["memory_budget"], "--memory-budget")
 
     w, d = final
     lower = max([g for g in DEPTH_GRID if g < d], default=d)
@@ -66,7 +71,8 @@ def checks(tuner: Any, final: tuple[int, int], kw: dict[str, Any]) -> list[tuple
     out = []
     for a, b in wanted:
         key = (min(a, kw["max_workers"], b), b)
-        if key not in out:
+        fits = budget is None or b * batch_bytes <= budget or key == final
+        if fits and key not in out:
             out.append(key)
     return out
 
@@ -88,7 +94,9 @@ def drivers(probe: dict[str, Any], tuner: Any, kw: dict[str, Any]) -> dict[str, 
     transform = stages.get("transform", 0.0) + stages.get("collate", 0.0)
     service = max(read + decode + transform, 1e-3)
     step = max(stats["step_ms"], kw["step_ms"])
-    est = Service(
+    # The tuner's own estimate when it planned (it holds each batch's service, so
+    # late batches count); else the loader's stage medians.
+    est = tuner.service() or Service(
         service_ms=service,
         spread=0.0,
         cpu_ms=cpu,
@@ -106,6 +114,8 @@ def drivers(probe: dict[str, Any], tuner: Any, kw: dict[str, Any]) -> dict[str, 
     grid = [(w, d) for w in workers for d in depths if w <= d]
     point, _ = tuner.planner.predict(grid, est, cpus)
     cores = max(tuner.planner.cores_share * cpus, 1.0)
+    service, read, decode, transform = est.service_ms, est.read_ms, est.decode_ms, est.transform_ms
+    step, cpu = est.step_ms, est.cpu_ms
     return {
         "service_ms": service,
         "read_ms": read,
