@@ -203,9 +203,9 @@ def test_parse_bytes() -> None:
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="engine: a process worker retired mid-epoch exits while holding a batch "
-    "(WorkerDied); the tuner lowers workers when it steps down",
+    strict=False,
+    reason="engine before main's 48f9726: a process worker retired mid-epoch exited "
+    "holding a batch (WorkerDied); drop this marker once merged with it",
 )
 def test_process_workers_can_be_reduced_mid_epoch() -> None:
     loader = DataLoader(SlowReads(2000, 0.001), batch_size=32, worker_mode="process", num_workers=6)
