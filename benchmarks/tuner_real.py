@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).absolute().parent.parent))
 
 from benchmarks.tuner_experiments import (
     batches_to_target,
@@ -105,6 +105,8 @@ def _cases(tmp: Path) -> dict[str, dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--only", default="", help="Run the cases whose name holds this.")
+    parser.add_argument("--name", default="tuner-real", help="Results file name (no suffix).")
     args = parser.parse_args()
     lines = [
         "# The tuner on real loaders (2-core machine)",
@@ -118,6 +120,8 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for name, case in _cases(Path(tmp)).items():
+            if args.only not in name:
+                continue
             for tuner, options in _tuners(case["max_workers"]).items():
                 try:
                     result = run(
@@ -142,7 +146,7 @@ def main() -> None:
                 )
                 lines.append(row)
                 print(row, flush=True)
-    out = args.out / "tuner-real.md"
+    out = args.out / f"{args.name}.md"
     out.write_text("\n".join(lines) + "\n")
     print(out)
 
