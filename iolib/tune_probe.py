@@ -15,10 +15,11 @@ __all__ = ["checks", "cpu_count", "drivers", "run", "why_missed"]
 
 def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
     """Consume `batches` batches, across as many epochs as that takes, with a simulated
-    step. Utilization leaves each epoch's first batch out (it waits for an empty
-    pipeline whatever the configuration)."""
+    step. Utilization leaves out the run's first batch (a cold start no configuration
+    shortens) and counts each later epoch's first, as a training job would feel it;
+    `utilization_in_epoch` leaves every epoch's first batch out (what the tuner judges)."""
     done = epochs = 0
-    step = wait = 0.0
+    step = wait = start_wait = start_step = 0.0
     start = time.perf_counter()
     while done < batches:
         epochs, first = epochs + 1, True
@@ -31,11 +32,15 @@ def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
                 break
             t1 = time.perf_counter()
             time.sleep(step_ms / 1e3)
+            took = time.perf_counter() - t1
             if not first:
-                wait, step = wait + t1 - t0, step + time.perf_counter() - t1
+                wait, step = wait + t1 - t0, step + took
+            elif done > 0:
+                start_wait, start_step = start_wait + t1 - t0, start_step + took
             first, done = False, done + 1
         if first:
             raise ConfigError("The dataset yielded no batch. Fix: check DATA and --batch-size.")
+    every_step, every_wait = step + start_step, wait + start_wait
     wall_s = time.perf_counter() - start
     loader.close()  # first: the tuner's last decisions land in stats()
     stats = loader.stats()
@@ -43,7 +48,8 @@ def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
         "stats": stats,
         "batches": done,
         "epochs": epochs,
-        "utilization": step / (step + wait) if step + wait > 0 else 1.0,
+        "utilization": every_step / max(every_step + every_wait, 1e-9),
+        "utilization_in_epoch": step / max(step + wait, 1e-9),
         "memory_bytes": float(stats["peak_bytes_in_flight"]),
         "samples_per_s": stats["samples"] / wall_s if wall_s > 0 else 0.0,
     }

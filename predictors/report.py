@@ -119,7 +119,9 @@ def build_sections(
         "What was measured",
         [
             "Each configuration ran on its own; utilization is the step's share of the "
-            "time (step / (step + wait)), each epoch's first batch left out."
+            "time (step / (step + wait)) over every batch but the run's first, each "
+            "epoch's first batch included (it waits for an empty pipeline unless "
+            "persistent workers read it ahead)."
         ],
         [(header, rows)],
         image=plot,
