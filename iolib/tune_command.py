@@ -1,9 +1,11 @@
 """`iolib tune`: recommend workers and prefetch depth for a dataset and a step time.
 
-It runs the learned tuner on the real data for a short while (that is the probe: the
-tuner measures storage, decode and step times through telemetry and asks the model),
-then verifies the recommendation, and a few other candidates, with short fixed runs,
-and writes a report a person can read (predictors.report).
+It runs the learned tuner on the real data for `--batches` batches, across epochs
+(the probe: the tuner measures storage, decode, CPU and step times through telemetry),
+then runs the probe's configuration and a few others on their own for
+`--verify-batches` each, and recommends only what it measured: the least memory that
+met the target, else the best measured, said to miss it and why. The report
+(predictors.report) shows every run's own measurement and what drives the result.
 
     iolib tune s3://bucket/train/ --step-ms 50 --target 0.9 --out tune-report
     iolib tune --evaluate predictors/data/sweep/observations.parquet
@@ -13,8 +15,7 @@ and writes a report a person can read (predictors.report).
 from __future__ import annotations
 
 import json
-import logging
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,32 +58,21 @@ def _decoder(source: Any, size: int) -> Any:
     return ImagePipeline(size=size, train=True)
 
 
-def _run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
-    """Consume `batches` batches with a simulated step; return the loader's stats."""
-    start = time.perf_counter()
-    for k, _ in enumerate(loader):
-        time.sleep(step_ms / 1e3)
-        if k + 1 >= batches:
-            break
-    wall_s = time.perf_counter() - start
-    loader.close()  # first: the tuner's last decisions land in stats()
-    return {**loader.stats(), "wall_s": wall_s}
-
-
 def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
+    import pandas as pd
+
+    from iolib import tune_probe
     from iolib.loader import DataLoader
     from predictors.report import write_report
 
     options = json.loads(kw["storage_options"] or "{}")
     source = _source(kw["data"], options, kw["column"])
     decode = None if kw["no_decode"] else _decoder(source, kw["image_size"])
-    common = dict(batch_size=kw["batch_size"], shuffle=kw["shuffle"], decode=decode)
-
-    def measure(batches: int, **extra: Any) -> dict[str, Any]:
-        return _run(DataLoader(source, **common, **extra), batches, kw["step_ms"])
-
-    with click.progressbar(length=4, label="tuning", file=click.get_text_stream("stderr")) as bar:
-        probe = DataLoader(
+    common = dict(
+        batch_size=kw["batch_size"], shuffle=kw["shuffle"], decode=decode, persistent_workers=True
+    )
+    with click.progressbar(length=2, label="tuning", file=sys.stderr) as bar:
+        loader = DataLoader(
             source,
             **common,
             prefetch="auto",
@@ -90,62 +80,58 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
             target_utilization=kw["target"],
             memory_budget=kw["memory_budget"],
         )
-        probe_stats = _run(probe, kw["batches"], kw["step_ms"])
-        tuner = probe._autotune.tuner
+        probe = tune_probe.run(loader, kw["batches"], kw["step_ms"])
+        tuner, last = loader._autotune.tuner, loader._autotune.last
+        final = (probe["stats"]["workers"], probe["stats"]["depth"])
         bar.update(1)
-        last = probe._autotune.last
-        candidates = tuner.candidate_table()
-        w, d = last.workers, last.depth
-        checks = {(w, d), (2, 4), (max(1, w // 2), d), (w, max(1, d // 2)), (w + 2, d)}
-        measured = {}
-        for workers, depth in sorted(checks):
-            stats = measure(kw["verify_batches"], num_workers=workers, prefetch=depth)
-            measured[(workers, depth)] = stats
-        bar.update(3)
-    util = {k: v["utilization"] for k, v in measured.items()}
-    candidates["measured_utilization"] = [
-        util.get((int(a), int(b)))
-        for a, b in zip(candidates.workers, candidates.depth, strict=True)
-    ]
-    extra = candidates.dropna(subset=["measured_utilization"])
-    mine = measured[(w, d)]
-    recommendation = {
-        "workers": w,
-        "depth": d,
-        "reason": last.reason,
-        "feasible": last.feasible,
-        "bottleneck": last.bottleneck,
-        "predicted_utilization": last.predicted.get("utilization"),
-        "predicted_throughput_sps": last.predicted.get("throughput_sps"),
-        "predicted_memory_bytes": last.predicted.get("memory_bytes"),
-        "measured_utilization": mine["utilization"],
-        "measured_throughput_sps": mine["samples_per_s"],
-        "measured_memory_bytes": mine["peak_bytes_in_flight"],
-        "probe_batches": probe_stats["batches"],
-        "verified_candidates": len(extra),
-    }
-    importances = _importances(tuner.model)
-    return write_report(
-        kw["out"],
-        recommendation,
-        candidates,
-        importances,
-        step_ms=kw["step_ms"],
-        target=kw["target"],
+        drivers = tune_probe.drivers(probe, tuner, kw)
+        runs = {}
+        batch_bytes = float(probe["stats"]["batch_bytes"])
+        for workers, depth in tune_probe.checks(tuner, final, kw, batch_bytes):
+            fixed = DataLoader(source, **common, num_workers=workers, prefetch=depth)
+            runs[(workers, depth)] = tune_probe.run(fixed, kw["verify_batches"], kw["step_ms"])
+        bar.update(1)
+    keys = list(runs)
+    predicted, lower = tuner.planner.predict(keys, drivers["estimate"], drivers["cpu_count"])
+    measured = pd.DataFrame(
+        {
+            "workers": [w for w, _ in keys],
+            "depth": [d for _, d in keys],
+            "predicted_utilization": predicted,
+            "lower_bound": lower,
+            "measured_utilization": [runs[k]["utilization"] for k in keys],
+            "memory_bytes": [runs[k]["memory_bytes"] for k in keys],
+            "samples_per_s": [runs[k]["samples_per_s"] for k in keys],
+        }
     )
-
-
-def _importances(model: Any) -> Any:
-    """Permutation importances on the shipped observations (None for the queueing model)."""
-    if not hasattr(model, "feature_importances"):
-        return None
-    from predictors.model import read_observations
-
-    try:
-        return model.feature_importances(read_observations(_observation_files(())))
-    except (ConfigError, ValueError) as exc:
-        logging.getLogger(__name__).warning("no feature importances: %s", exc)
-        return None
+    ok = measured[measured["measured_utilization"] >= kw["target"]]
+    if len(ok):
+        pick = ok.sort_values(["memory_bytes", "workers"]).iloc[0]
+    else:
+        pick = measured.sort_values(
+            ["measured_utilization", "memory_bytes"], ascending=[False, True]
+        ).iloc[0]
+    recommendation = {
+        "workers": int(pick["workers"]),
+        "depth": int(pick["depth"]),
+        "meets_target": bool(len(ok)),
+        "measured_utilization": float(pick["measured_utilization"]),
+        "measured_memory_bytes": float(pick["memory_bytes"]),
+        "why_missed": None if len(ok) else tune_probe.why_missed(drivers, kw, last),
+        "probe_batches": probe["batches"],
+        "probe_epochs": probe["epochs"],
+        "verify_batches": kw["verify_batches"],
+        "tuner_reason": last.reason if last is not None else None,
+    }
+    paths = write_report(
+        kw["out"], recommendation, measured, drivers, step_ms=kw["step_ms"], target=kw["target"]
+    )
+    verdict = "meets" if recommendation["meets_target"] else "MISSED; best measured"
+    click.echo(
+        f"{recommendation['workers']} worker(s), depth {recommendation['depth']}: measured "
+        f"{recommendation['measured_utilization']:.2f} against {kw['target']:.2f} ({verdict})"
+    )
+    return paths
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -178,14 +164,14 @@ def _importances(model: Any) -> Any:
     type=click.IntRange(10),
     default=80,
     show_default=True,
-    help="Batches the tuner measures and decides over.",
+    help="Batches the tuner measures and decides over (across epochs if need be).",
 )
 @click.option(
     "--verify-batches",
     type=click.IntRange(5),
     default=40,
     show_default=True,
-    help="Batches per verification run.",
+    help="Batches per verification run (across epochs if need be).",
 )
 @click.option("--storage-options", default=None, help="JSON fsspec options for DATA.")
 @click.option(
@@ -207,6 +193,12 @@ def _importances(model: Any) -> Any:
     is_flag=True,
     help="Train the default model from observation files (DATA and more).",
 )
+@click.option(
+    "--model-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --retrain: where to write the model (.npz); default: the user data directory.",
+)
 @click.argument("more", nargs=-1)
 def tune(**kw: Any) -> None:
     """Recommend workers and prefetch depth for DATA (a Parquet or image-folder URL) so
@@ -227,8 +219,13 @@ def _model_command(kw: dict[str, Any], files: tuple[str, ...]) -> None:
     paths = _observation_files(files)
     try:
         if kw["retrain"]:
-            model = train_default(paths)
-            click.echo(f"Trained on {len(paths)} file(s); saved the default model.")
+            from predictors.model import MODEL_ENV, user_model_path
+
+            out = Path(kw["model_out"]) if kw["model_out"] else user_model_path()
+            model = train_default(paths, out=out)
+            click.echo(
+                f"Trained on {len(paths)} file(s); wrote {out}. Use it: export {MODEL_ENV}={out}"
+            )
             click.echo(json.dumps(getattr(model, "metrics", {}), indent=2, default=str))
             return
         result = evaluate(read_observations(paths))

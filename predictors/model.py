@@ -2,19 +2,25 @@
 
 Three scikit-learn regressors on the inputs of `predictors.features` (computed from
 feature and config columns only). Each learns a *correction* to first principles
-rather than the raw outcome, which is what lets it carry over to workloads it never
-saw (the raw-target variants are kept for the comparison in docs/tuning.md):
+rather than the raw outcome, meant to carry it over to workloads it never saw (left
+one whole workload or storage profile out it still did worse than the queueing
+model: benchmarks/results/model-families.md; the raw-target variants are kept for the comparison in
+benchmarks/results/tuning-history.md):
 
 - throughput: log(throughput) - log(queueing-model throughput);
 - stall fraction: from the predicted throughput, since utilization = step / (step +
   stall) = throughput * step / batch_size (a direct regressor is the option
-  `stall_from_throughput=False`; it measured worse, see docs/tuning.md);
+  `stall_from_throughput=False`; it measured worse, see tuning-history.md);
 - memory: log(memory) - log(depth * batch_bytes).
 
 `evaluate` scores models with cross-validation grouped by (workload, storage_profile):
-every score is on groups the model never saw. `save` writes a joblib file and a JSON
-sidecar with the schema version; `load` refuses another version; `load_default` falls
-back to the queueing model, with a warning, when the shipped model is missing or broken.
+every score is on groups the model never saw; `by="workload"` or `"storage_profile"`
+leaves a whole family out, and `train_default` turns that score into
+`correction_weight`, how much of its correction the tuner may trust (0 where the model
+is no better than the queueing prior on families it never saw). `save` writes the trees
+as plain arrays (`predictors.model_file`: loading never runs code); `load` refuses
+another schema version or a changed file; `load_default` falls back to the queueing
+model, with a warning, when the model is missing or broken.
 
 Example:
     >>> model = Predictor().fit(observations)
@@ -24,8 +30,8 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -50,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
+    "MODEL_ENV",
     "Evaluation",
     "Predictor",
     "evaluate",
@@ -57,10 +64,19 @@ __all__ = [
     "load_default",
     "read_observations",
     "train_default",
+    "user_model_path",
 ]
 
 log = logging.getLogger(__name__)
-DEFAULT_MODEL_PATH = Path(__file__).parent / "data" / "default_model.joblib"
+DEFAULT_MODEL_PATH = Path(__file__).parent / "data" / "default_model.npz"
+MODEL_ENV = "IOLIB_TUNER_MODEL"  # a retrained model's path, used instead of the shipped one
+
+
+def user_model_path() -> Path:
+    """Where `iolib tune --retrain` writes when no path is named: the user's data
+    directory, never the installed package (`$XDG_DATA_HOME/iolib/model.npz`)."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "iolib" / "model.npz"
 
 
 def _regressor(kind: str) -> Any:
@@ -93,6 +109,7 @@ class Predictor:
         self.stall_from_throughput = stall_from_throughput
         self.name = f"{kind}-{'residual' if residual else 'raw'}"
         self.utilization_error = 0.05
+        self.correction_weight = 1.0  # set from leave-one-family-out scores by train_default
         self.schema_version = SCHEMA_VERSION
         self.input_columns = INPUT_COLUMNS
         self.metrics: dict[str, float] = {}
@@ -169,47 +186,37 @@ class Predictor:
 
     # --- persistence ------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write `path` (joblib) and `path` + ".json" (schema version, provenance, metrics)."""
-        import joblib
-        import sklearn
+        """Write `path` (.npz: the fitted trees as plain arrays) and `path` + ".json"
+        (schema version, provenance, metrics, digest). See `predictors.model_file`."""
+        from predictors.model_file import TreeEnsemble, save_arrays
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        joblib.dump(self, path)
-        sidecar = {
+        ensembles = {
+            name: m if isinstance(m, TreeEnsemble) else TreeEnsemble.from_sklearn(m)
+            for name, m in self.models_.items()
+        }
+        meta = {
             "schema_version": self.schema_version,
             "input_columns": list(self.input_columns),
             "kind": self.name,
-            "sklearn_version": sklearn.__version__,
+            "residual": self.residual,
+            "stall_from_throughput": self.stall_from_throughput,
             "trained_rows": getattr(self, "trained_rows", 0),
             "trained_groups": getattr(self, "trained_groups", []),
             "utilization_error": self.utilization_error,
+            "correction_weight": self.correction_weight,
             "metrics": self.metrics,
         }
-        _sidecar(path).write_text(json.dumps(sidecar, indent=2))
-        return path
+        return save_arrays(path, ensembles, meta)
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".json")
-
-
-def load(path: str | Path) -> Predictor:
-    """Load a saved Predictor; raise ModelVersionError if it fits another schema."""
-    import joblib
+def load(path: str | Path, expected_sha256: str | None = None) -> Predictor:
+    """Load a saved Predictor without running code; raise ModelVersionError if it fits
+    another schema, is not plain arrays, or its digest differs (`model_file.load_arrays`)."""
+    from predictors.model_file import load_arrays
 
     path = Path(path)
-    retrain = "Fix: retrain it with `iolib tune --retrain OBSERVATIONS...` (or `train_default`)."
-    try:
-        meta = json.loads(_sidecar(path).read_text())
-    except FileNotFoundError as exc:
-        raise ModelVersionError(
-            f"Model {path} has no sidecar {_sidecar(path).name}. {retrain}"
-        ) from exc
-    except json.JSONDecodeError as exc:
-        raise ModelVersionError(
-            f"Sidecar {_sidecar(path)} is not valid JSON ({exc}). {retrain}"
-        ) from exc
+    retrain = "Fix: retrain it with `iolib tune --retrain OBSERVATIONS... --model-out PATH.npz`."
+    ensembles, meta = load_arrays(path, expected_sha256)
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ModelVersionError(
@@ -220,23 +227,35 @@ def load(path: str | Path) -> Predictor:
         raise ModelVersionError(
             f"Model {path} uses other input columns than this version. {retrain}"
         )
-    model = joblib.load(path)
-    if not isinstance(model, Predictor):
-        raise ModelVersionError(
-            f"{path} holds a {type(model).__name__}, not a Predictor. {retrain}"
-        )
+    model = Predictor(
+        residual=bool(meta.get("residual", True)),
+        stall_from_throughput=bool(meta.get("stall_from_throughput", True)),
+    )
+    model.models_ = ensembles
+    model.utilization_error = float(meta.get("utilization_error", 0.1))
+    model.correction_weight = float(meta.get("correction_weight", 0.0))
+    model.metrics = dict(meta.get("metrics", {}))
+    model.trained_rows = int(meta.get("trained_rows", 0))
+    model.trained_groups = list(meta.get("trained_groups", []))
     return model
 
 
 def load_default(path: str | Path | None = None) -> Predictor | QueueingModel:
-    """The shipped model; a missing or unreadable one gives the queueing model and a warning."""
-    path = Path(path) if path is not None else DEFAULT_MODEL_PATH
+    """The model the tuner uses: `path`, else $IOLIB_TUNER_MODEL, else the shipped one
+    (its digest checked against `SHIPPED_SHA256`). A missing or unreadable model gives
+    the queueing model and a warning: tuning degrades, the training run goes on."""
+    from predictors.model_file import SHIPPED_SHA256
+
+    chosen = path if path is not None else os.environ.get(MODEL_ENV)
+    path = Path(chosen) if chosen else DEFAULT_MODEL_PATH
+    expected = SHIPPED_SHA256 if path == DEFAULT_MODEL_PATH else None
     try:
-        return load(path)
+        return load(path, expected)
     except Exception as exc:  # any failure here must degrade, never crash the training run
         message = (
-            f"predictors: could not load the default model {path} ({type(exc).__name__}: {exc}); "
-            "using the queueing model instead. Fix: `iolib tune --retrain OBSERVATIONS...`."
+            f"predictors: could not load the model {path} ({type(exc).__name__}: {exc}); "
+            "using the queueing model instead. Fix: `iolib tune --retrain OBSERVATIONS...` "
+            f"and point ${MODEL_ENV} at the file it writes."
         )
         log.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
@@ -316,27 +335,35 @@ DEFAULT_CANDIDATES: dict[str, ModelFactory] = {
 }
 
 
+FAMILIES = ("group", "workload", "storage_profile")
+
+
 def evaluate(
     frame: pd.DataFrame,
     models: dict[str, ModelFactory] | None = None,
     n_splits: int | None = None,
+    by: str = "group",
 ) -> Evaluation:
     """Grouped cross-validation of `models` (default: learned, queueing, constant).
 
-    Groups are (workload, storage_profile); `n_splits=None` leaves one group out at a
-    time, an integer uses GroupKFold. Every score is on groups absent from training.
+    `by="group"`: groups are (workload, storage_profile); `"workload"` or
+    `"storage_profile"` leaves a whole family out (every storage profile of a workload,
+    or every workload on a profile): a case measured is not the family it belongs to.
+    `n_splits=None` leaves one group out at a time, an integer uses GroupKFold.
     """
     import pandas as pd
     from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 
     validate_observations(frame)
     frame = frame.reset_index(drop=True)
-    groups = group_labels(frame)
+    if by not in FAMILIES:
+        raise SchemaError(f"`by` must be one of {list(FAMILIES)}. Found: {by!r}.")
+    groups = group_labels(frame) if by == "group" else frame[by].astype(str).to_numpy()
     n_groups = len(set(groups))
     if n_groups < 2:
         raise SchemaError(
-            f"Grouped cross-validation needs at least 2 (workload, storage_profile) groups; "
-            f"found {n_groups}. Fix: add observations of another workload or profile."
+            f"Grouped cross-validation needs at least 2 groups by {by}; found {n_groups}. "
+            "Fix: add observations of another workload or profile."
         )
     splitter = (
         LeaveOneGroupOut() if n_splits is None else GroupKFold(n_splits=min(n_splits, n_groups))
@@ -363,24 +390,46 @@ def evaluate(
     return Evaluation(per_group, summary, pd.concat(oof))
 
 
-def train_default(
-    paths: Iterable[str | Path], out: str | Path | None = DEFAULT_MODEL_PATH, n_splits: int = 5
-) -> Predictor:
-    """Train the shipped model from observation files; used by `iolib tune --retrain`.
+def correction_weight(evaluations: Iterable[Evaluation]) -> float:
+    """How much of the learned correction to trust: 1 - (learned error / queueing error)
+    on utilization, at the worst family left out, within [0, 1]. 0 where the model is no
+    better than the queueing prior on a family it never saw."""
+    skills = [
+        1.0
+        - e.summary.loc["learned", "mae_stall"] / max(e.summary.loc["queueing", "mae_stall"], 1e-9)
+        for e in evaluations
+    ]
+    return float(min(1.0, max(0.0, min(skills, default=0.0))))
 
-    Cross-validates first (grouped), records the metrics and the utilization error
-    (the tuner's margin) in the model and its sidecar, then fits on everything.
+
+def train_default(
+    paths: Iterable[str | Path], out: str | Path | None, n_splits: int | None = 5
+) -> Predictor:
+    """Train a model from observation files and write it to `out` (None: keep it in
+    memory); used by `iolib tune --retrain`, which names `out` (never the package).
+
+    Cross-validates first, grouped by (workload, storage_profile) and by family (each
+    workload, each profile left out), records the metrics, the utilization error and
+    the correction weight (`correction_weight`), then fits on everything.
     """
     frame = read_observations(paths)
-    evaluation = evaluate(
-        frame, {"learned": Predictor, "queueing": QueueingModel}, n_splits=n_splits
-    )
+    pair = {"learned": Predictor, "queueing": QueueingModel}
+    evaluation = evaluate(frame, pair, n_splits=n_splits)
+    families = [
+        evaluate(frame, pair, n_splits=n_splits, by=by)
+        for by in ("workload", "storage_profile")
+        if frame[by].nunique() >= 2
+    ]
     model = Predictor().fit(frame)
     learned = evaluation.summary.loc["learned"]
     model.utilization_error = float(learned["p80_util_error"])
+    model.correction_weight = correction_weight(families)
     model.metrics = {
         f"{m}_{k}": float(v) for m, row in evaluation.summary.iterrows() for k, v in row.items()
     }
+    for by, ev in zip(("workload", "storage_profile"), families, strict=False):
+        for m, row in ev.summary.iterrows():
+            model.metrics[f"{by}_out_{m}_mae_util"] = float(row["mae_stall"])
     if out is not None:
         model.save(out)
     return model

@@ -1,230 +1,274 @@
-"""The tuning report: Markdown and HTML, with PNG plots, from plain numbers.
+"""The tuning report: Markdown and HTML, with a PNG plot, from plain numbers.
 
-Written for a reader who has never heard of the model: what to set, what it will do,
-how sure we are, and how we know. Input is plain data (dicts and DataFrames), so the
-loader side (`iolib tune`) only has to collect numbers.
+Written for a reader who has never heard of the model: what to set, what it measured,
+whether the target was met (and if not, why), and what drives the result for this
+dataset. The report is built once as sections of paragraphs and tables, then written
+both as Markdown and as HTML (escaped, one `<table>` per table), so neither is parsed
+from the other.
 
 Example:
-    >>> paths = write_report("out/", recommendation, candidates, importances, step_ms=50)
+    >>> paths = write_report("out/", recommendation, measured, drivers, step_ms=50, target=0.9)
 """
 
 from __future__ import annotations
 
 import html
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["render_markdown", "write_report"]
+__all__ = ["Section", "build_sections", "render_html", "render_markdown", "write_report"]
+
+
+@dataclass
+class Section:
+    """A heading, paragraphs, and tables (a header row, then rows of text cells)."""
+
+    title: str
+    paragraphs: list[str] = field(default_factory=list)
+    tables: list[tuple[list[str], list[list[str]]]] = field(default_factory=list)
+    code: str | None = None
+    image: str | None = None
 
 
 def _mib(x: float | None) -> str:
-    return "-" if x is None else f"{x / 2**20:,.0f} MiB"
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x / 2**10:,.0f} KiB" if x < 2**20 else f"{x / 2**20:,.1f} MiB"
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
 
 
 def _num(x: float | None, fmt: str = "{:.2f}") -> str:
-    return "-" if x is None else fmt.format(x)
+    return "-" if x is None or not math.isfinite(float(x)) else fmt.format(x)
 
 
-def render_markdown(
+def _verdict(r: dict[str, Any], target: float) -> str:
+    w, d, util = r["workers"], r["depth"], r["measured_utilization"]
+    if r["meets_target"]:
+        return (
+            f"**{_workers(w)}, prefetch depth {d}**: measured {util:.2f} against the target "
+            f"{target:.2f}, the least memory of the configurations measured to meet it."
+        )
+    why = r.get("why_missed") or "no configuration measured reached it"
+    return (
+        f"**The target {target:.2f} was not met.** The best configuration measured is "
+        f"**{_workers(w)}, prefetch depth {d}** at {util:.2f}. Why: {why}."
+    )
+
+
+def build_sections(
     recommendation: dict[str, Any],
-    candidates: pd.DataFrame,
-    importances: pd.Series | None = None,
+    measured: pd.DataFrame,
+    drivers: dict[str, Any],
     *,
     step_ms: float,
     target: float,
-    plots: dict[str, str] | None = None,
-) -> str:
-    """The report as Markdown.
-
-    `recommendation`: workers, depth, reason, feasible, bottleneck, and predicted_/measured_
-    utilization, throughput_sps, memory_bytes (measured_* may be None when not verified).
-    `candidates`: workers, depth, predicted_utilization and optionally measured_utilization.
-    """
+    plot: str | None = None,
+) -> list[Section]:
+    """The report's content. `measured`: one row per configuration run (workers, depth,
+    predicted_utilization, measured_utilization, memory_bytes, samples_per_s); rows with
+    a missing value are left out, never shown as nan."""
     r = recommendation
     w, d = int(r["workers"]), int(r["depth"])
-    lines = [
-        "# Data-loading tuning report",
-        "",
-        f"Goal: keep the training step ({step_ms:g} ms per batch) busy at least "
-        f"{target:.0%} of the time, holding as little memory as possible.",
-        "",
-        "## Recommendation",
-        "",
-        f"**{w} workers, prefetch depth {d}** (depth: batches being built or waiting).",
-        "",
-        f"Why: {r.get('reason', '')}",
-        "",
+    top = Section(
+        "Recommendation",
+        [
+            f"Goal: keep a training step of {step_ms:g} ms busy at least {target:.0%} of the "
+            "time, holding as little memory as possible.",
+            _verdict(r, target),
+            f"Probe: {r['probe_batches']} batches over {r['probe_epochs']} epoch(s); each "
+            f"configuration below then ran {r['verify_batches']} batches on its own.",
+        ],
+        code=(
+            f"loader = DataLoader(dataset, batch_size=..., num_workers={w}, prefetch={d})\n"
+            "# or let the loader keep adjusting on its own:\n"
+            f'loader = DataLoader(dataset, batch_size=..., prefetch="auto", '
+            f"target_utilization={target})"
+        ),
+    )
+    columns = [
+        "workers",
+        "depth",
+        "predicted_utilization",
+        "measured_utilization",
+        "memory_bytes",
+        "samples_per_s",
     ]
-    if not r.get("feasible", True):
-        lines += [
-            f"**The target is out of reach** with this memory budget; the slowest stage is "
-            f"**{r.get('bottleneck')}**. This is the best configuration found; to go further, "
-            "speed up that stage (faster storage or caching for storage, fewer/cheaper "
-            "transforms or more cores for decode and transform; for cpu, the reads "
-            "themselves: more cores, or a cheaper column type to parse).",
-            "",
+    shown = measured.dropna(subset=columns).sort_values(["memory_bytes", "workers"])
+    rows = [
+        [
+            f"{int(row.workers)}",
+            f"{int(row.depth)}",
+            _num(row.predicted_utilization),
+            _num(row.measured_utilization)
+            + (" (recommended)" if (row.workers, row.depth) == (w, d) else ""),
+            _mib(row.memory_bytes),
+            _num(row.samples_per_s, "{:,.0f}"),
         ]
-    lines += [
-        "| | predicted | measured |",
-        "| --- | --- | --- |",
-        f"| GPU utilization | {_num(r.get('predicted_utilization'))} | "
-        f"{_num(r.get('measured_utilization'))} |",
-        f"| samples/s | {_num(r.get('predicted_throughput_sps'), '{:,.0f}')} | "
-        f"{_num(r.get('measured_throughput_sps'), '{:,.0f}')} |",
-        f"| memory held | {_mib(r.get('predicted_memory_bytes'))} | "
-        f"{_mib(r.get('measured_memory_bytes'))} |",
-        "",
-        "## How to apply it",
-        "",
-        "```python",
-        f"loader = DataLoader(dataset, batch_size=..., num_workers={w}, prefetch={d})",
-        "# or let the loader keep adjusting on its own:",
-        f'loader = DataLoader(dataset, batch_size=..., prefetch="auto", '
-        f"target_utilization={target})",
-        "```",
-        "",
-        "## How the prediction was made",
-        "",
-        "A model trained on measured runs of other datasets and storage predicts, for each "
-        "candidate (workers, depth), how often the training step would wait for data. "
-        "It uses only numbers measured before running (sample size, decode cost, storage "
-        "latency and bandwidth, batch size, step time, cores), never the result itself. "
-        "A short measured run then checks the recommendation.",
-        "",
+        for row in shown.itertuples()
     ]
-    if plots and "candidates" in plots:
-        lines += [f"![predicted vs measured]({plots['candidates']})", ""]
-    shown = candidates.sort_values(["depth", "workers"]).head(40)
-    cols = [
-        c
-        for c in (
-            "workers",
-            "depth",
-            "predicted_utilization",
-            "measured_utilization",
-            "predicted_memory_bytes",
-        )
-        if c in shown
+    header = ["workers", "depth", "predicted", "measured", "memory held", "samples/s"]
+    runs = Section(
+        "What was measured",
+        [
+            "Each configuration ran on its own; utilization is the step's share of the "
+            "time (step / (step + wait)) over every batch but the run's first, each "
+            "epoch's first batch included (it waits for an empty pipeline unless "
+            "persistent workers read it ahead)."
+        ],
+        [(header, rows)],
+        image=plot,
+    )
+    return [top, runs, _drivers_section(drivers, target)]
+
+
+def _drivers_section(drivers: dict[str, Any], target: float) -> Section:
+    """What this dataset's numbers say, and how the prediction moves with the knobs."""
+    s = drivers
+    facts = [
+        f"One batch takes a worker {s['service_ms']:.1f} ms (storage {s['read_ms']:.1f}, "
+        f"decode {s['decode_ms']:.1f}, transform {s['transform_ms']:.1f}); the step is "
+        f"{s['step_ms']:.1f} ms.",
+        f"So about {s['workers_needed']} busy worker(s) cover the service at {target:.2f} "
+        "(Little's law: workers x step / service).",
     ]
-    lines += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-    for _, row in shown.iterrows():
-        lines.append(
-            "| "
-            + " | ".join(
-                _mib(row[c])
-                if c.endswith("bytes")
-                else _num(row[c], "{:g}")
-                if c in ("workers", "depth")
-                else _num(row[c])
-                for c in cols
+    if s.get("cpu_ms") is not None:
+        bound = s.get("cpu_bound")
+        facts.append(
+            f"Of each batch, {s['cpu_ms']:.1f} ms is the workers' CPU, on {s['cpu_count']} "
+            "cores: "
+            + (
+                f"the cores allow at most {bound:.2f}, however many workers."
+                if bound is not None and bound < 1
+                else "the cores are not what limits."
             )
-            + " |"
         )
-    lines.append("")
-    if importances is not None and len(importances):
-        lines += [
-            "## What drives the prediction",
-            "",
-            "How much the model's accuracy drops when one input is scrambled "
-            "(permutation importance; larger matters more):",
-            "",
-        ]
-        if plots and "importances" in plots:
-            lines += [f"![feature importances]({plots['importances']})", ""]
-        lines += ["| input | importance |", "| --- | --- |"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in importances.head(10).items()]
-        lines.append("")
+    section = Section("What drives the result for this dataset", facts)
+    grid = s.get("grid")
+    if grid is not None and len(grid):
+        depths = sorted(set(int(x) for x in grid["depth"]))
+        workers = sorted(set(int(x) for x in grid["workers"]))
+        table = {
+            (int(a), int(b)): u
+            for a, b, u in grid[["workers", "depth", "utilization"]].itertuples(index=False)
+        }
+        rows = [[str(wk), *(_num(table.get((wk, dp))) for dp in depths)] for wk in workers]
+        section.paragraphs.append(
+            "Predicted utilization by workers (rows) and prefetch depth (columns), from the "
+            "measured service, step and CPU (`-`: more workers than depth, which would idle):"
+        )
+        section.tables.append((["workers \\ depth", *map(str, depths)], rows))
+    return section
+
+
+def render_markdown(sections: list[Section], title: str = "Data-loading tuning report") -> str:
+    lines = [f"# {title}", ""]
+    for sec in sections:
+        lines += [f"## {sec.title}", ""]
+        for text in sec.paragraphs:
+            lines += [text, ""]
+        if sec.code:
+            lines += ["```python", sec.code, "```", ""]
+        if sec.image:
+            lines += [f"![{sec.title}]({sec.image})", ""]
+        for header, rows in sec.tables:
+            lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+            lines += ["| " + " | ".join(row) + " |" for row in rows]
+            lines.append("")
     return "\n".join(lines)
 
 
-def _plots(
-    out: Path, candidates: pd.DataFrame, importances: pd.Series | None, target: float
-) -> dict[str, str]:
+def _inline(text: str) -> str:
+    """Escaped text with **bold** and `code` spans."""
+    out, parts = [], html.escape(text).split("**")
+    for i, part in enumerate(parts):
+        code = part.split("`")
+        part = "".join(f"<code>{c}</code>" if j % 2 else c for j, c in enumerate(code))
+        out.append(f"<strong>{part}</strong>" if i % 2 else part)
+    return "".join(out)
+
+
+def render_html(sections: list[Section], title: str = "Data-loading tuning report") -> str:
+    parts = [
+        "<!doctype html>",
+        "<html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;max-width:52em;margin:auto}"
+        "table{border-collapse:collapse}td,th{padding:2px 8px;border:1px solid #ccc}</style>",
+        "</head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    for sec in sections:
+        parts.append(f"<h2>{html.escape(sec.title)}</h2>")
+        parts += [f"<p>{_inline(text)}</p>" for text in sec.paragraphs]
+        if sec.code:
+            parts.append(f"<pre><code>{html.escape(sec.code)}</code></pre>")
+        if sec.image:
+            parts.append(f"<img src='{html.escape(sec.image)}' alt='{html.escape(sec.title)}'>")
+        for header, rows in sec.tables:
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            body = "".join(
+                "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                for row in rows
+            )
+            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _plot(out: Path, measured: pd.DataFrame, target: float) -> str | None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    made = {}
-    fig, ax = plt.subplots(figsize=(5, 4))
-    if "measured_utilization" in candidates:
-        ax.scatter(candidates["measured_utilization"], candidates["predicted_utilization"], s=18)
-        ax.plot([0, 1], [0, 1], "k--", lw=1)
-        ax.set_xlabel("measured utilization")
-    else:
-        for depth, part in candidates.groupby("depth"):
-            ax.plot(
-                part["workers"], part["predicted_utilization"], marker="o", label=f"depth {depth}"
-            )
-        ax.set_xlabel("workers")
-        ax.legend(fontsize=7)
-    ax.axhline(target, color="r", lw=1, label="target")
-    ax.set_ylabel("predicted utilization")
-    ax.set_title("Candidates: predicted vs measured")
+    rows = measured.dropna(subset=["measured_utilization", "memory_bytes"])
+    if rows.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.scatter(rows["memory_bytes"] / 2**20, rows["measured_utilization"], s=24)
+    for row in rows.itertuples():
+        ax.annotate(
+            f"{int(row.workers)}/{int(row.depth)}",
+            (row.memory_bytes / 2**20, row.measured_utilization),
+            fontsize=7,
+        )
+    ax.axhline(target, color="r", lw=1)
+    ax.set_xlabel("memory held (MiB)")
+    ax.set_ylabel("measured utilization")
+    ax.set_title("Configurations measured (workers/depth)")
     fig.tight_layout()
-    fig.savefig(out / "candidates.png", dpi=100)
+    fig.savefig(out / "measured.png", dpi=100)
     plt.close(fig)
-    made["candidates"] = "candidates.png"
-    if importances is not None and len(importances):
-        top = importances.head(10)[::-1]
-        fig, ax = plt.subplots(figsize=(5, 4))
-        ax.barh(top.index, top.to_numpy())
-        ax.set_xlabel("permutation importance")
-        fig.tight_layout()
-        fig.savefig(out / "importances.png", dpi=100)
-        plt.close(fig)
-        made["importances"] = "importances.png"
-    return made
+    return "measured.png"
 
 
 def write_report(
     out_dir: str | Path,
     recommendation: dict[str, Any],
-    candidates: pd.DataFrame,
-    importances: pd.Series | None = None,
+    measured: pd.DataFrame,
+    drivers: dict[str, Any],
     *,
     step_ms: float,
     target: float,
 ) -> dict[str, Path]:
-    """Write report.md, report.html and the PNG plots into `out_dir`; return their paths."""
+    """Write report.md, report.html and measured.png into `out_dir`; return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = _plots(out, candidates, importances, target)
-    md = render_markdown(
-        recommendation, candidates, importances, step_ms=step_ms, target=target, plots=plots
+    plot = _plot(out, measured, target)
+    sections = build_sections(
+        recommendation, measured, drivers, step_ms=step_ms, target=target, plot=plot
     )
-    (out / "report.md").write_text(md)
-    body = "\n".join(_md_line_to_html(line) for line in md.splitlines())
-    (out / "report.html").write_text(
-        "<!doctype html><meta charset='utf-8'><title>Tuning report</title>"
-        "<style>body{font-family:sans-serif;max-width:50em;margin:auto}"
-        "td,th{padding:2px 8px}</style>\n" + body
-    )
-    return {
-        "markdown": out / "report.md",
-        "html": out / "report.html",
-        **{k: out / v for k, v in plots.items()},
-    }
-
-
-def _md_line_to_html(line: str) -> str:
-    """A deliberately small Markdown subset: headings, images, table rows, code, text."""
-    if line.startswith("#"):
-        level = len(line) - len(line.lstrip("#"))
-        return f"<h{level}>{html.escape(line[level:].strip())}</h{level}>"
-    if line.startswith("!["):
-        src = line[line.index("(") + 1 : -1]
-        return f"<img src='{html.escape(src)}' alt=''>"
-    if line.startswith("|"):
-        if set(line) <= set("|- "):
-            return ""
-        cells = "".join(
-            f"<td>{html.escape(c.strip().strip('*'))}</td>" for c in line.strip("|").split("|")
-        )
-        return f"<table><tr>{cells}</tr></table>"
-    if line.startswith("```"):
-        return ""
-    return f"<p>{html.escape(line).replace('**', '')}</p>" if line else ""
+    (out / "report.md").write_text(render_markdown(sections))
+    (out / "report.html").write_text(render_html(sections))
+    paths = {"markdown": out / "report.md", "html": out / "report.html"}
+    if plot:
+        paths["plot"] = out / plot
+    return paths

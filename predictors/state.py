@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "CORES_USABLE",
     "CPU_BUSY",
     "Decision",
     "PerformanceModel",
@@ -28,13 +27,10 @@ __all__ = [
     "TunerState",
     "check_budget",
     "check_target",
-    "cpu_bound_utilization",
     "cpu_share",
     "name_bottleneck",
-    "nominal_service_ms",
     "stage_text",
     "state_features",
-    "utilization",
 ]
 
 
@@ -119,12 +115,6 @@ class PerformanceModel(Protocol):
     def predict(self, frame: pd.DataFrame) -> pd.DataFrame: ...
 
 
-def utilization(states: list[TunerState]) -> float:
-    """Utilization over batches, time-weighted: their steps over their steps and stalls."""
-    step = sum(s.step_ms for s in states)
-    return step / max(step + sum(s.stall_ms for s in states), 1e-9)
-
-
 def check_target(target: float) -> float:
     """Return `target` if 0 < target < 1, else raise TunerConfigError with the fix."""
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
@@ -179,50 +169,17 @@ def state_features(state: TunerState) -> dict[str, Any]:
     }
 
 
-def nominal_service_ms(f: dict[str, Any]) -> float:
-    """One worker's time per batch, alone on the machine (from `state_features`)."""
-    requests = math.ceil(f["batch_size"] / f["rows_per_read"])
-    transfer = f["bytes_per_sample"] * f["batch_size"] / (f["storage_bandwidth_mbps"] * 1e3)
-    return (
-        f["storage_latency_ms"] * requests + transfer + f["decode_ms_per_sample"] * f["batch_size"]
-    )
-
-
 # Share of the cores the workers' CPU must fill to call the loader CPU-bound. Python's
-# lock keeps a threaded loader below all cores: on 2 cores, Parquet token reads stopped
-# gaining from more workers at 0.70-0.75 (nas, 2 ms steps: 8 to 32 workers).
+# lock keeps a threaded loader below all cores (about 0.75 of 2 for Parquet reads).
 CPU_BUSY = 0.6
-
-
-# Share of the cores a threaded loader's workers can keep busy at most. Measured on 2
-# cores, nas at 2 ms steps, 480 batches each: the process used 0.86, 1.28, 1.49, 1.48
-# and 1.49 cores at 2, 4, 6, 8 and 16 workers (Python's lock); 0.8 leaves room above.
-CORES_USABLE = 0.8
-
-
-def cpu_bound_utilization(m: dict[str, float], cpu_count: int) -> float | None:
-    """The most utilization the cores allow, whatever the workers and depth: the
-    consumer's step over the time the usable cores need for one batch's worker CPU
-    (`cpu_ms`). None when CPU is not measured. More workers share the same cores: the
-    queueing model sees each worker's service time and would add workers without end.
-
-    >>> round(cpu_bound_utilization({"cpu_ms": 5.5, "step_ms": 2.7}, 2), 2)
-    0.79
-    """
-    cpu = m.get("cpu_ms")
-    if not cpu:
-        return None
-    return m["step_ms"] * CORES_USABLE * max(cpu_count, 1) / cpu
 
 
 def cpu_share(m: dict[str, float], cpu_count: int) -> float | None:
     """Share of the cores the workers' CPU keeps busy at the measured batch rate (None:
-    CPU not measured). `m`: per-batch medians of step, stall and CPU, in ms."""
+    CPU not measured). `m`: per-batch step, stall and CPU, in ms."""
     cpu = m.get("cpu_ms")
     if cpu is None:
         return None
-    # Means, not medians, for the rate: stalls come in bursts, and the median batch
-    # interval read 2.4 of 2 cores busy during a slowdown.
     batch_ms = max(m.get("batch_ms", m["step_ms"] + m["stall_ms"]), 1e-6)
     return cpu / batch_ms / max(cpu_count, 1)
 
@@ -230,10 +187,8 @@ def cpu_share(m: dict[str, float], cpu_count: int) -> float | None:
 def name_bottleneck(m: dict[str, float], cpu_count: int, cpu_bound: bool = False) -> str:
     """The limiting stage: the one taking the most time per batch ("storage" for reads),
     except when the workers keep the cores busy (`CPU_BUSY`) or the cores are what
-    limits (`cpu_bound`, see `cpu_bound_utilization`): then the stage using the most
-    CPU, and a read that is mostly CPU (parsing, copying) is "cpu", not storage.
-    At nas, 2 ms steps, reads took 19 ms of which 5 ms CPU, and 1.5 of 2 cores were busy:
-    storage was not what more workers waited for."""
+    limits (`cpu_bound`): then the stage using the most CPU, and a read that is mostly
+    CPU (parsing, copying) is "cpu", not storage: more workers would queue for cores."""
     stages = {"storage": m["read_ms"], "decode": m["decode_ms"], "transform": m["transform_ms"]}
     share = cpu_share(m, cpu_count)
     if share is None or (share < CPU_BUSY and not cpu_bound):
@@ -245,16 +200,12 @@ def name_bottleneck(m: dict[str, float], cpu_count: int, cpu_bound: bool = False
     return "decode" if m["decode_ms"] >= m["transform_ms"] else "transform"
 
 
-def stage_text(m: dict[str, float], cpu_count: int) -> str:
+def stage_text(m: dict[str, float]) -> str:
     """Per-batch stage times (and the workers' CPU, when measured) for reasons."""
     text = (
         f"per batch: storage {m['read_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, "
         f"transform {m['transform_ms']:.1f} ms, step {m['step_ms']:.1f} ms"
     )
-    share = cpu_share(m, cpu_count)
-    if share is not None:
-        text += (
-            f"; workers' CPU {m['cpu_ms']:.1f} ms per batch (reads "
-            f"{m.get('read_cpu_ms') or 0.0:.1f}), {share * cpu_count:.1f} of {cpu_count} cores"
-        )
+    if m.get("cpu_ms") is not None:
+        text += f", workers' CPU {m['cpu_ms']:.1f} ms"
     return text

@@ -10,9 +10,14 @@ worker starts it and frees it when the consumer takes it); the consumer takes ba
 in order and computes for `step_ms` each. Service times are lognormal around:
 
     read   = slowdown * (latency * requests + batch_bytes / (bandwidth / active))
-    decode = batch_size * decode_ms * max(1, active / cpu_count)
+    decode = batch_size * decode_ms * max(1, active / cores)
 
-(`active` = min(workers, depth): bandwidth and cores are shared.) A ready batch holds
+(`active` = min(workers, depth): bandwidth and cores are shared; `cores` defaults to
+`cpu_count`, fewer for threads held by Python's lock.) Reads can be heavy-tailed (with
+`tail_prob`, a Pareto factor of shape `tail_shape`) and bursty (a slow state entered
+with `burst_prob` per batch, left with 0.2, reads `burst_factor` slower). The workers'
+CPU per batch (`cpu_ms`) is the decode without contention plus `read_cpu_share` of
+the read. A ready batch holds
 `memory_factor * batch_bytes` of memory (decoded data is larger than encoded).
 
 Example:
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,6 +57,12 @@ class SimWorkload:
     cpu_count: int
     jitter: float = 0.25  # sigma of the lognormal service-time noise
     memory_factor: float = 2.0
+    cores: float | None = None  # cores the workers' CPU can use (None: cpu_count)
+    read_cpu_share: float = 0.02
+    tail_prob: float = 0.0
+    tail_shape: float = 1.5
+    burst_prob: float = 0.0
+    burst_factor: float = 1.0
 
     @property
     def batch_bytes(self) -> float:
@@ -67,6 +78,7 @@ class BatchRecord:
     step_ms: float
     read_ms: float
     decode_ms: float
+    cpu_ms: float
     bytes_read: float
     batch_memory_bytes: float
     memory_bytes: float
@@ -87,7 +99,8 @@ class SimulatedLoader:
         self._free: list[float] = [0.0] * workers  # heap of times each worker becomes free
         self._start: list[float] = []
         self._ready: list[float] = []
-        self._service: list[tuple[float, float]] = []
+        self._service: list[tuple[float, float, float]] = []
+        self._burst = False
         self._handed: list[float] = []
 
     def set_config(self, workers: int, depth: int) -> None:
@@ -99,15 +112,22 @@ class SimulatedLoader:
             heapq.heapify(self._free)
         self.workers, self.depth = workers, depth
 
-    def _service_ms(self) -> tuple[float, float]:
+    def _service_ms(self) -> tuple[float, float, float]:
         w = self.workload
         active = min(self.workers, self.depth)
         requests = math.ceil(w.batch_size / w.rows_per_read)
         transfer = w.batch_bytes / (w.storage_bandwidth_mbps * 1e3 / active)
         read = self.slowdown * (w.storage_latency_ms * requests + transfer)
-        decode = w.batch_size * w.decode_ms_per_sample * max(1.0, active / w.cpu_count)
+        cpu = w.batch_size * w.decode_ms_per_sample
+        decode = cpu * max(1.0, active / (w.cores or w.cpu_count))
         noise = self.rng.lognormal(-0.5 * w.jitter**2, w.jitter, size=2)
-        return read * noise[0], decode * noise[1]
+        if w.tail_prob and self.rng.random() < w.tail_prob:
+            read *= self.rng.pareto(w.tail_shape) + 1.0
+        if w.burst_prob:
+            self._burst = self.rng.random() < (0.8 if self._burst else w.burst_prob)
+            read *= w.burst_factor if self._burst else 1.0
+        read *= noise[0]
+        return read, decode * noise[1], cpu * noise[1] + w.read_cpu_share * read
 
     def _dispatch(self) -> None:
         # Batch k may start once batch k - depth has been handed over (its slot is free).
@@ -116,11 +136,11 @@ class SimulatedLoader:
             slot = self._handed[k - self.depth] if k - self.depth >= 0 else 0.0
             free = heapq.heappop(self._free)
             start = max(free, slot)
-            read, decode = self._service_ms()
+            read, decode, cpu = self._service_ms()
             heapq.heappush(self._free, start + read + decode)
             self._start.append(start)
             self._ready.append(start + read + decode)
-            self._service.append((read, decode))
+            self._service.append((read, decode, cpu))
 
     def next_batch(self) -> BatchRecord:
         self._dispatch()
@@ -130,7 +150,7 @@ class SimulatedLoader:
         self._handed.append(handed)
         held = sum(1 for j in range(k, len(self._start)) if self._start[j] <= handed)
         self.now = handed + self.workload.step_ms
-        read, decode = self._service[k]
+        read, decode, cpu = self._service[k]
         w = self.workload
         batch_memory = w.memory_factor * w.batch_bytes
         return BatchRecord(
@@ -139,6 +159,7 @@ class SimulatedLoader:
             step_ms=w.step_ms,
             read_ms=read,
             decode_ms=decode,
+            cpu_ms=cpu,
             bytes_read=w.batch_bytes,
             batch_memory_bytes=batch_memory,
             memory_bytes=max(held, 1) * batch_memory,
@@ -160,7 +181,8 @@ def measure(
     seconds = (step + stall) / 1e3
     samples = len(steady) * workload.batch_size
     intervals = np.array([r.step_ms + r.stall_ms for r in steady])
-    row = {k: v for k, v in asdict(workload).items() if k not in ("jitter", "memory_factor")}
+    hidden = {f.name for f in fields(SimWorkload)} - {f.name for f in fields(SimWorkload)[:10]}
+    row = {k: v for k, v in asdict(workload).items() if k not in hidden}
     row.update(
         loader="iolib",
         run_id=f"synthetic-{seed}",
@@ -251,19 +273,22 @@ def run_tuner(
     n_batches: int = 150,
     *,
     slowdown: tuple[int, int, float] | None = None,
-    start: tuple[int, int] = (2, 2),
+    start: tuple[int, int] | None = None,
     seed: int = 0,
+    report_cpu: bool = True,
 ) -> pd.DataFrame:
     """Drive `tuner` (anything with `decide(TunerState)`) on a simulated loader.
 
     `slowdown=(begin, end, factor)` multiplies storage time by `factor` for batches in
-    [begin, end): the regime shift of docs/tuning.md. Returns one row per batch with
+    [begin, end): the regime shift of the scenarios. `report_cpu=False` leaves the
+    workers' CPU unmeasured (as a loader without CPU clocks would). Returns one row per batch with
     the measured utilization, the configuration and memory, and the decision's reason.
     """
     import pandas as pd
 
     from predictors.state import TunerState
 
+    start = start or getattr(tuner, "start", (2, 2))
     loader = SimulatedLoader(workload, *start, seed=seed)
     rows = []
     for k in range(n_batches):
@@ -286,6 +311,8 @@ def run_tuner(
             rows_per_read=workload.rows_per_read,
             storage_latency_ms=workload.storage_latency_ms,
             storage_bandwidth_mbps=workload.storage_bandwidth_mbps,
+            cpu_ms=r.cpu_ms if report_cpu else None,
+            read_cpu_ms=workload.read_cpu_share * r.read_ms if report_cpu else None,
         )
         decision = tuner.decide(state)  # type: ignore[attr-defined]
         if (decision.workers, decision.depth) != (loader.workers, loader.depth):
@@ -294,6 +321,8 @@ def run_tuner(
             {
                 "batch": k,
                 "utilization": state.utilization,
+                "step_ms": r.step_ms,
+                "stall_ms": r.stall_ms,
                 "workers": r.workers,
                 "depth": r.depth,
                 "memory_bytes": r.memory_bytes,

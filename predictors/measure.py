@@ -1,0 +1,212 @@
+"""What the batches say: per-configuration utilization, the service estimate, and a
+change detector. No decisions here (those are in `predictors.tuner`).
+
+Rules of measurement that proved right on real runs (benchmarks/results/tuning-history.md):
+the pipeline's first batch and each epoch's first batch waited for an empty pipeline
+whatever the configuration, so they are no sample; settling counts from when a change
+takes effect, not from when it was decided; and windows are sized in service times,
+not batches, since at 2 ms steps eight batches hold less than one read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import fmean, median
+
+from predictors.state import TunerState
+
+__all__ = ["ChangeDetector", "Measured", "Service", "service_spread", "summarize"]
+
+
+@dataclass
+class Measured:
+    """One configuration's recent settled batches in the current regime: their
+    time-weighted utilization over the last `keep` blocks of `block` batches, and its
+    standard error by batch means (stalls come in runs, so per-batch values are not
+    independent; blocks nearly are). Old blocks drop out: a long record of a regime
+    the detector missed must not outvote what the configuration does now."""
+
+    block: int = 8
+    keep: int = 8
+    batches: int = 0
+    blocks: list[tuple[float, float]] = field(default_factory=list)
+    _open: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+    def add(self, state: TunerState) -> None:
+        self.batches += 1
+        self._open[0] += state.step_ms
+        self._open[1] += state.stall_ms
+        if self.batches % self.block == 0:
+            self.blocks = [*self.blocks[-(self.keep - 1) :], (self._open[0], self._open[1])]
+            self._open = [0.0, 0.0]
+
+    @property
+    def utilization(self) -> float:
+        step = sum(b[0] for b in self.blocks) + self._open[0]
+        return step / max(step + sum(b[1] for b in self.blocks) + self._open[1], 1e-9)
+
+    @property
+    def standard_error(self) -> float:
+        """Of the utilization; 0.1 (little known) before two blocks."""
+        n = len(self.blocks)
+        if n < 2:
+            return 0.1
+        utils = [step / max(step + stall, 1e-9) for step, stall in self.blocks]
+        mean = fmean(utils)
+        return math.sqrt(sum((u - mean) ** 2 for u in utils) / (n - 1) / n)
+
+
+def service_spread(services: list[float]) -> float:
+    """How late batches come, as a fraction of the mean service time: the upper
+    semi-deviation (root mean square of the excesses over the median). Early batches
+    never stall the consumer, so they do not count (a read-ahead hit at 3 ms among 12
+    ms reads would otherwise double the depth asked for); late ones count by their
+    size, so a burst or a heavy tail asks for the depth that rides it out.
+
+    >>> round(service_spread([11.0, 2.5, 12.0, 11.5, 29.0, 12.5, 11.0, 12.0]), 2)
+    0.68
+    """
+    if len(services) < 4 or (mean := fmean(services)) <= 0:
+        return 0.0
+    middle = median(services)
+    late = [(s - middle) ** 2 for s in services if s > middle]
+    return min(math.sqrt(sum(late) / len(services) * 2) / mean if late else 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Service:
+    """One worker's time per batch as measured at `active` busy workers, its lateness
+    spread, the workers' CPU per batch (None: not measured) and the consumer's step."""
+
+    service_ms: float
+    spread: float
+    cpu_ms: float | None
+    step_ms: float
+    active: int
+    samples: int
+    wait_ms: float = 0.0  # the service less its CPU at the cores' contention: storage
+    cpu_count: int = 1
+    relative: tuple[float, ...] = ()  # each batch's service over the mean: its spread
+    read_ms: float = 0.0
+    decode_ms: float = 0.0
+    transform_ms: float = 0.0
+    read_cpu_ms: float | None = None
+
+    def stages(self) -> dict[str, float]:
+        """Per-batch stage times, as `state.name_bottleneck` and `stage_text` read them."""
+        out = {
+            "read_ms": self.read_ms,
+            "decode_ms": self.decode_ms,
+            "transform_ms": self.transform_ms,
+            "step_ms": self.step_ms,
+        }
+        if self.cpu_ms is not None:
+            out.update(cpu_ms=self.cpu_ms, read_cpu_ms=self.read_cpu_ms or 0.0)
+        return out
+
+
+def summarize(states: list[TunerState], cores_share: float = 0.8) -> Service:
+    """The service estimate from settled batches, possibly of several configurations
+    of one regime (means: the throughput a worker gives is one over its mean service
+    time, tails included). Each batch's waiting part is its service less its CPU at
+    the contention it was measured under (`cores_share` of the cores usable)."""
+    last = states[-1]
+    cpu = [s.cpu_ms for s in states if s.cpu_ms is not None]
+    read_cpu = [s.read_cpu_ms for s in states if s.read_cpu_ms is not None]
+    waits = [
+        s.service_ms
+        - min(s.cpu_ms or 0.0, s.service_ms)
+        * max(1.0, min(s.workers, s.depth) / max(cores_share * s.cpu_count, 1.0))
+        for s in states
+    ]
+    mean = max(fmean(s.service_ms for s in states), 1e-3)
+    return Service(
+        relative=tuple(s.service_ms / mean for s in states),
+        wait_ms=max(fmean(waits), 0.0),
+        cpu_count=last.cpu_count,
+        service_ms=max(fmean(s.service_ms for s in states), 1e-3),
+        spread=service_spread([s.service_ms for s in states]),
+        cpu_ms=fmean(cpu) if len(cpu) == len(states) else None,
+        step_ms=max(median(s.step_ms for s in states), 1e-3),
+        active=max(1, min(last.workers, last.depth)),
+        samples=len(states),
+        read_ms=fmean(s.read_ms for s in states),
+        decode_ms=fmean(s.decode_ms for s in states),
+        transform_ms=fmean(s.transform_ms for s in states),
+        read_cpu_ms=fmean(read_cpu) if read_cpu else None,
+    )
+
+
+class ChangeDetector:
+    """Two-sided CUSUM on log service time: a regime shift (storage slowing tenfold,
+    or recovering) is a lasting move of the mean, not one slow read.
+
+    The reference (median and spread of log service) comes from the first
+    `reference_batches` samples after each `reset`; a configuration change moves it by
+    the contention the change is expected to cause (`rebase`), which is no shift. Each
+    later sample adds its standardized deviation, clipped at `clip` so one outlier
+    cannot alarm alone, less `drift`; an alarm when either sum passes `threshold`.
+    `run` is how many recent samples the alarming sum has been rising for: the new
+    regime's batches.
+
+    >>> d = ChangeDetector()
+    >>> [d.update(x) for x in [10, 11, 9, 10, 12, 10, 9, 11]][-1] is None
+    True
+    >>> [d.update(x) for x in [100, 110, 95]]
+    [None, None, 'slower']
+    """
+
+    def __init__(
+        self,
+        threshold: float = 8.0,
+        drift: float = 0.5,
+        clip: float = 4.0,
+        reference_batches: int = 8,
+        min_sigma: float = 0.25,
+    ) -> None:
+        self.threshold, self.drift, self.clip = threshold, drift, clip
+        self.reference_batches, self.min_sigma = reference_batches, min_sigma
+        self.reset()
+
+    def reset(self) -> None:
+        self._reference: list[float] = []
+        self.mean = self.sigma = 0.0
+        self.up = self.down = 0.0
+        self.run_up = self.run_down = self.run = 0
+
+    def rebase(self, ratio: float) -> None:
+        """A configuration change expected to move the service by `ratio` (contention):
+        the reference moves with it, the sums are kept, so a shift under way while the
+        tuner changes configuration is still read."""
+        if len(self._reference) >= self.reference_batches:
+            self.mean += math.log(max(ratio, 1e-6))
+        else:
+            self._reference = [r + math.log(max(ratio, 1e-6)) for r in self._reference]
+
+    def update(self, service_ms: float) -> str | None:
+        """Add one sample; 'slower' or 'faster' on an alarm (then re-referenced), else None."""
+        x = math.log(max(service_ms, 1e-6))
+        if len(self._reference) < self.reference_batches:
+            self._reference.append(x)
+            if len(self._reference) == self.reference_batches:
+                # Median and median deviation: a reference that straddles a shift (it
+                # began while a change settled) takes the side most of it saw.
+                self.mean = median(self._reference)
+                spread = 1.4826 * median(abs(r - self.mean) for r in self._reference)
+                self.sigma = max(spread, self.min_sigma)
+            return None
+        z = max(-self.clip, min(self.clip, (x - self.mean) / self.sigma))
+        self.up = max(0.0, self.up + z - self.drift)
+        self.down = max(0.0, self.down - z - self.drift)
+        self.run_up = self.run_up + 1 if self.up > 0 else 0
+        self.run_down = self.run_down + 1 if self.down > 0 else 0
+        for total, run, word in (
+            (self.up, self.run_up, "slower"),
+            (self.down, self.run_down, "faster"),
+        ):
+            if total > self.threshold:
+                self.reset()
+                self.run = run
+                return word
+        return None
