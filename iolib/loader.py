@@ -395,6 +395,12 @@ class DataLoader(Generic[T_co]):
         snapshot.update(epoch=self._cursor.epoch, position=self._cursor.position)
         return snapshot
 
+    @property
+    def autotune(self) -> Any:
+        """The online tuner (`iolib.tuning.AutoPrefetch`) of prefetch="auto" or a tuner
+        object, once iteration started it; None otherwise."""
+        return None if self._feed is not None else self._pipeline.autotune
+
     def set_prefetch(self, depth: int | None = None, workers: int | None = None) -> None:
         """Change the depth and/or worker count, also mid-epoch: pace and memory change,
         batch content does not."""

@@ -81,7 +81,7 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
             memory_budget=kw["memory_budget"],
         )
         probe = tune_probe.run(loader, kw["batches"], kw["step_ms"])
-        tuner, last = loader._autotune.tuner, loader._autotune.last
+        tuner, last = loader.autotune.tuner, loader.autotune.last
         final = (probe["stats"]["workers"], probe["stats"]["depth"])
         bar.update(1)
         drivers = tune_probe.drivers(probe, tuner, kw)

@@ -208,11 +208,6 @@ def test_parse_bytes() -> None:
     assert parse_bytes(None) is None
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="engine before main's 48f9726: a process worker retired mid-epoch exited "
-    "holding a batch (WorkerDied); drop this marker once merged with it",
-)
 def test_process_workers_can_be_reduced_mid_epoch() -> None:
     loader = DataLoader(SlowReads(2000, 0.001), batch_size=32, worker_mode="process", num_workers=6)
     loader.set_prefetch(depth=12)
