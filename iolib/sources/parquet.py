@@ -128,7 +128,7 @@ def _exact(kind: pa.DataType) -> bool:
     )
 
 
-def _leaf_values(group: pq.RowGroupMetaData) -> dict[str, int]:
+def leaf_values(group: pq.RowGroupMetaData) -> dict[str, int]:
     """Values per top-level column of one row group (a list column: its items)."""
     counts: dict[str, int] = {}
     for j in range(group.num_columns):
@@ -321,7 +321,7 @@ class ParquetSource(Source):
         sizes, exact = [], True
         for f in self.files:
             for local, rows in enumerate(f.row_groups):
-                counts = _leaf_values(f.footer.row_group(local))
+                counts = leaf_values(f.footer.row_group(local))
                 total = 0
                 for c, raw in f.column_raw_bytes[local].items():
                     if (self.columns is None or c in self.columns) and c in f.schema.names:
