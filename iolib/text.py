@@ -251,15 +251,19 @@ class PackedTokens(Source):
         store, length = self.store, self.seq_len
         doc = order[pieces.document]
         within = pieces.lo - cum[pieces.document]  # offset into the document's span
-        source = store.starts[doc] + within
         flat = np.arange(windows.size * length, dtype=np.int64)
-        index = flat + np.repeat(source - pieces.out, pieces.size)
-        columns = {"input_ids": store.tokens[index].astype(np.int64)}
-        # The eos slot ends each document's span: its label belongs to the next one.
-        eos = index == np.repeat(store.starts[doc] + store.lengths[doc], pieces.size)
-        labels = store.tokens[np.minimum(index + 1, store.tokens.size - 1)].astype(np.int64)
-        labels[eos] = self.ignore_index
-        columns["labels"] = labels
+        index = flat + np.repeat(store.starts[doc] + within - pieces.out, pieces.size)
+        ids = store.tokens[index].astype(np.int64)
+        # labels[t] is the token after ids[t]: ids[t + 1] within a window (pieces meet
+        # only after an eos, whose label is ignored), the next window's first token at
+        # its end. A piece that reaches its document's end ends with that eos.
+        labels = np.empty_like(ids).reshape(-1, length)
+        labels[:, :-1] = ids.reshape(-1, length)[:, 1:]
+        after = np.minimum(index[length - 1 :: length] + 1, store.tokens.size - 1)
+        labels[:, -1] = store.tokens[after]
+        ends = within + pieces.size == store.lengths[doc] + 1
+        labels.reshape(-1)[(pieces.out + pieces.size - 1)[ends]] = self.ignore_index
+        columns = {"input_ids": ids, "labels": labels.reshape(-1)}
         columns["position_ids"] = flat - np.repeat(pieces.out, pieces.size)
         if self.document_ids:
             columns["document_ids"] = np.repeat(doc, pieces.size)

@@ -92,3 +92,15 @@ def test_padded_batches_are_deterministic_and_resumable(tmp_path) -> None:
     settings = ({"num_workers": 0}, {"num_workers": 2, "prefetch": 3})
     assert_same_batches_across_workers(make, settings, epochs=(0, 1))
     assert_checkpoint_roundtrip(make, stop_after=[1, 4], num_workers=2)
+
+
+@pytest.mark.parametrize("nulls", [(), (7,)])
+def test_in_memory_list_store_reads_what_arrow_reads(tmp_path, nulls) -> None:
+    url = write_documents(tmp_path / "d", LENGTHS, nulls=nulls, row_group_size=8)
+    held = ParquetSource(url)
+    held.fit_cache(1)  # tiny: the whole dataset is kept, lists as flat items + offsets
+    arrow = ParquetSource(url, cache_bytes=2**26)
+    rng = np.random.default_rng(0)
+    for size in (1, 9, 60):
+        indices = rng.permutation(60)[:size]
+        assert held.read(indices).equals(arrow.read(indices))

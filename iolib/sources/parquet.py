@@ -483,8 +483,21 @@ class ParquetSource(Source):
             return self._dense  # the per-batch path: no lock once the store exists
         with self._lock:
             if self._dense is None and self._dense_wanted:
-                self._dense = DenseColumns(self.schema, self._rg_starts)
+                self._dense = DenseColumns(self.schema, self._rg_starts, self._capacities())
             return self._dense
+
+    def _capacities(self) -> dict[str, np.ndarray]:
+        """Items per row group of each list column, from the footers (an upper bound: a
+        null or empty row counts one)."""
+        names = [
+            f.name
+            for f in self.schema
+            if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+        ]
+        counts = [
+            leaf_values(f.footer.row_group(i)) for f in self.files for i in range(len(f.row_groups))
+        ]
+        return {name: np.array([c[name] for c in counts], dtype=np.int64) for name in names}
 
     def _fill_dense(self, dense: DenseColumns, indices: np.ndarray) -> bool:
         """Copy in the row groups `indices` need; False if one holds a null (the store is
