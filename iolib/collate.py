@@ -88,6 +88,11 @@ def is_numeric_list(kind: pa.DataType) -> bool:
     return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _numeric(kind.value_type)
 
 
+def list_companions(name: str) -> tuple[str, ...]:
+    """The keys that come with list column `name` in a batch (whichever the layout makes)."""
+    return (f"{name}_mask", f"{name}_lengths", f"{name}_offsets")
+
+
 def _list_values(name: str, column: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     """(values, lengths) of a list column: null rows are empty; no Python per item."""
     array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)

@@ -104,3 +104,13 @@ def test_in_memory_list_store_reads_what_arrow_reads(tmp_path, nulls) -> None:
     for size in (1, 9, 60):
         indices = rng.permutation(60)[:size]
         assert held.read(indices).equals(arrow.read(indices))
+
+
+def test_stages_get_a_list_column_with_its_mask_and_lengths(tmp_path) -> None:
+    url = write_documents(tmp_path / "d", LENGTHS)
+    loader = DataLoader(ParquetSource(url), batch_size=8, shuffle=True, seed=1)
+    first = next(iter(loader.for_stage(0, 2, microbatches=2, inputs=["tokens"])))
+    whole = next(iter(loader))
+    assert [sorted(m) for m in first] == [["tokens", "tokens_lengths", "tokens_mask"]] * 2
+    for key in ("tokens", "tokens_mask", "tokens_lengths"):
+        assert torch.equal(torch.cat([m[key] for m in first]), whole[key])
