@@ -5,6 +5,7 @@ shuffle re-reads only what does not fit (counted in stats())."""
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from iolib import DataLoader
+from iolib.errors import ConfigError
 from iolib.sources import ParquetSource
 from tests.token_data import doc_lengths, write_documents
 
@@ -86,3 +88,23 @@ def test_default_cache_holds_a_global_shuffle_without_rereads(docs) -> None:
         list(loader)
     stats = loader.stats()
     assert stats["row_group_reads"] == GROUPS and stats["row_group_rereads"] == 0
+
+
+def test_row_groups_of_the_next_batches_are_read_ahead(docs) -> None:
+    source = ParquetSource(docs, cache_bytes=8 * _group_bytes(docs), readahead=3)
+    loader = DataLoader(source, batch_size=20, shuffle="block", shuffle_window=2, seed=1)
+    iterator = iter(loader)
+    first = next(iterator)
+    own = len(np.unique(first["id"].numpy() // ROWS))  # row groups batch 0 itself reads
+    deadline = time.monotonic() + 10
+    while loader.stats()["row_group_reads"] <= own and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loader.stats()["row_group_reads"] > own
+    rest = [b["id"] for b in iterator]
+    assert sorted(np.concatenate([first["id"], *rest]).tolist()) == list(range(GROUPS * ROWS))
+    assert loader.stats()["row_group_rereads"] == 0
+
+
+def test_readahead_must_be_a_count(docs) -> None:
+    with pytest.raises(ConfigError, match="readahead"):
+        ParquetSource(docs, readahead=-1)

@@ -158,6 +158,10 @@ class ParquetSource(Source):
         dataset (capped at half the free memory) for "global". The cache evicts the row
         group needed furthest ahead in the epoch plan, so too small a cache costs only
         the re-reads of what does not fit (`loader.stats()["row_group_rereads"]`).
+    readahead: batches ahead whose row groups one background thread reads into the
+        cache (or the in-memory store) while the current batch is assembled, where the
+        budget has room (default 4; 0: off). It overlaps storage and decoding with the
+        batch at hand; raising it costs cache room, never correctness.
     lists: how variable-length numeric list columns (token ids) become tensors:
         padded with a mask and lengths (default), jagged, or values + offsets
         (`iolib.collate.ListFormat`, docs/tokens.md).
@@ -178,9 +182,13 @@ class ParquetSource(Source):
         cache_bytes: int | None = None,
         retry: RetryPolicy | None = None,
         lists: ListFormat | None = None,
+        readahead: int = 4,
     ) -> None:
         self.retry = retry or RetryPolicy()
         self.lists = lists
+        if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
+            raise ConfigError(f"`readahead` must be an integer >= 0. Found: {readahead!r}.")
+        self.readahead = readahead
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ConfigError("`urls` is empty: give a Parquet file, directory, glob or list.")
@@ -191,6 +199,7 @@ class ParquetSource(Source):
         self.cache_bytes = cache_bytes if cache_bytes is not None else MIN_CACHE_BYTES
         self._files: list[_FileMeta] | None = None
         self._decoded: float | None = None  # measured Arrow bytes / estimate (a first read)
+        self._sizes: list[int] | None = None  # estimated Arrow bytes per row group
         self._init_runtime()
 
     # -- pickling: drop open handles and caches, keep the description and footers --------
@@ -199,6 +208,8 @@ class ParquetSource(Source):
         self._lock = threading.Lock()
         self._cache = PlannedCache(self.cache_bytes, lambda t: t.nbytes)
         self._rereads_warned = False
+        self._ahead: ThreadPoolExecutor | None = None  # the read-ahead thread, made on use
+        self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
         self._local = threading.local()
         self._in_flight: dict[int, _Flight] = {}
         self._dense: DenseColumns | None = None
@@ -206,7 +217,7 @@ class ParquetSource(Source):
     def __getstate__(self) -> dict[str, Any]:
         keep = ("urls", "columns", "storage_options", "cache_bytes", "_fixed_cache", "_files")
         keep += ("_dense_wanted",)
-        keep += ("retry", "lists", "_decoded")
+        keep += ("retry", "lists", "_decoded", "readahead", "_sizes")
         keep += ("_starts", "_groups")
         return {k: v for k, v in self.__dict__.items() if k in keep}
 
@@ -217,7 +228,12 @@ class ParquetSource(Source):
     def with_columns(self, columns: list[str] | None) -> ParquetSource:
         """The same files with another column projection (footers are not re-read)."""
         clone = ParquetSource(
-            self.urls, columns, self.storage_options, retry=self.retry, lists=self.lists
+            self.urls,
+            columns,
+            self.storage_options,
+            retry=self.retry,
+            lists=self.lists,
+            readahead=self.readahead,
         )
         clone.cache_bytes, clone._fixed_cache = self.cache_bytes, self._fixed_cache
         clone._init_runtime()
@@ -342,7 +358,7 @@ class ParquetSource(Source):
         bound in bytes."""
         if self._fixed_cache:
             return self.cache_bytes
-        sizes = self.estimated_bytes()
+        sizes = self._sizes = self.estimated_bytes()
         available = psutil.virtual_memory().available
         everything = int(1.1 * sum(sizes))
         keep_all = everything <= available // 4
@@ -438,7 +454,9 @@ class ParquetSource(Source):
         thread = threading.get_ident()
         self._local.epoch = epoch
         with self._lock:  # which batch this thread assembles: the cache protects it
-            self._cache.begin(thread, epoch, int(indices[0]) if indices.size else None)
+            k = self._cache.begin(thread, epoch, int(indices[0]) if indices.size else None)
+        if k is not None and self.readahead:
+            self._read_ahead(epoch, k)
         try:
             table = self._read(indices)
         finally:
@@ -559,6 +577,58 @@ class ParquetSource(Source):
                     self._cache.put(group, flight.table, threading.get_ident())
                 del self._in_flight[group]
             flight.done.set()
+
+    def _read_ahead(self, epoch: int, k: int) -> None:
+        """Submit the row groups of batches k..k+readahead not yet held or read, latest
+        first (the batch's own thread reads its row groups in ascending order: the two
+        meet in the middle), where the cache or the in-memory store has room."""
+        dense = self._dense_columns()
+        with self._lock:
+            plan = self._cache.plans.get(epoch)
+            if plan is None:
+                return
+            # From the earliest batch in progress (other threads'), whose row groups
+            # must stay, to `readahead` batches past this one.
+            start = min([b for e, b in self._cache.active.values() if e == epoch] + [k])
+            upcoming = plan.upcoming(start, k - start + self.readahead + 1)
+            sizes = self._sizes or [0] * len(self._groups)
+            # Room for everything these batches read that is not held yet, in order of
+            # first use, so that a read ahead never displaces what is needed sooner (it
+            # would then be read twice); held row groups needed later give way.
+            needed = set(upcoming)
+            room = self._cache.budget - sum(sizes[g] for g in self._cache.tables if g in needed)
+            # Other threads may be about to read a row group this count missed (the
+            # active set moves while we look): leave each of them one row group's room.
+            room -= len(self._cache.active) * max(sizes, default=0)
+            wanted = []
+            for group in upcoming:
+                if group in self._cache or (dense is not None and dense.filled[group]):
+                    continue
+                room -= sizes[group]
+                if dense is None and room < 0:
+                    break
+                if (epoch, group) in self._ahead_sent or group in self._in_flight:
+                    continue
+                wanted.append(group)
+                self._ahead_sent.add((epoch, group))
+            self._ahead_sent = {(e, g) for e, g in self._ahead_sent if e >= epoch - 1}
+            if not wanted:
+                return
+            if self._ahead is None:
+                self._ahead = ThreadPoolExecutor(1, thread_name_prefix="iolib-readahead")
+        for group in reversed(wanted):
+            self._ahead.submit(self._read_one_ahead, epoch, group, dense)
+
+    def _read_one_ahead(self, epoch: int, group: int, dense: DenseColumns | None) -> None:
+        """One read ahead of need. A failure is left to the batch that needs the row
+        group: it reads it again, with retries, and reports the error with its batch."""
+        self._local.epoch = epoch
+        try:
+            self._row_group(group, dense=dense)
+        except Exception:  # reported by the batch that needs it
+            pass
+        finally:
+            self._release_ranges()
 
     def _count_read(self, group: int) -> None:
         """Count a read from storage (the lock is held); warn once at the first re-read."""

@@ -33,17 +33,20 @@ class EpochUses:
     uses: dict[int, np.ndarray]  # row group -> sorted batch numbers that read it
     firsts: np.ndarray  # first sample of each batch, sorted
     firsts_batch: np.ndarray  # the batch number of each entry of `firsts`
+    by_batch: list[np.ndarray]  # the row groups each batch reads, sorted
 
     @classmethod
     def build(cls, epoch: int, batches: Sequence[np.ndarray], group_of: Callable) -> EpochUses:
         """From each batch's sample indices (`batches[k]`), vectorised per batch."""
         ks, groups, firsts = [], [], np.zeros(len(batches), dtype=np.int64)
+        by_batch = []
         for k in range(len(batches)):
             indices = np.asarray(batches[k])
+            touched = np.unique(group_of(indices)) if indices.size else indices
+            by_batch.append(touched)
             if indices.size == 0:
                 continue
             firsts[k] = indices[0]
-            touched = np.unique(group_of(indices))
             groups.append(touched)
             ks.append(np.full(touched.size, k, dtype=np.int64))
         uses: dict[int, np.ndarray] = {}
@@ -55,7 +58,14 @@ class EpochUses:
             for part_g, part_k in zip(np.split(g, cuts), np.split(k, cuts), strict=True):
                 uses[int(part_g[0])] = part_k
         by_first = np.argsort(firsts, kind="stable")
-        return cls(epoch, uses, firsts[by_first], by_first)
+        return cls(epoch, uses, firsts[by_first], by_first, by_batch)
+
+    def upcoming(self, start: int, batches: int) -> list[int]:
+        """Row groups batches [start, start + batches) read, by first use."""
+        seen: dict[int, None] = {}
+        for touched in self.by_batch[start : start + batches]:
+            seen.update(dict.fromkeys(touched.tolist()))
+        return list(seen)
 
     def batch_of(self, first_index: int) -> int | None:
         at = int(np.searchsorted(self.firsts, first_index))
@@ -96,6 +106,8 @@ class PlannedCache:
         self.held = 0
         self.plans: dict[int, EpochUses] = {}
         self.active: dict[int, tuple[int, int]] = {}  # thread id -> (epoch, batch)
+        # The latest batch begun: "now" between batches (a read-ahead thread's puts).
+        self.last: tuple[int, int] | None = None
         self.counts = CacheCounts()
 
     # -- the future ----------------------------------------------------------------------
@@ -106,17 +118,24 @@ class PlannedCache:
         for old in [e for e in self.plans if e < uses.epoch - 1 or e > uses.epoch]:
             del self.plans[old]
         self.counts.read_this_epoch.pop(uses.epoch, None)
+        if self.last is not None and self.last[0] > uses.epoch:
+            self.last = None  # an epoch run again (a new pass from a cursor)
 
-    def begin(self, thread: int, epoch: int, first_index: int | None) -> None:
+    def begin(self, thread: int, epoch: int, first_index: int | None) -> int | None:
+        """Mark `thread` as assembling the batch that starts with `first_index`; returns
+        its batch number in the plan (None without a plan)."""
         plan = self.plans.get(epoch)
         k = plan.batch_of(first_index) if plan is not None and first_index is not None else None
         if k is not None:
-            self.active[thread] = (epoch, k)
+            self.active[thread] = self.last = (epoch, k)
         else:
             self.active.pop(thread, None)
+        return k
 
     def end(self, thread: int) -> None:
-        self.active.pop(thread, None)
+        done = self.active.pop(thread, None)
+        if done is not None and self.last is not None and done >= self.last:
+            self.last = (done[0], done[1] + 1)  # that batch no longer needs its row groups
 
     def _distance(self, group: int, now: tuple[int, int]) -> tuple[int, int]:
         """When `group` is next used at or after `now` ((epoch, batch)); far future if never."""
@@ -157,15 +176,17 @@ class PlannedCache:
         if size > self.budget:
             self.counts.declined += 1
             return False
-        planned = bool(self.plans) and bool(self.active)
+        planned = bool(self.plans) and (bool(self.active) or self.last is not None)
         if not planned:
             while self.held + size > self.budget and self.tables:
                 self._evict(next(iter(self.tables)))  # least recently used
         else:
-            now = min(self.active.values())
-            mine = self.active.get(thread, now)
-            # The reading thread holds this table for its own batch: its next use is later.
-            incoming = self._distance(group, (mine[0], mine[1] + 1))
+            now = min(self.active.values()) if self.active else self.last
+            # A batch's own thread holds this table for that batch: its next use is later.
+            # A read-ahead thread holds it for nobody: its next use may be now.
+            mine = self.active.get(thread)
+            after = (mine[0], mine[1] + 1) if mine is not None else now
+            incoming = self._distance(group, after)
             while self.held + size > self.budget:
                 victim, when = max(
                     ((g, self._distance(g, now)) for g in self.tables), key=lambda x: x[1]
