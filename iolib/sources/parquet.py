@@ -29,6 +29,7 @@ from iolib.errors import ConfigError, DataError
 from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
+from iolib.sources.footer import arrow_bytes, column_sizes, exact_size, leaf_values
 from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, Span, coalesce, column_spans
 from iolib.sources.rgcache import EpochUses, PlannedCache
 from iolib.storage import RetryPolicy, call_with_retries, count_bytes, open_filesystem
@@ -67,17 +68,6 @@ class _FileMeta:
     spans: tuple[dict[str, tuple[Span, ...]], ...]  # column chunks' byte ranges, per row group
 
 
-def _column_sizes(group: pq.RowGroupMetaData, compressed: bool) -> dict[str, int]:
-    """Bytes per top-level column of one row group (a nested column sums its leaves)."""
-    sizes: dict[str, int] = {}
-    for j in range(group.num_columns):
-        chunk = group.column(j)
-        name = chunk.path_in_schema.split(".")[0]
-        size = chunk.total_compressed_size if compressed else chunk.total_uncompressed_size
-        sizes[name] = sizes.get(name, 0) + size
-    return sizes
-
-
 def _null_items(column: pa.ChunkedArray) -> bool:
     """Whether any list of `column` holds a null item (null rows themselves are allowed)."""
     return any(chunk.flatten().null_count for chunk in column.chunks)
@@ -90,52 +80,6 @@ class _Flight:
         self.done = threading.Event()
         self.table: pa.Table | None = None
         self.error: BaseException | None = None
-
-
-def _fixed_width(kind: pa.DataType) -> int | None:
-    """Bytes per value of a fixed-width type (numbers, fixed-size lists of them), else None."""
-    width = 1
-    while pa.types.is_fixed_size_list(kind):
-        width, kind = width * kind.list_size, kind.value_type
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_temporal(kind):
-        return width * kind.bit_width // 8
-    return None
-
-
-def _arrow_bytes(field: pa.Field, rows: int, parquet_bytes: int, leaf_values: int) -> int:
-    """Bytes a row group's column takes in Arrow, from the footer alone: exact for
-    fixed-width types and lists of them (offsets plus values: Parquet's encoded size of
-    token ids is often half of it, which made the cache too small and thrash), Parquet's
-    uncompressed size plus offsets otherwise (strings; corrected by a measured read)."""
-    kind = field.type
-    width = _fixed_width(kind)
-    if width is not None:
-        return rows * width
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        item = _fixed_width(kind.value_type)
-        if item is not None:
-            offset = 8 if pa.types.is_large_list(kind) else 4
-            return offset * (rows + 1) + leaf_values * item
-    return parquet_bytes + 8 * rows
-
-
-def _exact(kind: pa.DataType) -> bool:
-    """Whether `_arrow_bytes` is exact for `kind` (no measured correction needed)."""
-    if _fixed_width(kind) is not None:
-        return True
-    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
-        _fixed_width(kind.value_type) is not None
-    )
-
-
-def leaf_values(group: pq.RowGroupMetaData) -> dict[str, int]:
-    """Values per top-level column of one row group (a list column: its items)."""
-    counts: dict[str, int] = {}
-    for j in range(group.num_columns):
-        chunk = group.column(j)
-        name = chunk.path_in_schema.split(".")[0]
-        counts[name] = max(counts.get(name, 0), chunk.num_values)
-    return counts
 
 
 class ParquetSource(Source):
@@ -311,8 +255,8 @@ class ParquetSource(Source):
                 "is truncated, corrupt or not Parquet; rewrite it or leave it out of `urls`."
             ) from (None if self._redact.changes(str(exc)) else exc)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        compressed = tuple(_column_sizes(meta.row_group(i), True) for i in range(len(groups)))
-        raw = tuple(_column_sizes(meta.row_group(i), False) for i in range(len(groups)))
+        compressed = tuple(column_sizes(meta.row_group(i), True) for i in range(len(groups)))
+        raw = tuple(column_sizes(meta.row_group(i), False) for i in range(len(groups)))
         spans = tuple(column_spans(meta.row_group(i)) for i in range(len(groups)))
         return _FileMeta(url, path, groups, size, schema, root, compressed, raw, meta, spans)
 
@@ -342,8 +286,8 @@ class ParquetSource(Source):
                 for c, raw in f.column_raw_bytes[local].items():
                     if (self.columns is None or c in self.columns) and c in f.schema.names:
                         field = f.schema.field(c)
-                        total += _arrow_bytes(field, rows, raw, counts.get(c, rows))
-                        exact = exact and _exact(field.type)
+                        total += arrow_bytes(field, rows, raw, counts.get(c, rows))
+                        exact = exact and exact_size(field.type)
                 sizes.append(total)
         if not exact and sizes:
             if self._decoded is None:  # measure once: the table read is cached for use

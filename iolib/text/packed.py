@@ -32,7 +32,8 @@ import torch
 
 from iolib.errors import ConfigError, DataError
 from iolib.sources.base import Source
-from iolib.sources.parquet import ParquetSource, leaf_values
+from iolib.sources.footer import leaf_values
+from iolib.sources.parquet import ParquetSource
 
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
