@@ -32,7 +32,14 @@ from iolib.sources.dense import DenseColumns
 from iolib.sources.footer import arrow_bytes, column_sizes, exact_size, leaf_values
 from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, Span, coalesce, column_spans
 from iolib.sources.rgcache import EpochUses, PlannedCache
-from iolib.storage import RetryPolicy, call_with_retries, count_bytes, open_filesystem
+from iolib.storage import (
+    RetryPolicy,
+    call_with_retries,
+    count_bytes,
+    open_filesystem,
+    take_counters,
+)
+from iolib.storage.counters import count_retries
 
 _GLOB_CHARS = "*?["
 # What Arrow says of undecodable bytes (thrift headers, pages, magic, compression).
@@ -154,6 +161,7 @@ class ParquetSource(Source):
         self._rereads_warned = False
         self._ahead: ThreadPoolExecutor | None = None  # the read-ahead thread, made on use
         self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
+        self._ahead_io = (0, 0)  # bytes and retries read ahead, not yet in a batch's count
         self._local = threading.local()
         self._in_flight: dict[int, _Flight] = {}
         self._dense: DenseColumns | None = None
@@ -274,10 +282,10 @@ class ParquetSource(Source):
     def __len__(self) -> int:
         return int(self._rg_starts[-1])
 
-    def estimated_bytes(self) -> list[int]:
+    def estimated_bytes(self, *, measure: bool = True) -> list[int]:
         """Arrow bytes of each row group's projected columns, from the footers (exact for
         numbers and lists of numbers), scaled by a measured read where the estimate is
-        approximate (strings, binary, nested records)."""
+        approximate (strings, binary, nested records) unless `measure` is False."""
         sizes, exact = [], True
         for f in self.files:
             for local, rows in enumerate(f.row_groups):
@@ -289,7 +297,7 @@ class ParquetSource(Source):
                         total += arrow_bytes(field, rows, raw, counts.get(c, rows))
                         exact = exact and exact_size(field.type)
                 sizes.append(total)
-        if not exact and sizes:
+        if not exact and sizes and (measure or self._decoded is not None):
             if self._decoded is None:  # measure once: the table read is cached for use
                 table = self.row_group(0)
                 self._decoded = max(1.0, table.nbytes / max(sizes[0], 1))
@@ -300,7 +308,8 @@ class ParquetSource(Source):
         """Size the row-group cache to hold `row_groups` of the largest row groups of the
         projected columns, in decoded bytes (unless `cache_bytes` was given). Returns the
         bound in bytes."""
-        if self._fixed_cache:
+        if self._fixed_cache:  # the reader's bound; the estimates only guide read-ahead
+            self._sizes = self._sizes or self.estimated_bytes(measure=False)
             return self.cache_bytes
         sizes = self._sizes = self.estimated_bytes()
         available = psutil.virtual_memory().available
@@ -406,7 +415,10 @@ class ParquetSource(Source):
         finally:
             with self._lock:
                 self._cache.end(thread)
+                (read, retries), self._ahead_io = self._ahead_io, (0, 0)
             self._release_ranges()
+            count_bytes(read)  # what was read ahead counts in the batch that took it over
+            count_retries(retries)
         return self.lists.tag(table) if self.lists is not None else table
 
     def row_group(self, group: int) -> pa.Table:
@@ -529,13 +541,13 @@ class ParquetSource(Source):
         dense = self._dense_columns()
         with self._lock:
             plan = self._cache.plans.get(epoch)
-            if plan is None:
+            if plan is None or self._sizes is None:  # no plan, or sizes unknown: no room
                 return
             # From the earliest batch in progress (other threads'), whose row groups
             # must stay, to `readahead` batches past this one.
             start = min([b for e, b in self._cache.active.values() if e == epoch] + [k])
             upcoming = plan.upcoming(start, k - start + self.readahead + 1)
-            sizes = self._sizes or [0] * len(self._groups)
+            sizes = self._sizes
             # Room for everything these batches read that is not held yet, in order of
             # first use, so that a read ahead never displaces what is needed sooner (it
             # would then be read twice); held row groups needed later give way.
@@ -573,6 +585,11 @@ class ParquetSource(Source):
             pass
         finally:
             self._release_ranges()
+            # Storage counts per thread, and this one makes no batch: the next batch
+            # counts what it read and retried.
+            read, retries = take_counters()
+            with self._lock:
+                self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
 
     def _count_read(self, group: int) -> None:
         """Count a read from storage (the lock is held); warn once at the first re-read."""
