@@ -3,6 +3,8 @@ epoch, seq_len, data) whatever the workers, depth, resume point or world size.""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -144,3 +146,21 @@ def test_stages_get_their_keys(corpus) -> None:
     assert set(first) == {"input_ids", "position_ids"} and set(last) == {"labels"}
     assert torch.equal(first["input_ids"], whole["input_ids"])
     assert torch.equal(last["labels"], whole["labels"])
+
+
+def test_resume_with_another_world_size_loses_and_repeats_nothing(corpus) -> None:
+    def make(rank: int = 0, size: int = 1) -> DataLoader:
+        return DataLoader(_packed(corpus), batch_size=2, shuffle=True, seed=6,
+                          rank=rank, world_size=size, drop_last=True)  # fmt: skip
+
+    def rows(batches) -> list[tuple[int, ...]]:
+        return [tuple(r) for b in batches for r in b["input_ids"].tolist()]
+
+    whole = rows(epoch_batches(make(), 0))
+    loaders = [make(r, 2) for r in range(2)]
+    iterators = [iter(loader) for loader in loaders]
+    head = [next(it) for _ in range(3) for it in iterators]  # 3 steps on 2 ranks
+    resumed = make()  # one rank now
+    resumed.load_state_dict(json.loads(json.dumps(loaders[0].state_dict())))
+    done = rows(head) + rows(resumed)
+    assert done == whole[: len(done)] and len(whole) - len(done) < 2 * 2
