@@ -2,22 +2,140 @@
 
 Columnar sources (Parquet, image folders) are collated column by column straight from
 Arrow: a fixed-size list of int32 becomes one [batch, length] tensor with one copy and
-no Python per sample. Row sources go through torch's ``default_collate`` (or the
-user's ``collate_fn``), as in torch.
+no Python per sample; a variable-length list of numbers becomes a padded tensor (or a
+jagged one) as its `ListFormat` says (docs/tokens.md). Row sources go through torch's
+``default_collate`` (or the user's ``collate_fn``), as in torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch.utils.data import default_collate
+
+from iolib.errors import ConfigError, DataError
+
+LIST_LAYOUTS = ("padded", "jagged", "offsets")
+# Schema metadata key under which a source tells collate how to batch its list columns:
+# the table carries its own format, so workers need no other channel.
+LIST_FORMAT_KEY = b"iolib.list_format"
+
+
+@dataclass(frozen=True)
+class ListFormat:
+    """How a variable-length list column of numbers (token ids) becomes tensors.
+
+    For a column ``x``, every layout gives ``x_lengths`` (int64 [B]: items per row) and:
+
+    - ``"padded"`` (default): ``x`` [B, L] of the column's dtype, rows right-padded with
+      `pad_id` to the batch's longest row, L rounded up to `pad_to_multiple` (tensor
+      cores like multiples of 8; a fixed L keeps compiled kernels from re-tracing);
+      with `mask`, ``x_mask`` bool [B, L], True on real items. Costs B*L, not the sum
+      of lengths: pick it for short, similar rows.
+    - ``"jagged"``: ``x`` a ``torch.nested`` tensor with ``layout=torch.jagged`` ([B, j]),
+      no padding; for models that take nested tensors (SDPA, nn.Linear do).
+    - ``"offsets"``: ``x`` the values, 1-D [sum of lengths], and ``x_offsets`` int64 [B+1]
+      (row b is ``x[offsets[b]:offsets[b+1]]``): what variable-length attention
+      kernels (``cu_seqlens``) and embedding bags take.
+
+    A null row counts as an empty one (length 0). A null item inside a row is an error.
+
+    Example::
+
+        ParquetSource("s3://bucket/sft/*.parquet", columns=["input_ids"],
+                      lists=ListFormat(pad_id=tokenizer.pad_token_id, pad_to_multiple=64))
+    """
+
+    layout: Literal["padded", "jagged", "offsets"] = "padded"
+    pad_id: int | float = 0
+    pad_to_multiple: int = 1
+    mask: bool = True
+
+    def __post_init__(self) -> None:
+        if self.layout not in LIST_LAYOUTS:
+            raise ConfigError(f"`layout` must be one of {LIST_LAYOUTS}. Found: {self.layout!r}.")
+        multiple = self.pad_to_multiple
+        if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+            raise ConfigError(f"`pad_to_multiple` must be an integer >= 1. Found: {multiple!r}.")
+        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, float)):
+            raise ConfigError(f"`pad_id` must be a number. Found: {self.pad_id!r}.")
+
+    def tag(self, table: pa.Table) -> pa.Table:
+        """`table` carrying this format in its schema metadata (no copy of the data)."""
+        metadata = dict(table.schema.metadata or {})
+        metadata[LIST_FORMAT_KEY] = json.dumps(asdict(self)).encode()
+        return table.replace_schema_metadata(metadata)
+
+    @classmethod
+    def of(cls, table: pa.Table) -> ListFormat:
+        """The format `table` carries, else the default."""
+        raw = (table.schema.metadata or {}).get(LIST_FORMAT_KEY)
+        return cls(**json.loads(raw)) if raw else cls()
 
 
 def _numeric(kind: pa.DataType) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def is_numeric_list(kind: pa.DataType) -> bool:
+    """A variable-length list of numbers (list or large_list): what ListFormat batches."""
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _numeric(kind.value_type)
+
+
+def list_companions(name: str) -> tuple[str, ...]:
+    """The keys that come with list column `name` in a batch (whichever the layout makes)."""
+    return (f"{name}_mask", f"{name}_lengths", f"{name}_offsets")
+
+
+def _list_values(name: str, column: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """(values, lengths) of a list column: null rows are empty; no Python per item."""
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    values = array.flatten()  # honours slicing and skips what null rows hide
+    if values.null_count:
+        raise DataError(
+            f"Column {name!r} holds null items inside its lists: a tensor cannot hold them. "
+            "Drop or fill them when writing the data (null rows are read as empty lists)."
+        )
+    if array.null_count == 0:  # lengths from the offsets: no kernel call
+        offsets = array.offsets.to_numpy()
+        return values, np.diff(offsets).astype(np.int64, copy=False)
+    lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+    return values, lengths.astype(np.int64, copy=False)
+
+
+def _collate_list(name: str, column: pa.ChunkedArray, fmt: ListFormat) -> dict[str, Any]:
+    """The tensors of one variable-length numeric list column (see ListFormat)."""
+    values, lengths = _list_values(name, column)
+    out: dict[str, Any] = {}
+    if fmt.layout != "padded":
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        # The values share the batch table's memory (a fresh copy owned by this batch).
+        flat = torch.from_dlpack(values) if len(values) else torch.from_numpy(values.to_numpy())
+        if fmt.layout == "offsets":
+            out[name], out[f"{name}_offsets"] = flat, torch.from_numpy(offsets)
+        else:
+            out[name] = torch.nested.nested_tensor_from_jagged(
+                flat, offsets=torch.from_numpy(offsets)
+            )
+    else:
+        longest = int(lengths.max(initial=0))
+        width = -(-longest // fmt.pad_to_multiple) * fmt.pad_to_multiple
+        mask = np.arange(width) < lengths[:, None]
+        items = values.to_numpy(zero_copy_only=False)
+        padded = np.full((len(lengths), width), fmt.pad_id, dtype=items.dtype)
+        padded[mask] = items  # the mask's row-major order is the order of the values
+        out[name] = torch.from_numpy(padded)
+        if fmt.mask:
+            out[f"{name}_mask"] = torch.from_numpy(mask)
+    out[f"{name}_lengths"] = torch.from_numpy(lengths)
+    return out
 
 
 def _column_to_value(column: pa.ChunkedArray) -> Any:
@@ -37,8 +155,19 @@ def _column_to_value(column: pa.ChunkedArray) -> Any:
 
 
 def collate_table(table: pa.Table) -> dict[str, Any]:
-    """A dict of column name -> tensor (numbers, fixed-size lists) or list (anything else)."""
-    return {name: _column_to_value(table.column(name)) for name in table.column_names}
+    """A dict of column name -> tensor (numbers, fixed-size lists), tensors of a
+    variable-length numeric list (as the table's `ListFormat` says, with their
+    ``_lengths``/``_mask``/``_offsets`` keys), or list (anything else)."""
+    batch: dict[str, Any] = {}
+    fmt: ListFormat | None = None
+    for name in table.column_names:
+        column = table.column(name)
+        if is_numeric_list(column.type):
+            fmt = fmt or ListFormat.of(table)
+            batch.update(_collate_list(name, column, fmt))
+        else:
+            batch[name] = _column_to_value(column)
+    return batch
 
 
 def table_rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -70,6 +199,8 @@ def _collate_column(values: list[Any]) -> Any:
 def batch_nbytes(batch: Any) -> int:
     """Bytes a batch holds (tensors, bytes, arrays; containers walked), for memory accounting."""
     if isinstance(batch, torch.Tensor):
+        if batch.is_nested:  # a jagged tensor: its values and offsets
+            return batch_nbytes(batch.values()) + batch_nbytes(batch.offsets())
         return batch.element_size() * batch.nelement()
     if isinstance(batch, (bytes, bytearray, memoryview)):
         return len(batch)

@@ -180,7 +180,7 @@ class DataLoader(Generic[T_co]):
         private = o.num_workers == 0 or self.worker_mode == "process"
         self.source = as_source(
             dataset, seed=o.seed, seed_globals=private, restore_globals=o.num_workers == 0
-        )
+        ).with_seed(o.seed)  # a source whose samples depend on the seed (packed windows)
         self._plan = EpochPlan(
             self.source,
             o.seed,
@@ -392,6 +392,7 @@ class DataLoader(Generic[T_co]):
             snapshot.update(workers=self.num_workers, worker_mode="torch")
         else:
             snapshot = self._pipeline.stats()
+            snapshot.update(self.source.cache_stats())  # row-group reads and re-reads
         snapshot.update(epoch=self._cursor.epoch, position=self._cursor.position)
         return snapshot
 

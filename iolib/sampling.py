@@ -85,7 +85,10 @@ class EpochPlan:
                 f"{self.source.describe()} has no samples: there is nothing to load. Check "
                 "the files and filters."
             )
-        return EpochTasks(self.order(epoch), self.schedule(position), epoch)
+        tasks = EpochTasks(self.order(epoch), self.schedule(position), epoch)
+        # The source learns every batch ahead (a cache evicts by next use, not recency).
+        self.source.plan_epoch(epoch, tasks.batch_indices())
+        return tasks
 
 
 class EpochTasks:
@@ -110,6 +113,21 @@ class EpochTasks:
 
     def position_after(self, delivered: int) -> int:
         return self.schedule.position_after(delivered)
+
+    def batch_indices(self) -> _BatchIndices:
+        """The sample indices of each batch, as a lazy sequence."""
+        return _BatchIndices(self)
+
+
+class _BatchIndices:
+    def __init__(self, tasks: EpochTasks) -> None:
+        self.tasks = tasks
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return self.tasks.order[self.tasks.schedule.positions(k)]
 
 
 class StreamTasks:

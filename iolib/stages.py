@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from iolib.collate import list_companions
 from iolib.errors import ConfigError, DataError, require_non_negative_int, require_positive_int
 from iolib.sources.base import Source
 
@@ -327,7 +328,9 @@ class StageFeed:
                 self._picked = self.pick(list(batch))
             if self._picked is None:
                 return None
-            return {key: batch[key] for key in self._picked}
+            # A list column's mask, lengths or offsets go where the column goes.
+            keys = [k for key in self._picked for k in (key, *list_companions(key)) if k in batch]
+            return {key: batch[key] for key in dict.fromkeys(keys)}
         if isinstance(batch, tuple | list):
             return self._select_positions(batch)
         if self.first:

@@ -8,6 +8,7 @@ slice row groups in Arrow instead of building per-sample objects.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,20 @@ class Source(ABC):
     def fit_cache(self, row_groups: int) -> int:
         """Size any read cache to hold `row_groups` blocks; sources without one ignore it."""
         return 0
+
+    def plan_epoch(self, epoch: int, batches: Sequence[np.ndarray]) -> None:
+        """The epoch's batches on this rank, ahead of their reads (`batches[k]`: sample
+        indices of batch k), from iolib's plan; a cache may use them. Default: ignored."""
+        return None
+
+    def cache_stats(self) -> dict[str, int]:
+        """Counts of a read cache (reads, re-reads, hits), for `loader.stats()`."""
+        return {}
+
+    def with_seed(self, seed: int) -> Source:
+        """This source under the loader's `seed`, for sources whose samples depend on it
+        (packed token windows); others are returned as they are."""
+        return self
 
     def locate(self, index: int) -> str:
         """Where sample `index` lives, for error messages."""

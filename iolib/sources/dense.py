@@ -6,6 +6,12 @@ one array: a single copy with the GIL released. Gathering from Arrow row groups 
 takes per row group and then reorders (two copies plus Arrow's per-call overhead):
 measured 0.2 against 0.8 ms for a batch of 256 rows of 2,048 int32 on one core.
 
+Variable-length lists of numbers (token ids) are held the same way: all items in one
+array, each row group at a slot sized from its footer (so row groups can fill in any
+order), each row's start and length; a batch is one vectorised gather of its rows'
+ranges (0.1 ms for 256 rows of ~128 int32, against ~1.5 ms for Arrow's take per row
+group, concatenation and reordering under a global shuffle).
+
 Row groups are copied in as they are first read, so the first epoch reads storage as
 before; the arrays are allocated at once but take memory page by page as they fill.
 """
@@ -16,6 +22,7 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def dense_shape(kind: pa.DataType) -> tuple[np.dtype, tuple[int, ...]] | None:
@@ -28,6 +35,57 @@ def dense_shape(kind: pa.DataType) -> tuple[np.dtype, tuple[int, ...]] | None:
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
         return None
     return np.dtype(kind.to_pandas_dtype()), tuple(shape)
+
+
+def list_item_type(kind: pa.DataType) -> pa.DataType | None:
+    """The item type of a variable-length list of numbers, else None."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        item = kind.value_type
+        if pa.types.is_integer(item) or pa.types.is_floating(item):
+            return item
+    return None
+
+
+class _Lists:
+    """One list column: items of every row group at their slots, rows' starts and lengths."""
+
+    def __init__(self, kind: pa.DataType, total: int, capacities: np.ndarray) -> None:
+        self.kind = kind
+        self.slots = np.concatenate([[0], np.cumsum(capacities)]).astype(np.int64)
+        self.items = np.empty(int(self.slots[-1]), np.dtype(kind.value_type.to_pandas_dtype()))
+        self.starts = np.zeros(total, dtype=np.int64)
+        self.lengths = np.zeros(total, dtype=np.int64)
+
+    def prepare(self, column: pa.ChunkedArray, group: int) -> tuple | None:
+        """What `put` copies in, or None where the rows cannot be held (nulls, overflow)."""
+        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        values = array.flatten()
+        if array.null_count or values.null_count:
+            return None
+        if len(values) > self.slots[group + 1] - self.slots[group]:
+            return None  # more items than the footer counted: not expected, stay correct
+        lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False).astype(np.int64)
+        return values.to_numpy(zero_copy_only=False), lengths
+
+    def put(self, group: int, start: int, prepared: tuple) -> None:
+        values, lengths = prepared
+        slot = int(self.slots[group])
+        self.items[slot : slot + values.size] = values
+        stop = start + lengths.size
+        self.starts[start:stop] = slot + np.cumsum(lengths) - lengths
+        self.lengths[start:stop] = lengths
+
+    def take(self, indices: np.ndarray) -> pa.Array:
+        lengths = self.lengths[indices]
+        large = pa.types.is_large_list(self.kind)
+        offsets = np.zeros(indices.size + 1, dtype=np.int64 if large else np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        # Row r's items are items[starts[r] : starts[r] + lengths[r]]: one index for all.
+        index = np.arange(int(offsets[-1]), dtype=np.int64)
+        index += np.repeat(self.starts[indices] - offsets[:-1], lengths)
+        values = pa.array(np.take(self.items, index), type=self.kind.value_type)
+        build = pa.LargeListArray if large else pa.ListArray
+        return build.from_arrays(pa.array(offsets), values, type=self.kind)
 
 
 def _values(column: pa.ChunkedArray, rows: int, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -54,12 +112,22 @@ def _to_arrow(values: np.ndarray, kind: pa.DataType) -> pa.Array:
 class DenseColumns:
     """The columns of `schema` for `total` rows, filled one row group at a time."""
 
-    def __init__(self, schema: pa.Schema, starts: np.ndarray) -> None:
+    def __init__(
+        self,
+        schema: pa.Schema,
+        starts: np.ndarray,
+        capacities: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """capacities: items each row group holds, per list column (from the footers)."""
         self.schema = schema
         self.starts = starts
         total = int(starts[-1])
         self.arrays: dict[str, np.ndarray] = {}
+        self.lists: dict[str, _Lists] = {}
         for field in schema:
+            if list_item_type(field.type) is not None:
+                self.lists[field.name] = _Lists(field.type, total, capacities[field.name])
+                continue
             dtype, shape = dense_shape(field.type)  # type: ignore[misc]
             self.arrays[field.name] = np.empty((total, *shape), dtype=dtype)
         self.filled = np.zeros(len(starts) - 1, dtype=bool)
@@ -68,7 +136,9 @@ class DenseColumns:
 
     @staticmethod
     def supports(schema: pa.Schema) -> bool:
-        return len(schema) > 0 and all(dense_shape(f.type) is not None for f in schema)
+        return len(schema) > 0 and all(
+            dense_shape(f.type) is not None or list_item_type(f.type) is not None for f in schema
+        )
 
     def missing(self, groups: np.ndarray) -> list[int]:
         """Row groups among `groups` not copied in yet."""
@@ -78,8 +148,14 @@ class DenseColumns:
         """Copy row group `group` in. False (nothing kept) if it holds a null, which these
         arrays cannot represent: the caller then goes back to reading Arrow tables."""
         start, stop = int(self.starts[group]), int(self.starts[group + 1])
-        parts = {}
+        parts, lists = {}, {}
+        for name, held in self.lists.items():
+            lists[name] = held.prepare(table.column(name), group)
+            if lists[name] is None:
+                return False
         for field in self.schema:
+            if field.name in self.lists:
+                continue
             values = _values(
                 table.column(field.name), stop - start, self.arrays[field.name].shape[1:]
             )
@@ -90,6 +166,8 @@ class DenseColumns:
             if not self.filled[group]:
                 for name, values in parts.items():
                     self.arrays[name][start:stop] = values
+                for name, prepared in lists.items():
+                    self.lists[name].put(group, start, prepared)
                 self.filled[group] = True
                 self.complete = bool(self.filled.all())
         return True
@@ -97,6 +175,9 @@ class DenseColumns:
     def take(self, indices: np.ndarray) -> pa.Table:
         """Rows at `indices` (all in filled row groups), in that order: one copy."""
         columns = [
-            _to_arrow(np.take(self.arrays[f.name], indices, axis=0), f.type) for f in self.schema
+            self.lists[f.name].take(indices)
+            if f.name in self.lists
+            else _to_arrow(np.take(self.arrays[f.name], indices, axis=0), f.type)
+            for f in self.schema
         ]
         return pa.Table.from_arrays(columns, schema=self.schema)

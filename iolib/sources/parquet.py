@@ -1,8 +1,9 @@
 """Parquet shards through fsspec and pyarrow, read by row group.
 
 A batch's indices are grouped by row group; each row group is read once (with column
-projection) and cached in a small per-process LRU, so a block-shuffled epoch reads each
-row group about once. Storage is asked for the selected column chunks' bytes only, a
+projection) and cached per process, sized from decoded Arrow bytes and evicted by next
+use in the epoch plan (`iolib.sources.rgcache`), so a block-shuffled epoch reads each
+row group once. Storage is asked for the selected column chunks' bytes only, a
 batch's row groups of one file in one request (`iolib.sources.ranges`). Rows are taken
 from the Arrow tables without Python per-row work.
 """
@@ -22,14 +23,23 @@ import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
-from cachetools import LRUCache
 
+from iolib.collate import ListFormat, is_numeric_list
 from iolib.errors import ConfigError, DataError
 from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
+from iolib.sources.footer import arrow_bytes, column_sizes, exact_size, leaf_values
 from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, Span, coalesce, column_spans
-from iolib.storage import RetryPolicy, call_with_retries, count_bytes, open_filesystem
+from iolib.sources.rgcache import EpochUses, PlannedCache
+from iolib.storage import (
+    RetryPolicy,
+    call_with_retries,
+    count_bytes,
+    open_filesystem,
+    take_counters,
+)
+from iolib.storage.counters import count_retries
 
 _GLOB_CHARS = "*?["
 # What Arrow says of undecodable bytes (thrift headers, pages, magic, compression).
@@ -65,15 +75,9 @@ class _FileMeta:
     spans: tuple[dict[str, tuple[Span, ...]], ...]  # column chunks' byte ranges, per row group
 
 
-def _column_sizes(group: pq.RowGroupMetaData, compressed: bool) -> dict[str, int]:
-    """Bytes per top-level column of one row group (a nested column sums its leaves)."""
-    sizes: dict[str, int] = {}
-    for j in range(group.num_columns):
-        chunk = group.column(j)
-        name = chunk.path_in_schema.split(".")[0]
-        size = chunk.total_compressed_size if compressed else chunk.total_uncompressed_size
-        sizes[name] = sizes.get(name, 0) + size
-    return sizes
+def _null_items(column: pa.ChunkedArray) -> bool:
+    """Whether any list of `column` holds a null item (null rows themselves are allowed)."""
+    return any(chunk.flatten().null_count for chunk in column.chunks)
 
 
 class _Flight:
@@ -83,17 +87,6 @@ class _Flight:
         self.done = threading.Event()
         self.table: pa.Table | None = None
         self.error: BaseException | None = None
-
-
-def _arrow_bytes(field: pa.Field, rows: int, parquet_bytes: int) -> int:
-    """Bytes a row group's column takes in Arrow: exact for fixed-width types (Parquet's
-    encoded size can be half of it), Parquet's uncompressed size plus offsets otherwise."""
-    kind, width = field.type, 1
-    while pa.types.is_fixed_size_list(kind):
-        width, kind = width * kind.list_size, kind.value_type
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_temporal(kind):
-        return rows * width * kind.bit_width // 8
-    return parquet_bytes + 8 * rows
 
 
 class ParquetSource(Source):
@@ -106,13 +99,23 @@ class ParquetSource(Source):
         len(src), src[0]["label"]
 
     columns: the columns to read (None: all). Reading fewer columns reads fewer bytes.
-    cache_bytes: bound on decoded row groups kept per process. Default (None): the whole
-        dataset when it takes under a quarter of the free memory (later epochs read
-        nothing; fixed-width columns are then held as contiguous arrays, see
+    cache_bytes: bound on decoded row groups kept per process, counted in Arrow bytes
+        (what they take in memory, estimated from the footers and checked against a
+        measured read; not Parquet's encoded sizes). Default (None): the whole dataset
+        when it takes under a quarter of the free memory (later epochs read nothing;
+        fixed-width columns are then held as contiguous arrays, see
         `iolib.sources.dense`); else what the loader's shuffle mode needs: a window of row
         groups plus those in flight for "block", a few for sequential reads, the whole
-        dataset (capped at half the free memory) for "global". Too small a cache makes each
-        batch re-read its row groups; pass an int to bound memory yourself.
+        dataset (capped at half the free memory) for "global". The cache evicts the row
+        group needed furthest ahead in the epoch plan, so too small a cache costs only
+        the re-reads of what does not fit (`loader.stats()["row_group_rereads"]`).
+    readahead: batches ahead whose row groups one background thread reads into the
+        cache (or the in-memory store) while the current batch is assembled, where the
+        budget has room (default 4; 0: off). It overlaps storage and decoding with the
+        batch at hand; raising it costs cache room, never correctness.
+    lists: how variable-length numeric list columns (token ids) become tensors:
+        padded with a mask and lengths (default), jagged, or values + offsets
+        (`iolib.collate.ListFormat`, docs/tokens.md).
     retry: how transient storage errors are retried and when a read counts as stuck
         (default RetryPolicy(): 5 attempts, 120 s per read).
 
@@ -129,8 +132,14 @@ class ParquetSource(Source):
         *,
         cache_bytes: int | None = None,
         retry: RetryPolicy | None = None,
+        lists: ListFormat | None = None,
+        readahead: int = 4,
     ) -> None:
         self.retry = retry or RetryPolicy()
+        self.lists = lists
+        if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
+            raise ConfigError(f"`readahead` must be an integer >= 0. Found: {readahead!r}.")
+        self.readahead = readahead
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ConfigError("`urls` is empty: give a Parquet file, directory, glob or list.")
@@ -140,13 +149,19 @@ class ParquetSource(Source):
         self._dense_wanted = False  # set by fit_cache when the whole dataset is kept
         self.cache_bytes = cache_bytes if cache_bytes is not None else MIN_CACHE_BYTES
         self._files: list[_FileMeta] | None = None
+        self._decoded: float | None = None  # measured Arrow bytes / estimate (a first read)
+        self._sizes: list[int] | None = None  # estimated Arrow bytes per row group
         self._init_runtime()
 
     # -- pickling: drop open handles and caches, keep the description and footers --------
     def _init_runtime(self) -> None:
         self._redact = Redactor(self.urls, self.storage_options)
         self._lock = threading.Lock()
-        self._cache: LRUCache = LRUCache(maxsize=self.cache_bytes, getsizeof=lambda t: t.nbytes)
+        self._cache = PlannedCache(self.cache_bytes, lambda t: t.nbytes)
+        self._rereads_warned = False
+        self._ahead: ThreadPoolExecutor | None = None  # the read-ahead thread, made on use
+        self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
+        self._ahead_io = (0, 0)  # bytes and retries read ahead, not yet in a batch's count
         self._local = threading.local()
         self._in_flight: dict[int, _Flight] = {}
         self._dense: DenseColumns | None = None
@@ -154,7 +169,7 @@ class ParquetSource(Source):
     def __getstate__(self) -> dict[str, Any]:
         keep = ("urls", "columns", "storage_options", "cache_bytes", "_fixed_cache", "_files")
         keep += ("_dense_wanted",)
-        keep += ("retry",)
+        keep += ("retry", "lists", "_decoded", "readahead", "_sizes")
         keep += ("_starts", "_groups")
         return {k: v for k, v in self.__dict__.items() if k in keep}
 
@@ -164,7 +179,14 @@ class ParquetSource(Source):
 
     def with_columns(self, columns: list[str] | None) -> ParquetSource:
         """The same files with another column projection (footers are not re-read)."""
-        clone = ParquetSource(self.urls, columns, self.storage_options, retry=self.retry)
+        clone = ParquetSource(
+            self.urls,
+            columns,
+            self.storage_options,
+            retry=self.retry,
+            lists=self.lists,
+            readahead=self.readahead,
+        )
         clone.cache_bytes, clone._fixed_cache = self.cache_bytes, self._fixed_cache
         clone._init_runtime()
         if self._files is not None:
@@ -243,8 +265,8 @@ class ParquetSource(Source):
                 "is truncated, corrupt or not Parquet; rewrite it or leave it out of `urls`."
             ) from (None if self._redact.changes(str(exc)) else exc)
         groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        compressed = tuple(_column_sizes(meta.row_group(i), True) for i in range(len(groups)))
-        raw = tuple(_column_sizes(meta.row_group(i), False) for i in range(len(groups)))
+        compressed = tuple(column_sizes(meta.row_group(i), True) for i in range(len(groups)))
+        raw = tuple(column_sizes(meta.row_group(i), False) for i in range(len(groups)))
         spans = tuple(column_spans(meta.row_group(i)) for i in range(len(groups)))
         return _FileMeta(url, path, groups, size, schema, root, compressed, raw, meta, spans)
 
@@ -262,22 +284,38 @@ class ParquetSource(Source):
     def __len__(self) -> int:
         return int(self._rg_starts[-1])
 
+    def estimated_bytes(self, *, measure: bool = True) -> list[int]:
+        """Arrow bytes of each row group's projected columns, from the footers (exact for
+        numbers and lists of numbers), scaled by a measured read where the estimate is
+        approximate (strings, binary, nested records) unless `measure` is False."""
+        sizes, exact = [], True
+        for f in self.files:
+            for local, rows in enumerate(f.row_groups):
+                counts = leaf_values(f.footer.row_group(local))
+                total = 0
+                for c, raw in f.column_raw_bytes[local].items():
+                    if (self.columns is None or c in self.columns) and c in f.schema.names:
+                        field = f.schema.field(c)
+                        total += arrow_bytes(field, rows, raw, counts.get(c, rows))
+                        exact = exact and exact_size(field.type)
+                sizes.append(total)
+        if not exact and sizes and (measure or self._decoded is not None):
+            if self._decoded is None:  # measure once: the table read is cached for use
+                table = self.row_group(0)
+                self._decoded = max(1.0, table.nbytes / max(sizes[0], 1))
+            sizes = [int(size * self._decoded) for size in sizes]
+        return sizes
+
     def fit_cache(self, row_groups: int) -> int:
         """Size the row-group cache to hold `row_groups` of the largest row groups of the
-        projected columns (unless `cache_bytes` was given). Returns the bound in bytes."""
-        if self._fixed_cache:
+        projected columns, in decoded bytes (unless `cache_bytes` was given). Returns the
+        bound in bytes."""
+        if self._fixed_cache:  # the reader's bound; the estimates only guide read-ahead
+            self._sizes = self._sizes or self.estimated_bytes(measure=False)
             return self.cache_bytes
-        sizes = [
-            sum(
-                _arrow_bytes(f.schema.field(c), rows, raw)
-                for c, raw in group.items()
-                if (self.columns is None or c in self.columns) and c in f.schema.names
-            )
-            for f in self.files
-            for rows, group in zip(f.row_groups, f.column_raw_bytes, strict=True)
-        ]
+        sizes = self._sizes = self.estimated_bytes()
         available = psutil.virtual_memory().available
-        everything = int(1.25 * sum(sizes))
+        everything = int(1.1 * sum(sizes))
         keep_all = everything <= available // 4
         self._dense_wanted = keep_all and DenseColumns.supports(self.schema)
         if not self._dense_wanted:
@@ -288,7 +326,8 @@ class ParquetSource(Source):
             # columns runs at ~100-200 MB/s, slower than many disks). Fixed-width columns
             # are then kept as contiguous arrays, for one-copy batch gathers.
             row_groups = len(sizes)
-        want = int(1.25 * max(sizes, default=0) * min(row_groups, len(sizes)))
+        largest = sorted(sizes, reverse=True)[: min(row_groups, len(sizes))]
+        want = int(1.1 * sum(largest))
         cap = available // 2
         if want > cap:
             log.warning(
@@ -303,8 +342,25 @@ class ParquetSource(Source):
         bound = max(MIN_CACHE_BYTES, min(want, cap))
         if bound != self.cache_bytes:
             self.cache_bytes = bound
-            self._cache = LRUCache(maxsize=bound, getsizeof=lambda t: t.nbytes)
+            with self._lock:
+                self._cache.resize(bound)
         return bound
+
+    def plan_epoch(self, epoch: int, batches: Any) -> None:
+        """The epoch's batches on this rank (`batches[k]`: sample indices), from the plan:
+        the cache evicts by next use instead of recency."""
+        starts = self._rg_starts
+        uses = EpochUses.build(
+            epoch, batches, lambda i: np.searchsorted(starts, i, side="right") - 1
+        )
+        with self._lock:
+            self._cache.plan(uses)
+
+    def cache_stats(self) -> dict[str, int]:
+        """Row-group reads and re-reads (same row group, same epoch), cache hits and
+        evictions, in this process."""
+        with self._lock:
+            return self._cache.stats()
 
     @property
     def _rg_starts(self) -> np.ndarray:
@@ -350,8 +406,30 @@ class ParquetSource(Source):
         starts = self._rg_starts
         if indices.size and (indices.min() < 0 or indices.max() >= starts[-1]):
             raise IndexError(f"sample indices outside 0..{starts[-1] - 1}")
+        thread = threading.get_ident()
+        self._local.epoch = epoch
+        with self._lock:  # which batch this thread assembles: the cache protects it
+            k = self._cache.begin(thread, epoch, int(indices[0]) if indices.size else None)
+        if k is not None and self.readahead:
+            self._read_ahead(epoch, k)
         try:
-            return self._read(indices)
+            table = self._read(indices)
+        finally:
+            with self._lock:
+                self._cache.end(thread)
+                (read, retries), self._ahead_io = self._ahead_io, (0, 0)
+            self._release_ranges()
+            count_bytes(read)  # what was read ahead counts in the batch that took it over
+            count_retries(retries)
+        return self.lists.tag(table) if self.lists is not None else table
+
+    def row_group(self, group: int) -> pa.Table:
+        """Row group `group` (numbered across files) of the projected columns, through
+        the cache: for sources built on this one (`iolib.text`)."""
+        if not 0 <= group < len(self._rg_starts) - 1:
+            raise IndexError(f"row group {group} outside 0..{len(self._rg_starts) - 2}")
+        try:
+            return self._row_group(group)
         finally:
             self._release_ranges()
 
@@ -381,8 +459,21 @@ class ParquetSource(Source):
             return self._dense  # the per-batch path: no lock once the store exists
         with self._lock:
             if self._dense is None and self._dense_wanted:
-                self._dense = DenseColumns(self.schema, self._rg_starts)
+                self._dense = DenseColumns(self.schema, self._rg_starts, self._capacities())
             return self._dense
+
+    def _capacities(self) -> dict[str, np.ndarray]:
+        """Items per row group of each list column, from the footers (an upper bound: a
+        null or empty row counts one)."""
+        names = [
+            f.name
+            for f in self.schema
+            if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+        ]
+        counts = [
+            leaf_values(f.footer.row_group(i)) for f in self.files for i in range(len(f.row_groups))
+        ]
+        return {name: np.array([c[name] for c in counts], dtype=np.int64) for name in names}
 
     def _fill_dense(self, dense: DenseColumns, indices: np.ndarray) -> bool:
         """Copy in the row groups `indices` need; False if one holds a null (the store is
@@ -423,6 +514,7 @@ class ParquetSource(Source):
             leader = flight is None
             if leader:
                 flight = self._in_flight[group] = _Flight()
+                self._count_read(group)
         if not leader:
             flight.done.wait()  # the leader always sets it, on success or error
             if flight.error is not None:
@@ -439,11 +531,86 @@ class ParquetSource(Source):
             raise
         finally:
             with self._lock:
-                fits = flight.table is not None and flight.table.nbytes <= self.cache_bytes
-                if dense is None and fits:
-                    self._cache[group] = flight.table
+                if dense is None and flight.table is not None:
+                    self._cache.put(group, flight.table, threading.get_ident())
                 del self._in_flight[group]
             flight.done.set()
+
+    def _read_ahead(self, epoch: int, k: int) -> None:
+        """Submit the row groups of batches k..k+readahead not yet held or read, latest
+        first (the batch's own thread reads its row groups in ascending order: the two
+        meet in the middle), where the cache or the in-memory store has room."""
+        dense = self._dense_columns()
+        with self._lock:
+            plan = self._cache.plans.get(epoch)
+            if plan is None or self._sizes is None:  # no plan, or sizes unknown: no room
+                return
+            # From the earliest batch in progress (other threads'), whose row groups
+            # must stay, to `readahead` batches past this one.
+            start = min([b for e, b in self._cache.active.values() if e == epoch] + [k])
+            upcoming = plan.upcoming(start, k - start + self.readahead + 1)
+            sizes = self._sizes
+            # Room for everything these batches read that is not held yet, in order of
+            # first use, so that a read ahead never displaces what is needed sooner (it
+            # would then be read twice); held row groups needed later give way.
+            needed = set(upcoming)
+            room = self._cache.budget - sum(sizes[g] for g in self._cache.tables if g in needed)
+            # Other threads may be about to read a row group this count missed (the
+            # active set moves while we look): leave each of them one row group's room.
+            room -= len(self._cache.active) * max(sizes, default=0)
+            wanted = []
+            for group in upcoming:
+                if group in self._cache or (dense is not None and dense.filled[group]):
+                    continue
+                room -= sizes[group]
+                if dense is None and room < 0:
+                    break
+                if (epoch, group) in self._ahead_sent or group in self._in_flight:
+                    continue
+                wanted.append(group)
+                self._ahead_sent.add((epoch, group))
+            self._ahead_sent = {(e, g) for e, g in self._ahead_sent if e >= epoch - 1}
+            if not wanted:
+                return
+            if self._ahead is None:
+                self._ahead = ThreadPoolExecutor(1, thread_name_prefix="iolib-readahead")
+        for group in reversed(wanted):
+            self._ahead.submit(self._read_one_ahead, epoch, group, dense)
+
+    def _read_one_ahead(self, epoch: int, group: int, dense: DenseColumns | None) -> None:
+        """One read ahead of need. A failure is left to the batch that needs the row
+        group: it reads it again, with retries, and reports the error with its batch."""
+        self._local.epoch = epoch
+        try:
+            self._row_group(group, dense=dense)
+        except Exception:  # reported by the batch that needs it
+            pass
+        finally:
+            self._release_ranges()
+            # Storage counts per thread, and this one makes no batch: the next batch
+            # counts what it read and retried.
+            read, retries = take_counters()
+            with self._lock:
+                self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
+
+    def _count_read(self, group: int) -> None:
+        """Count a read from storage (the lock is held); warn once at the first re-read."""
+        epoch = getattr(self._local, "epoch", 0)
+        if not self._cache.record_read(group, epoch) or self._rereads_warned:
+            return
+        self._rereads_warned = True
+        meta, local = self._groups[group]
+        log.warning(
+            "%s: %r row group %d is read again in epoch %d: the row-group cache (%.0f MiB) "
+            "holds less than this shuffle needs. Use shuffle='block', a larger "
+            "`cache_bytes`, or smaller row groups; loader.stats()['row_group_rereads'] "
+            "counts the re-reads.",
+            self.describe(),
+            meta.url,
+            local,
+            epoch,
+            self.cache_bytes / 2**20,
+        )
 
     def _fetch_row_group(self, group: int) -> pa.Table:
         meta, local = self._groups[group]
@@ -467,8 +634,17 @@ class ParquetSource(Source):
 
     def _check_types(self, table: pa.Table, meta: _FileMeta, local: int) -> None:
         """Every row group must have the first file's column types: a shard whose `label`
-        is a string where the others have int cannot be batched with them."""
+        is a string where the others have int cannot be batched with them. Lists of
+        numbers (token ids) must not hold null items: a tensor cannot."""
         expected = self.schema
+        for name in table.column_names:
+            column = table.column(name)
+            if is_numeric_list(column.type) and _null_items(column):
+                raise DataError(
+                    f"Parquet file {meta.url!r} row group {local}: column {name!r} holds null "
+                    "items inside its lists, which no tensor can hold. Drop or fill them when "
+                    "writing the data (null rows are read as empty lists)."
+                )
         differ = [
             f"{f.name!r} is {table.schema.field(f.name).type}, expected {f.type}"
             for f in expected

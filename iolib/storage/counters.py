@@ -27,6 +27,11 @@ def count_bytes(n: int) -> None:
     _COUNTERS.bytes_read += n
 
 
+def count_retries(n: int) -> None:
+    """Record `n` retries for the current thread (made on its behalf by another one)."""
+    _COUNTERS.retries += n
+
+
 def count_helper_cpu(seconds: float) -> None:
     """Record CPU that a helper thread spent on a storage call of the current thread."""
     _COUNTERS.helper_cpu_s += seconds

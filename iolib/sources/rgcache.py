@@ -1,0 +1,221 @@
+"""A row-group cache that knows the future: eviction by next use (Belady), not recency.
+
+Why: under a global shuffle every batch touches nearly every row group, cycling through
+them; LRU then evicts each one just before its next use, and a cache one row group too
+small re-reads everything for every batch. The epoch plan lists every batch's row groups
+ahead of time, so the cache can drop the row group needed furthest ahead (or never again
+this epoch, or the next), and decline to keep a new one needed later than all it holds.
+With too small a budget a global shuffle then re-reads only what does not fit, and a
+block shuffle, whose row groups are used within a window, reads each once.
+
+Time is (epoch, batch number on this rank). Without a plan (a user's sampler, process
+workers that never saw it) it falls back to LRU.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_NEVER = (1 << 62, 0)
+
+
+@dataclass
+class EpochUses:
+    """When each row group is used in one epoch on this rank, and how to tell a batch
+    by its first sample (a read gets indices, not a batch number)."""
+
+    epoch: int
+    uses: dict[int, np.ndarray]  # row group -> sorted batch numbers that read it
+    firsts: np.ndarray  # first sample of each batch, sorted
+    firsts_batch: np.ndarray  # the batch number of each entry of `firsts`
+    by_batch: list[np.ndarray]  # the row groups each batch reads, sorted
+
+    @classmethod
+    def build(cls, epoch: int, batches: Sequence[np.ndarray], group_of: Callable) -> EpochUses:
+        """From each batch's sample indices (`batches[k]`), vectorised per batch."""
+        ks, groups, firsts = [], [], np.zeros(len(batches), dtype=np.int64)
+        by_batch = []
+        for k in range(len(batches)):
+            indices = np.asarray(batches[k])
+            touched = np.unique(group_of(indices)) if indices.size else indices
+            by_batch.append(touched)
+            if indices.size == 0:
+                continue
+            firsts[k] = indices[0]
+            groups.append(touched)
+            ks.append(np.full(touched.size, k, dtype=np.int64))
+        uses: dict[int, np.ndarray] = {}
+        if groups:
+            g, k = np.concatenate(groups), np.concatenate(ks)
+            order = np.lexsort((k, g))
+            g, k = g[order], k[order]
+            cuts = np.flatnonzero(np.diff(g)) + 1
+            for part_g, part_k in zip(np.split(g, cuts), np.split(k, cuts), strict=True):
+                uses[int(part_g[0])] = part_k
+        by_first = np.argsort(firsts, kind="stable")
+        return cls(epoch, uses, firsts[by_first], by_first, by_batch)
+
+    def upcoming(self, start: int, batches: int) -> list[int]:
+        """Row groups batches [start, start + batches) read, by first use."""
+        seen: dict[int, None] = {}
+        for touched in self.by_batch[start : start + batches]:
+            seen.update(dict.fromkeys(touched.tolist()))
+        return list(seen)
+
+    def batch_of(self, first_index: int) -> int | None:
+        at = int(np.searchsorted(self.firsts, first_index))
+        if at < self.firsts.size and self.firsts[at] == first_index:
+            return int(self.firsts_batch[at])
+        return None
+
+    def next_use(self, group: int, after: int) -> int | None:
+        """The first batch >= `after` that reads `group`, or None."""
+        ks = self.uses.get(group)
+        if ks is None:
+            return None
+        at = int(np.searchsorted(ks, after))
+        return int(ks[at]) if at < ks.size else None
+
+
+@dataclass
+class CacheCounts:
+    """What the cache did (per process): the loader's stats() reports these."""
+
+    reads: int = 0  # row groups read from storage
+    rereads: int = 0  # of those, row groups already read earlier in the same epoch
+    hits: int = 0
+    evictions: int = 0
+    declined: int = 0  # row groups read but not kept (needed later than all held)
+    read_this_epoch: dict[int, set[int]] = field(default_factory=dict)
+
+
+class PlannedCache:
+    """Decoded row groups under a byte budget. Not thread-safe: the caller holds a lock.
+
+    `plan(uses)` gives an epoch's future; `now(epoch, batch)` says which batch a thread
+    is assembling (the earliest one in progress is protected)."""
+
+    def __init__(self, budget: int, sizeof: Callable[[Any], int]) -> None:
+        self.budget, self.sizeof = budget, sizeof
+        self.tables: OrderedDict[int, Any] = OrderedDict()  # recency order: LRU fallback
+        self.held = 0
+        self.plans: dict[int, EpochUses] = {}
+        self.active: dict[int, tuple[int, int]] = {}  # thread id -> (epoch, batch)
+        # The latest batch begun: "now" between batches (a read-ahead thread's puts).
+        self.last: tuple[int, int] | None = None
+        self.counts = CacheCounts()
+
+    # -- the future ----------------------------------------------------------------------
+    def plan(self, uses: EpochUses) -> None:
+        """Keep this epoch's plan and the previous one (its last batches may still be read
+        while the loader reads the next epoch ahead)."""
+        self.plans[uses.epoch] = uses
+        for old in [e for e in self.plans if e < uses.epoch - 1 or e > uses.epoch]:
+            del self.plans[old]
+        self.counts.read_this_epoch.pop(uses.epoch, None)
+        if self.last is not None and self.last[0] > uses.epoch:
+            self.last = None  # an epoch run again (a new pass from a cursor)
+
+    def begin(self, thread: int, epoch: int, first_index: int | None) -> int | None:
+        """Mark `thread` as assembling the batch that starts with `first_index`; returns
+        its batch number in the plan (None without a plan)."""
+        plan = self.plans.get(epoch)
+        k = plan.batch_of(first_index) if plan is not None and first_index is not None else None
+        if k is not None:
+            self.active[thread] = self.last = (epoch, k)
+        else:
+            self.active.pop(thread, None)
+        return k
+
+    def end(self, thread: int) -> None:
+        done = self.active.pop(thread, None)
+        if done is not None and self.last is not None and done >= self.last:
+            self.last = (done[0], done[1] + 1)  # that batch no longer needs its row groups
+
+    def _distance(self, group: int, now: tuple[int, int]) -> tuple[int, int]:
+        """When `group` is next used at or after `now` ((epoch, batch)); far future if never."""
+        epoch, k = now
+        for e, after in ((epoch, k), (epoch + 1, 0)):
+            plan = self.plans.get(e)
+            found = plan.next_use(group, after) if plan is not None else None
+            if found is not None:
+                return (e, found)
+        return _NEVER
+
+    # -- reads ---------------------------------------------------------------------------
+    def get(self, group: int) -> Any:
+        table = self.tables.get(group)
+        if table is not None:
+            self.tables.move_to_end(group)
+            self.counts.hits += 1
+        return table
+
+    def __contains__(self, group: int) -> bool:
+        return group in self.tables
+
+    def record_read(self, group: int, epoch: int) -> bool:
+        """Count a read from storage; True if it is a re-read within `epoch`."""
+        seen = self.counts.read_this_epoch.setdefault(epoch, set())
+        for old in [e for e in self.counts.read_this_epoch if e < epoch - 1]:
+            del self.counts.read_this_epoch[old]
+        again = group in seen
+        seen.add(group)
+        self.counts.reads += 1
+        self.counts.rereads += again
+        return again
+
+    def put(self, group: int, table: Any, thread: int) -> bool:
+        """Keep `table` if the budget allows after evicting what is needed later than it.
+        Returns whether it was kept."""
+        size = self.sizeof(table)
+        if size > self.budget:
+            self.counts.declined += 1
+            return False
+        planned = bool(self.plans) and (bool(self.active) or self.last is not None)
+        if not planned:
+            while self.held + size > self.budget and self.tables:
+                self._evict(next(iter(self.tables)))  # least recently used
+        else:
+            now = min(self.active.values()) if self.active else self.last
+            # A batch's own thread holds this table for that batch: its next use is later.
+            # A read-ahead thread holds it for nobody: its next use may be now.
+            mine = self.active.get(thread)
+            after = (mine[0], mine[1] + 1) if mine is not None else now
+            incoming = self._distance(group, after)
+            while self.held + size > self.budget:
+                victim, when = max(
+                    ((g, self._distance(g, now)) for g in self.tables), key=lambda x: x[1]
+                )
+                if when <= incoming:  # everything held is needed sooner: do not keep it
+                    self.counts.declined += 1
+                    return False
+                self._evict(victim)
+        self.tables[group] = table
+        self.held += size
+        return True
+
+    def _evict(self, group: int) -> None:
+        self.held -= self.sizeof(self.tables.pop(group))
+        self.counts.evictions += 1
+
+    def resize(self, budget: int) -> None:
+        self.budget = budget
+        while self.held > budget and self.tables:
+            self._evict(next(iter(self.tables)))
+
+    def stats(self) -> dict[str, int]:
+        c = self.counts
+        return {
+            "cache_budget_bytes": self.budget,
+            "cache_held_bytes": self.held,
+            "row_group_reads": c.reads,
+            "row_group_rereads": c.rereads,
+            "cache_hits": c.hits,
+            "cache_evictions": c.evictions,
+            "cache_declined": c.declined,
+        }

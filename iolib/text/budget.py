@@ -1,0 +1,229 @@
+"""Token-budget batches for variable-length fine-tuning data: `TokenBudgetBatches`.
+
+Why a source whose samples are whole batches, not a batch sampler: the loader's plan
+already shuffles, shards, resumes and gives every rank the same number of samples; with
+a budget batch as the sample, all of that holds for budget batches unchanged (the
+cursor counts them). A user-facing batch sampler would lose it: the loader refuses to
+shard a user's sampler across ranks, the script would have to call its set_epoch, and a
+resume would replay a lazily consumed iterator.
+
+Batch composition for epoch e, a pure function of (seed, e, lengths, max_tokens):
+rows in a permutation drawn from (seed, e), sorted by length within buckets of
+`bucket_batches` batches' worth of rows (similar lengths together: little padding),
+then cut into exactly N contiguous batches at equal token quantiles, where
+N = ceil(total / (max_tokens - longest row)); a cut lands at most one row past its
+quantile, so no batch holds more than `max_tokens` tokens, and N is the same every
+epoch (len() does not depend on the epoch).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from iolib.collate import is_numeric_list
+from iolib.errors import ConfigError, DataError
+from iolib.sources.base import Source
+from iolib.sources.parquet import ParquetSource
+
+_BUDGET_STREAM = 0x42554447  # "BUDG"
+
+
+def row_lengths(source: ParquetSource, column: str) -> np.ndarray:
+    """Items per row of a list column (null rows: 0), reading its row groups once."""
+    kind = source.schema.field(column).type
+    if not is_numeric_list(kind):
+        raise DataError(
+            f"Column {column!r} of {source.files[0].url!r} is {kind}: token-budget batches "
+            "need a list of numbers (token ids)."
+        )
+    lengths = []
+    for group in range(len(source.blocks())):
+        array = source.row_group(group).column(column).combine_chunks()
+        counts = np.diff(array.offsets.to_numpy()).astype(np.int64)
+        counts[array.is_null().to_numpy(zero_copy_only=False)] = 0
+        lengths.append(counts)
+    return np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+
+
+def budget_cuts(lengths: np.ndarray, batches: int) -> np.ndarray:
+    """`batches + 1` cut positions splitting rows (in order) at equal token quantiles,
+    every batch non-empty. Example: lengths [4, 4, 4, 4], 2 batches -> [0, 2, 4]."""
+    cum = np.concatenate([[0], np.cumsum(lengths)])
+    targets = np.arange(batches + 1) * (cum[-1] / batches)
+    cuts = np.searchsorted(cum, targets, side="left")
+    cuts[-1] = lengths.size
+    # A row longer than a quantile step leaves two cuts equal: move them apart.
+    cuts = np.maximum(cuts, np.arange(batches + 1))
+    cuts = np.minimum(cuts, lengths.size - np.arange(batches, -1, -1))
+    return cuts
+
+
+class TokenBudgetBatches(Source):
+    """Rows of a Parquet source grouped into batches of at most `max_tokens` tokens of
+    `column` (before padding), similar lengths together; one sample is one batch.
+
+    Example::
+
+        from iolib import DataLoader
+        from iolib.collate import ListFormat
+        from iolib.sources import ParquetSource
+        from iolib.text import TokenBudgetBatches
+
+        rows = ParquetSource("s3://bucket/sft/*.parquet", lists=ListFormat(pad_id=0))
+        batches = TokenBudgetBatches(rows, column="input_ids", max_tokens=16_384)
+        loader = DataLoader(batches, batch_size=1, shuffle=True, seed=0)  # 1 = one batch
+        for batch in loader:   # input_ids [rows, longest], input_ids_mask, ...
+
+    `batch_size` must be 1 (each sample already is a batch). Every row appears once per
+    epoch; batches differ per epoch; every rank gets the same number of batches (the
+    plan's rule: the last step is padded with the epoch's first batches, or dropped with
+    drop_last). A row longer than `max_tokens` is an error naming its file.
+
+    bucket_batches: rows sorted by length together, in batches' worth (default 64):
+        more means less padding but batches of more uniform length in a stretch.
+    """
+
+    columnar = True
+
+    def __init__(
+        self,
+        source: ParquetSource | str | list[str],
+        *,
+        column: str,
+        max_tokens: int,
+        bucket_batches: int = 64,
+        storage_options: dict[str, Any] | None = None,
+        seed: int = 0,
+    ) -> None:
+        for name, value in (("max_tokens", max_tokens), ("bucket_batches", bucket_batches)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"`{name}` must be an integer >= 1. Found: {value!r}.")
+        if not isinstance(source, ParquetSource):
+            source = ParquetSource(source, storage_options=storage_options)
+        self.rows, self.column = source, column
+        self.max_tokens, self.bucket_batches, self.seed = max_tokens, bucket_batches, int(seed)
+        self._lengths: np.ndarray | None = None
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_epochs")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def with_seed(self, seed: int) -> TokenBudgetBatches:
+        if seed == self.seed:
+            return self
+        clone = copy.copy(self)
+        clone.seed = int(seed)
+        clone._init_runtime()
+        return clone
+
+    # -- lengths and the plan ------------------------------------------------------------
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per row (read once: the column alone, kept in no cache)."""
+        if self._lengths is None:
+            projected = ParquetSource(
+                self.rows.urls, [self.column], self.rows.storage_options, cache_bytes=1,
+                retry=self.rows.retry,
+            )  # fmt: skip
+            lengths = row_lengths(projected, self.column)
+            if lengths.size and lengths.max() > self.max_tokens:
+                row = int(lengths.argmax())
+                raise DataError(
+                    f"{projected.locate(row)} holds {int(lengths[row])} tokens in "
+                    f"{self.column!r}, more than max_tokens={self.max_tokens}: raise "
+                    "max_tokens or truncate the row when writing the data."
+                )
+            self._lengths = lengths
+        return self._lengths
+
+    def __len__(self) -> int:
+        lengths = self.lengths
+        if lengths.size == 0:
+            return 0
+        room = max(self.max_tokens - int(lengths.max()), 1)
+        return min(lengths.size, max(1, math.ceil(int(lengths.sum()) / room)))
+
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows in batch order, cut positions) for `epoch`."""
+        key = (self.seed, epoch)
+        found = self._epochs.get(key)
+        if found is not None:
+            return found
+        lengths, batches = self.lengths, len(self)
+        rng = np.random.Generator(
+            np.random.Philox(np.random.SeedSequence([_BUDGET_STREAM, self.seed, epoch]))
+        )
+        rows = rng.permutation(lengths.size)
+        bucket = max(1, self.bucket_batches * lengths.size // max(batches, 1))
+        for start in range(0, rows.size, bucket):  # longest first within each bucket
+            part = rows[start : start + bucket]
+            rows[start : start + bucket] = part[np.argsort(-lengths[part], kind="stable")]
+        cuts = budget_cuts(lengths[rows], batches)
+        with self._lock:
+            self._epochs[key] = (rows, cuts)
+            for old in [k for k in self._epochs if k[1] < epoch - 1]:
+                del self._epochs[old]
+        return rows, cuts
+
+    def batch_rows(self, batch: int, epoch: int = 0) -> np.ndarray:
+        """The rows of batch `batch` of `epoch`, in batch order."""
+        rows, cuts = self._epoch(epoch)
+        return rows[cuts[batch] : cuts[batch + 1]]
+
+    # -- the Source protocol -------------------------------------------------------------
+    def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
+        """The rows of budget batches `indices` (one, with batch_size=1)."""
+        batches = np.asarray(indices, dtype=np.int64)
+        if batches.size and (batches.min() < 0 or batches.max() >= len(self)):
+            raise IndexError(f"batch indices outside 0..{len(self) - 1}")
+        rows = [self.batch_rows(int(k), epoch) for k in batches]
+        return self.rows.read(np.concatenate(rows) if rows else rows, epoch=epoch)
+
+    def plan_epoch(self, epoch: int, batches: Any) -> None:
+        """The row source's cache learns the rows each upcoming batch reads."""
+        self.rows.plan_epoch(epoch, _RowsOf(self, batches, epoch))
+
+    def fit_cache(self, row_groups: int) -> int:
+        return self.rows.fit_cache(len(self.rows.blocks()))  # rows come from anywhere
+
+    def cache_stats(self) -> dict[str, int]:
+        return self.rows.cache_stats()
+
+    def fingerprint(self) -> str:
+        words = f"{self.rows.fingerprint()}|{self.column}|{self.max_tokens}|{self.bucket_batches}"
+        return hashlib.sha256(words.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return f"TokenBudgetBatches({self.rows.describe()}, max_tokens={self.max_tokens})"
+
+    def locate(self, index: int) -> str:
+        return f"token-budget batch {index} of {self.rows.describe()}"
+
+
+class _RowsOf:
+    """Budget batches' index arrays seen as the rows they read (for the row cache)."""
+
+    def __init__(self, owner: TokenBudgetBatches, batches: Any, epoch: int) -> None:
+        self.owner, self.batches, self.epoch = owner, batches, epoch
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        parts = [self.owner.batch_rows(int(b), self.epoch) for b in self.batches[k]]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

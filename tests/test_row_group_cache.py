@@ -1,0 +1,110 @@
+"""The row-group cache: sized from decoded Arrow bytes, evicting by next use in the plan,
+so a block shuffle reads each row group once at a budget below the dataset and a global
+shuffle re-reads only what does not fit (counted in stats())."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from iolib import DataLoader
+from iolib.errors import ConfigError
+from iolib.sources import ParquetSource
+from tests.token_data import doc_lengths, write_documents
+
+GROUPS, ROWS = 16, 32  # row groups, rows per row group
+
+
+@pytest.fixture
+def docs(tmp_path) -> str:
+    return write_documents(tmp_path / "d", doc_lengths(GROUPS * ROWS), row_group_size=ROWS)
+
+
+def _group_bytes(url: str) -> int:
+    source = ParquetSource(url)
+    return max(source.row_group(g).nbytes for g in range(GROUPS))
+
+
+def test_size_estimate_matches_the_measured_arrow_size(tmp_path, docs) -> None:
+    strings = tmp_path / "s.parquet"
+    words = [f"word-{i % 13}" * (1 + i % 5) for i in range(600)]  # dictionary-encoded
+    pq.write_table(
+        pa.table({"w": words, "x": np.arange(600, dtype=np.float32)}), strings, row_group_size=100
+    )
+    for url, columns in ((docs, None), (docs, ["tokens"]), (str(strings), None)):
+        source = ParquetSource(url, columns=columns)
+        estimates = source.estimated_bytes()
+        measured = [source.row_group(g).nbytes for g in range(len(estimates))]
+        for est, got in zip(estimates, measured, strict=True):
+            assert 0.9 * got <= est <= 1.15 * got, (url, columns, est, got)
+
+
+def test_block_shuffle_reads_each_row_group_once_below_the_dataset(docs) -> None:
+    budget = 6 * _group_bytes(docs)  # the dataset takes 16
+    for workers in (0, 2):
+        source = ParquetSource(docs, cache_bytes=budget)
+        loader = DataLoader(
+            source, batch_size=20, shuffle="block", shuffle_window=2, num_workers=workers, seed=1
+        )
+        reads = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            seen = np.concatenate([b["id"].numpy() for b in loader])
+            assert sorted(seen.tolist()) == list(range(GROUPS * ROWS))
+            reads.append(loader.stats()["row_group_reads"])
+        stats = loader.stats()
+        assert stats["row_group_rereads"] == 0, stats
+        # Epoch 1 may find some of epoch 0's last row groups still held.
+        assert reads[0] == GROUPS and reads[1] - reads[0] <= GROUPS
+        assert stats["cache_held_bytes"] <= budget
+
+
+def test_global_shuffle_below_the_dataset_rereads_only_what_does_not_fit(docs, caplog) -> None:
+    fit = 10  # of 16 row groups
+    budget = fit * _group_bytes(docs)
+    source = ParquetSource(docs, cache_bytes=budget)
+    loader = DataLoader(source, batch_size=64, shuffle=True, seed=0)
+    with caplog.at_level(logging.WARNING):
+        batches = len(list(loader))
+    stats = loader.stats()
+    # Every batch touches nearly all 16 row groups; an LRU cache of 10 re-reads all 16
+    # for each batch. Evicting by next use re-reads at most those that do not fit.
+    assert stats["row_group_reads"] <= GROUPS + batches * (GROUPS - fit + 1)
+    assert stats["row_group_reads"] < 0.6 * batches * GROUPS
+    assert stats["row_group_rereads"] == stats["row_group_reads"] - GROUPS > 0
+    warnings = [r for r in caplog.records if "read again" in r.getMessage()]
+    assert len(warnings) == 1 and "shuffle='block'" in warnings[0].getMessage()
+
+
+def test_default_cache_holds_a_global_shuffle_without_rereads(docs) -> None:
+    loader = DataLoader(ParquetSource(docs), batch_size=64, shuffle=True, num_workers=2)
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        list(loader)
+    stats = loader.stats()
+    assert stats["row_group_reads"] == GROUPS and stats["row_group_rereads"] == 0
+
+
+def test_row_groups_of_the_next_batches_are_read_ahead(docs) -> None:
+    source = ParquetSource(docs, cache_bytes=8 * _group_bytes(docs), readahead=3)
+    loader = DataLoader(source, batch_size=20, shuffle="block", shuffle_window=2, seed=1)
+    iterator = iter(loader)
+    first = next(iterator)
+    own = len(np.unique(first["id"].numpy() // ROWS))  # row groups batch 0 itself reads
+    deadline = time.monotonic() + 10
+    while loader.stats()["row_group_reads"] <= own and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loader.stats()["row_group_reads"] > own
+    rest = [b["id"] for b in iterator]
+    assert sorted(np.concatenate([first["id"], *rest]).tolist()) == list(range(GROUPS * ROWS))
+    assert loader.stats()["row_group_rereads"] == 0
+
+
+def test_readahead_must_be_a_count(docs) -> None:
+    with pytest.raises(ConfigError, match="readahead"):
+        ParquetSource(docs, readahead=-1)
