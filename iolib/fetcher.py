@@ -222,6 +222,11 @@ class BatchFetcher:
             meta.stage_ms[stage] = meta.stage_ms.get(stage, 0.0) + 1e3 * wall
             meta.cpu_ms[stage] = meta.cpu_ms.get(stage, 0.0) + 1e3 * used
 
+    def _read(self, indices: Any, epoch: int) -> Any:
+        data = self.source.read(indices, epoch=epoch)
+        self.source.check_batch(data, indices)
+        return data
+
     def _read_skipping(self, indices: Any, epoch: int, meta: BatchMeta) -> Any:
         """Read a batch; under on_error="skip", retry sample by sample and leave out those
         that fail (counted), keeping the others in order.
@@ -230,7 +235,7 @@ class BatchFetcher:
         fails every sample in it: the rest of its samples are skipped without another
         read (and its retries), so a corrupt row group costs one read, not one per sample."""
         try:
-            return self.source.read(indices, epoch=epoch), indices
+            return self._read(indices, epoch), indices
         except Exception:
             if self.on_error == "raise":
                 raise
@@ -242,11 +247,12 @@ class BatchFetcher:
                 meta.skipped.append(index)
                 continue
             try:
-                parts.append(self.source.read(as_batch_of_one(indices, index), epoch=epoch))
+                parts.append(self._read(as_batch_of_one(indices, index), epoch))
                 kept.append(index)
-            except Exception:
+            except Exception as exc:
                 meta.skipped.append(index)
-                if block is not None:
+                # A sample's own fault (a null label) says so; others fail its block.
+                if block is not None and getattr(exc, "whole_block", True):
                     failed_blocks.add(block)
         if not parts:
             return None, np.zeros(0, dtype=np.int64)

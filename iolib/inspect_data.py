@@ -26,6 +26,8 @@ _MAX_FILES_SHOWN = 20  # in the text report; --json lists all
 def detect_format(url: str, options: dict[str, Any]) -> str:
     """'parquet' for a Parquet file, a glob or a directory holding Parquet files; else
     'images' for a directory (an image folder)."""
+    if not url.strip():
+        raise DataError("URL is empty: name a Parquet file, directory, glob or image folder.")
     fs, path = open_filesystem(url, options)
     if any(c in path for c in "*?[") or path.endswith(_PARQUET_SUFFIXES):
         return "parquet"
@@ -33,7 +35,7 @@ def detect_format(url: str, options: dict[str, Any]) -> str:
         raise DataError(f"{url!r} does not exist. Check the path (and -o storage options).")
     if not fs.isdir(path):
         return "parquet"
-    found = fs.find(path)
+    found = fs.ls(path, detail=False)  # the directory's own files, as ParquetSource reads
     return "parquet" if any(p.endswith(_PARQUET_SUFFIXES) for p in found) else "images"
 
 

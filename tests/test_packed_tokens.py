@@ -127,7 +127,7 @@ def test_bad_input_fails_clearly(tmp_path, corpus) -> None:
         PackedTokens(corpus, column="tokens", seq_len=0, eos_id=0)
     with pytest.raises(ConfigError, match=r"eos_id.*int32"):
         len(PackedTokens(corpus, column="tokens", seq_len=4, eos_id=2**40))
-    with pytest.raises(DataError, match="lacks column"):
+    with pytest.raises(DataError, match=r"has column\(s\) \[.nope.\]"):
         len(PackedTokens(corpus, column="nope", seq_len=4, eos_id=0))
     words = tmp_path / "w.parquet"
     pq.write_table(pa.table({"tokens": [["a", "b"], ["c"]]}), words)

@@ -322,7 +322,7 @@ def test_wrong_column_type_raises_or_is_skipped(tmp_path: Path) -> None:
     source = ParquetSource(str(tmp_path / "d"))
     with raises_failure(
         DataError,
-        match=r"part-001.parquet. row group \d has other column types.*.label. is string",
+        match=r"part-001.parquet. row group \d: its schema differs.*.label. is string",
     ):
         list(_loader(source, batch_size=8, shuffle="global"))
     loader = _loader(ParquetSource(str(tmp_path / "d")), batch_size=8, shuffle="global",

@@ -145,7 +145,7 @@ def test_glob_matching_nothing(tmp_path) -> None:
 
 
 def test_missing_column_names_file_and_columns(token_dir) -> None:
-    with pytest.raises(DataError, match=r"part-000.parquet.*lacks column\(s\) \['pixels'\]"):
+    with pytest.raises(DataError, match=r"No Parquet file of .* has column\(s\) \['pixels'\]"):
         len(ParquetSource(str(token_dir), columns=["id", "pixels"]))
 
 

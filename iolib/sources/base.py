@@ -39,6 +39,11 @@ class Source(ABC):
         a list of other keys): a pyarrow Table with rows in that order for columnar sources,
         else a list of samples. `epoch` keys any per-sample randomness a source applies."""
 
+    def check_batch(self, data: Any, indices: Any) -> None:
+        """Raise DataError for values the loader's batch cannot hold (a columnar source's
+        nulls in a number column); reading itself stays raw for other users of `read`."""
+        return None
+
     def blocks(self) -> tuple[int, ...]:
         """Contiguous blocks (row groups) in sample order, for block shuffling; () if none."""
         return ()

@@ -32,6 +32,7 @@ from iolib.sources.dense import DenseColumns
 from iolib.sources.footer import arrow_bytes, column_sizes, exact_size, leaf_values
 from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, Span, coalesce, column_spans
 from iolib.sources.rgcache import EpochUses, PlannedCache
+from iolib.sources.schemas import conform, drifted, null_numbers, unified_schema
 from iolib.storage import (
     RetryPolicy,
     call_with_retries,
@@ -141,8 +142,11 @@ class ParquetSource(Source):
             raise ConfigError(f"`readahead` must be an integer >= 0. Found: {readahead!r}.")
         self.readahead = readahead
         self.urls = [urls] if isinstance(urls, str) else list(urls)
-        if not self.urls:
-            raise ConfigError("`urls` is empty: give a Parquet file, directory, glob or list.")
+        if not self.urls or any(not isinstance(u, str) or not u.strip() for u in self.urls):
+            raise ConfigError(
+                f"`urls` must name Parquet files: a file, directory, glob or a list of them. "
+                f"Found: {urls!r} (an empty path would read the current directory)."
+            )
         self.columns = list(columns) if columns is not None else None
         self.storage_options = dict(storage_options or {})
         self._fixed_cache = cache_bytes is not None
@@ -236,9 +240,27 @@ class ParquetSource(Source):
             ) from None
         if kind != "directory":
             return [path]
-        found = sorted(p for p in fs.find(path) if p.endswith((".parquet", ".pq")))
+        # The directory's own files only: a data/ holding train/ and val/ must not mix
+        # them. Recursion is a glob away: data/**/*.parquet.
+        entries = fs.ls(path, detail=True)
+        found = sorted(
+            e["name"]
+            for e in entries
+            if e.get("type") == "file" and e["name"].endswith((".parquet", ".pq"))
+        )
         if not found:
-            raise DataError(f"Directory {shown!r} holds no *.parquet files.")
+            folders = [
+                e["name"].rstrip("/").rsplit("/", 1)[-1]
+                for e in entries
+                if e.get("type") == "directory"
+            ]
+            hint = (
+                f" It has folder(s) {sorted(folders)[:5]}: name one, or read them all with a "
+                f"glob such as {shown.rstrip('/')}/**/*.parquet."
+                if folders
+                else ""
+            )
+            raise DataError(f"Directory {shown!r} holds no *.parquet files.{hint}")
         return found
 
     def _read_footer(self, where: tuple[str, str, int]) -> _FileMeta:
@@ -271,15 +293,18 @@ class ParquetSource(Source):
         return _FileMeta(url, path, groups, size, schema, root, compressed, raw, meta, spans)
 
     def _check_columns(self) -> None:
+        """A requested column no file has is a mistake in `columns`; one that only some
+        files lack is schema drift (see `drifted_files`)."""
         if self.columns is None:
             return
-        for meta in self._files or []:
-            missing = [c for c in self.columns if c not in meta.schema.names]
-            if missing:
-                raise DataError(
-                    f"Parquet file {meta.url!r} lacks column(s) {missing}; it has "
-                    f"{meta.schema.names}. Fix `columns` or the file."
-                )
+        files = self._files or []
+        present = {name for meta in files for name in meta.schema.names}
+        missing = [c for c in self.columns if c not in present]
+        if missing and files:
+            raise DataError(
+                f"No Parquet file of {self.describe()} has column(s) {missing}; the first has "
+                f"{files[0].schema.names}. Fix `columns`."
+            )
 
     def __len__(self) -> int:
         return int(self._rg_starts[-1])
@@ -372,9 +397,31 @@ class ParquetSource(Source):
 
     @property
     def schema(self) -> pa.Schema:
-        """The Arrow schema of the first file, projected to `columns`."""
-        schema = self.files[0].schema
-        return pa.schema([schema.field(c) for c in self.columns]) if self.columns else schema
+        """The dataset's Arrow schema, projected to `columns`: every file's columns, each
+        typed as the first file that has it (see iolib.sources.schemas)."""
+        cached = self.__dict__.get("_schema")
+        if cached is None:
+            cached = unified_schema([f.schema for f in self.files], self.columns)
+            self.__dict__["_schema"] = cached
+        return cached
+
+    @property
+    def drifted_files(self) -> dict[str, str]:
+        """URL -> what differs, for files whose schema cannot join the dataset's: their
+        row groups are refused (skipped and counted under on_error="skip")."""
+        cached = self.__dict__.get("_drift")
+        if cached is None:
+            files = self.files
+            found = drifted([f.schema for f in files], self.schema)
+            cached = {files[i].url: reason for i, reason in found.items()}
+            self.__dict__["_drift"] = cached
+            if cached:
+                log.warning(
+                    "%d Parquet file(s) differ from the dataset's schema and will be refused: %s",
+                    len(cached),
+                    "; ".join(f"{url}: {why}" for url, why in list(cached.items())[:5]),
+                )
+        return cached
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256()
@@ -422,6 +469,23 @@ class ParquetSource(Source):
             count_bytes(read)  # what was read ahead counts in the batch that took it over
             count_retries(retries)
         return self.lists.tag(table) if self.lists is not None else table
+
+    def check_batch(self, table: pa.Table, indices: np.ndarray) -> None:
+        """A null in a number or boolean column is an error naming the samples (no tensor
+        holds a null, and 0 would be a silent lie); under on_error="skip" those samples
+        alone are left out, not their row group."""
+        indices = np.asarray(indices, dtype=np.int64)
+        for name, rows in null_numbers(table).items():
+            samples = [int(i) for i in indices[rows]]
+            kind = self.schema.field(name).type
+            error = DataError(
+                f"Column {name!r} ({kind}) is null in {len(samples)} of the batch's rows, first "
+                f"at {self.locate(samples[0])}: a tensor cannot hold a null. Fill the column "
+                "when writing the data, or pass on_error='skip' to leave those rows out."
+            )
+            error.samples = samples  # type: ignore[attr-defined]
+            error.whole_block = False  # type: ignore[attr-defined]
+            raise error
 
     def row_group(self, group: int) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns, through
@@ -614,6 +678,13 @@ class ParquetSource(Source):
 
     def _fetch_row_group(self, group: int) -> pa.Table:
         meta, local = self._groups[group]
+        reason = self.drifted_files.get(meta.url)
+        if reason is not None:
+            raise DataError(
+                f"Parquet file {meta.url!r} row group {local}: its schema differs from the "
+                f"dataset's ({reason}). Rewrite it with the dataset's schema, leave it out, "
+                "or pass on_error='skip' to leave its rows out (counted)."
+            )
         what = f"reading {meta.url!r} row group {local}"
         spans = self._spans_for(group)
         # This thread's open files: the read itself runs on a helper thread (timeouts).
@@ -627,6 +698,7 @@ class ParquetSource(Source):
         # The file now holding this batch's bytes: let go once the batch is decoded (only
         # these: a thread may have thousands of files open, and this is per batch).
         self._local.__dict__.setdefault("loaded", set()).add(handles[meta.path][1])
+        table = conform(table, self.schema)
         self._check_types(table, meta, local)
         sizes = meta.column_bytes[local]
         count_bytes(sum(sizes[c] for c in (self.columns or sizes) if c in sizes))
