@@ -208,6 +208,9 @@ def tune(**kw: Any) -> None:
         return _model_command(kw, files)
     if not kw["data"]:
         raise click.UsageError("Give DATA (a dataset URL), or --evaluate / --retrain.")
+    from iolib.bench.command import writable_directory
+
+    writable_directory(kw["out"], "--out")  # before the probe, not after its whole run
     paths = _recommend(kw)
     click.echo(f"Report: {paths['markdown']} (and {paths['html'].name}, plots beside it)")
     return None
