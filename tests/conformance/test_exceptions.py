@@ -124,11 +124,14 @@ def test_get_worker_info_inside_workers(Loader) -> None:
     )
     samples = [s for batch in loader for s in _unbatch(batch)]
     assert sorted(s["index"] for s in samples) == list(range(16))
-    assert all(s["in_worker"] for s in samples)
+    assert all(s["in_worker"] for s in samples), "get_worker_info() was None in a worker"
     assert {s["id"] for s in samples} == {0, 1}
     assert {s["num_workers"] for s in samples} == {2}
-    assert all(s["seed_is_torch_initial_seed"] for s in samples)
-    assert all(s["dataset_is_a_copy"] for s in samples)
+    assert all(s["seed_is_torch_initial_seed"] for s in samples), (
+        "in a worker, torch.initial_seed() must equal get_worker_info().seed (torch seeds "
+        "each worker with it; __getitem__ sees that seed)"
+    )
+    assert all(s["dataset_is_a_copy"] for s in samples), "info.dataset is not the dataset"
     seeds = {s["id"]: s["seed"] for s in samples}
     assert seeds[1] - seeds[0] == 1  # torch: base_seed + worker id
     assert get_worker_info() is None
