@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,7 @@ class SmallCNN(nn.Module):
         self.fc = nn.Linear(16, classes)
 
     def forward(self, x):
+        x = F.avg_pool2d(x, 4)  # 128x128 -> 32x32: the model stays cheap
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.relu(self.conv2(x))
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
@@ -125,6 +127,8 @@ def main():
         optimizer.step()
         train_batches += 1
         train_losses.append(loss.item())
+        print(f"train batch {{train_batches}} at {{time.monotonic() - start:.1f}} s", flush=True)
+    print(f"validating at {{time.monotonic() - start:.1f}} s", flush=True)
     trained_losses, _ = validate(model, val_loader)
     model.load_state_dict(initial)
     initial_losses, targets = validate(model, val_loader)
@@ -151,8 +155,10 @@ TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def image_root(tmp_path_factory) -> Path:
-    """4 classes of 32x32 PNGs (lossless: decoding is exact): 24 per class to train,
-    8 per class to validate."""
+    """4 classes of 128x128 PNGs (lossless: decoding is exact): 24 per class to train,
+    8 per class to validate. 128x128x3 values are above torch's grain size for intra-op
+    parallelism (32768), so the transform's torch ops run parallel regions in the worker
+    processes: the ones that deadlocked after fork when the parent's pool was live."""
     root = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(0)
     for split, per_class in (("train", 24), ("val", 8)):
@@ -160,7 +166,7 @@ def image_root(tmp_path_factory) -> Path:
             folder = root / split / f"class{c}"
             folder.mkdir(parents=True)
             for i in range(per_class):
-                base = np.zeros((32, 32, 3), dtype=np.uint8)
+                base = np.zeros((128, 128, 3), dtype=np.uint8)
                 base[..., c % 3] = 60 * (c + 1)
                 pixels = np.clip(base + rng.integers(0, 90, base.shape), 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(folder / f"img{i:03d}.png")
@@ -170,25 +176,33 @@ def image_root(tmp_path_factory) -> Path:
 def run_script(which: str, root: Path, workdir: Path) -> dict:
     script = workdir / f"train_{which}.py"
     script.write_text(SCRIPT.format(import_line=IMPORTS[which]))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
-    }
-    try:
-        run = subprocess.run(
+    path = os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
+    log = workdir / f"train_{which}.log"
+    with open(log, "w") as out:
+        # Own session: on a timeout the script and the workers it forked are killed
+        # together (by its process group), so a deadlocked run leaves nothing behind.
+        proc = subprocess.Popen(
             [sys.executable, str(script), str(root)],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": path},
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(
-            f"{which}: the training script did not finish in {TIMEOUT_S} s "
-            f"(deadlock?); output so far: {exc.stdout!r} {exc.stderr!r}"
-        )
-    assert run.returncode == 0, f"{which}: exit {run.returncode}\n{run.stderr[-3000:]}"
-    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+        try:
+            code = proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(
+                f"{which}: the training script did not finish in {TIMEOUT_S} s "
+                f"(deadlock?); its output:\n{log.read_text()[-2000:]}"
+            )
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert code == 0, f"{which}: exit {code}\n{output[-3000:]}"
+    line = next(x for x in output.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
 
 
