@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from tests.conformance.conftest import Numbers
+from tests.conformance.conftest import Numbers, batches, reference
 
 DEADLINE_S = 8.0  # generous for a loaded machine; a clean shutdown takes well under 1 s
 HELPERS = ("resource_tracker", "forkserver")  # multiprocessing's own, not workers
@@ -97,3 +97,11 @@ def test_exception_in_the_loop_body_leaves_no_workers(Loader, baseline, persiste
     extra, threads = settle(*baseline)
     assert not extra, f"worker processes still alive: {sorted(extra)}"
     assert threads <= baseline[1], f"{threads} threads, {baseline[1]} before"
+
+
+def test_persistent_workers_give_torch_batches_every_epoch(Loader) -> None:
+    loader = Loader(Numbers(10), batch_size=3, num_workers=2, persistent_workers=True)
+    expected = reference(Numbers(10), batch_size=3)
+    for epoch in range(3):
+        assert batches(loader) == expected, f"epoch {epoch}"
+    del loader
