@@ -154,6 +154,7 @@ class Engine:
             pool.held.clear()
         self._drain_todo()
         self._tasks, self._base, self._submitted, self._next = tasks, 0, 0, 0
+        self._rr = 0  # each pass starts at worker 0, as torch's iterator does
         self._make_following = self._following = None
         if self._target_workers and not self._started:
             self._started = True
@@ -253,8 +254,8 @@ class Engine:
                     continue
             if deadline is not None and time.monotonic() > deadline:
                 raise WorkerError(
-                    f"Timed out after {self.timeout:g} s waiting for batch {shown} "
-                    f"(`timeout` argument); {len(pool.ready)} later batches were ready.",
+                    f"DataLoader timed out after {self.timeout:g} seconds (`timeout`) waiting "
+                    f"for batch {shown}; {len(pool.ready)} later batches were ready.",
                     stage="wait",
                     batch=shown,
                 )
@@ -353,7 +354,6 @@ class Engine:
                     todo,
                     pool.done_q,
                     self.worker_init_fn,
-                    os.getpid(),
                     pool.stopping,
                 ),
                 name=f"iolib-worker-{wid}",
@@ -369,8 +369,9 @@ class Engine:
 
     def _pick_process(self) -> int:
         slots = [i for i, p in enumerate(self._pool.procs) if not p[2]]
-        self._rr = (self._rr + 1) % len(slots)
-        return slots[self._rr]
+        slot = slots[self._rr % len(slots)]  # batch k to worker k mod n, as torch cycles
+        self._rr += 1
+        return slot
 
     def _settle(self) -> None:
         """Let the reader deliver what a dead worker sent before it died (its result, or

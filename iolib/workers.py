@@ -273,13 +273,16 @@ def process_worker(
     todo: Any,
     done: Any,
     init: Callable[[int], None] | None,
-    parent: int,
     stopping: Any,
 ) -> None:
     """A worker process: like thread_worker, and exits within WATCH_S of its parent's
     death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes).
     Once `stopping` (an Event) is set it runs no more tasks (torch's done_event)."""
     import torch
+
+    # The parent as this process sees it, read here as torch's watchdog does: under
+    # forkserver it is the fork server (which exits with the trainer), not the trainer.
+    parent = os.getppid()
 
     # First, before any torch op: one intra-op thread, as in torch's worker loop.
     torch.set_num_threads(1)

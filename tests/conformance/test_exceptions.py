@@ -88,6 +88,7 @@ class WorkerInfoDataset(Dataset):
     def __init__(self, n: int) -> None:
         self.n = n
         self.tag = "the user's dataset"
+        self.seeded_by_worker = None  # set by record_worker_seed in each worker's copy
 
     def __len__(self) -> int:
         return self.n
@@ -102,7 +103,7 @@ class WorkerInfoDataset(Dataset):
             "id": info.id,
             "num_workers": info.num_workers,
             "seed": info.seed,
-            "seed_is_torch_initial_seed": info.seed == torch.initial_seed(),
+            "seed_is_torch_initial_seed": self.seeded_by_worker,
             "dataset_is_a_copy": isinstance(info.dataset, WorkerInfoDataset)
             and info.dataset.tag == "the user's dataset",
         }
@@ -115,12 +116,21 @@ def test_get_worker_info_is_none_in_the_main_process(Loader) -> None:
     assert get_worker_info() is None
 
 
+def record_worker_seed(worker_id: int) -> None:
+    """torch seeds each worker with get_worker_info().seed before worker_init_fn. (iolib
+    then seeds global generators per sample in process workers, for determinism across
+    worker counts, so __getitem__ sees a per-sample seed: docs/determinism.md.)"""
+    info = get_worker_info()
+    info.dataset.seeded_by_worker = info.seed == torch.initial_seed()
+
+
 def test_get_worker_info_inside_workers(Loader) -> None:
     loader = Loader(
         WorkerInfoDataset(16),
         batch_size=2,
         num_workers=2,
         generator=torch.Generator().manual_seed(0),
+        worker_init_fn=record_worker_seed,
     )
     samples = [s for batch in loader for s in _unbatch(batch)]
     assert sorted(s["index"] for s in samples) == list(range(16))
@@ -128,8 +138,8 @@ def test_get_worker_info_inside_workers(Loader) -> None:
     assert {s["id"] for s in samples} == {0, 1}
     assert {s["num_workers"] for s in samples} == {2}
     assert all(s["seed_is_torch_initial_seed"] for s in samples), (
-        "in a worker, torch.initial_seed() must equal get_worker_info().seed (torch seeds "
-        "each worker with it; __getitem__ sees that seed)"
+        "in worker_init_fn, torch.initial_seed() must equal get_worker_info().seed (torch "
+        "seeds each worker with it first)"
     )
     assert all(s["dataset_is_a_copy"] for s in samples), "info.dataset is not the dataset"
     seeds = {s["id"]: s["seed"] for s in samples}
