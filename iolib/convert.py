@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iolib._cli_common import STORAGE_OPTION, parse_storage_options
+from iolib._cli_common import storage_options_option
 from iolib.errors import DataError
 from iolib.rng import order_rng
 from iolib.sources.files import SCHEMA, ImageFolderSource
@@ -152,7 +152,7 @@ def _is_inside(path: str, root: str) -> bool:
     "name). A shuffled layout makes shuffle='block' mix classes within a row group.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an earlier conversion in DST.")
-@STORAGE_OPTION
+@storage_options_option
 def convert(
     src: str,
     dst: str,
@@ -161,7 +161,7 @@ def convert(
     compression: str,
     shuffle_seed: int | None,
     overwrite: bool,
-    storage_options: tuple[str, ...],
+    storage_options: dict[str, Any],
 ) -> None:
     """Convert an image folder SRC (SRC/<class>/<file>) to Parquet shards in DST.
 
@@ -173,7 +173,7 @@ def convert(
     """
     from tqdm import tqdm
 
-    options = parse_storage_options(storage_options)
+    options = storage_options
     source = ImageFolderSource(src, options)
     src_fs, src_root = open_filesystem(src, options)
     dst_fs, dst_root = open_filesystem(dst, options)

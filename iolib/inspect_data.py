@@ -15,7 +15,7 @@ from typing import Any
 import click
 import numpy as np
 
-from iolib._cli_common import STORAGE_OPTION, parse_storage_options
+from iolib._cli_common import storage_options_option
 from iolib.errors import DataError
 from iolib.storage import open_filesystem
 
@@ -193,7 +193,7 @@ def format_text(summary: dict[str, Any]) -> str:
 
 @click.command("inspect")
 @click.argument("urls", metavar="URL...", nargs=-1, required=True)
-@STORAGE_OPTION
+@storage_options_option
 @click.option(
     "--format",
     "kind",
@@ -205,7 +205,7 @@ def format_text(summary: dict[str, Any]) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for machines) instead.")
 def inspect(
-    urls: tuple[str, ...], storage_options: tuple[str, ...], kind: str, as_json: bool
+    urls: tuple[str, ...], storage_options: dict[str, Any], kind: str, as_json: bool
 ) -> None:
     """Show what URL holds: a Parquet file, directory or glob (files, rows, row groups,
     schema, bytes) or an image folder (classes, images per class, bytes).
@@ -215,7 +215,7 @@ def inspect(
 
     Example: iolib inspect 's3://bucket/train/*.parquet' -o anon=true --json
     """
-    options = parse_storage_options(storage_options)
+    options = storage_options
     if kind == "auto":
         kind = "parquet" if len(urls) > 1 else detect_format(urls[0], options)
     if kind == "images" and len(urls) > 1:

@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from iolib._cli_common import storage_options_option
 from iolib.errors import ConfigError
 
 DEFAULT_OBSERVATIONS = Path(__file__).parent.parent / "predictors" / "data" / "sweep"
@@ -65,7 +66,7 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
     from iolib.loader import DataLoader
     from predictors.report import write_report
 
-    options = json.loads(kw["storage_options"] or "{}")
+    options = kw["storage_options"]
     source = _source(kw["data"], options, kw["column"])
     decode = None if kw["no_decode"] else _decoder(source, kw["image_size"])
     common = dict(
@@ -150,15 +151,41 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
     show_default=True,
     help="Utilization to reach: step/(step+stall).",
 )
-@click.option("--memory-budget", default=None, help="Most memory for batches, e.g. 2GiB.")
-@click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
 @click.option(
-    "--shuffle", type=click.Choice(["none", "block", "global"]), default="block", show_default=True
+    "--memory-budget",
+    default=None,
+    help="Most memory for batches in flight or ready, e.g. 2GiB or 512MB. Default: no bound.",
 )
-@click.option("--max-workers", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--column", default=None, help="Read only this Parquet column.")
-@click.option("--no-decode", is_flag=True, help="Do not decode an image column.")
-@click.option("--image-size", type=click.IntRange(1), default=224, show_default=True)
+@click.option(
+    "--batch-size", type=click.IntRange(1), default=64, show_default=True, help="Samples per batch."
+)
+@click.option(
+    "--shuffle",
+    type=click.Choice(["none", "block", "global"]),
+    default="block",
+    show_default=True,
+    help="Sample order (block: row-group windows, the remote-friendly one).",
+)
+@click.option(
+    "--max-workers",
+    type=click.IntRange(1),
+    default=8,
+    show_default=True,
+    help="The most workers the tuner may use.",
+)
+@click.option(
+    "--column", default=None, help="Read only this Parquet column. Default: every column."
+)
+@click.option(
+    "--no-decode", is_flag=True, help="Do not decode an image column (default: decode it)."
+)
+@click.option(
+    "--image-size",
+    type=click.IntRange(1),
+    default=224,
+    show_default=True,
+    help="Side in pixels images are cropped and resized to when decoded.",
+)
 @click.option(
     "--batches",
     type=click.IntRange(10),
@@ -173,7 +200,7 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
     show_default=True,
     help="Batches per verification run (across epochs if need be).",
 )
-@click.option("--storage-options", default=None, help="JSON fsspec options for DATA.")
+@storage_options_option
 @click.option(
     "--out",
     type=click.Path(file_okay=False),

@@ -13,8 +13,11 @@ import pytest
 from iolib.bench.records import CONFIG, FEATURES, OUTCOMES, SCHEMA, arrow_type, read_observations
 from iolib.cli import main
 
-TINY = ["--samples", "64", "--rows-per-group", "16", "--batch-size", "8", "--batches", "3",
-        "--workers", "1", "--depth", "2", "--no-progress"]  # fmt: skip
+# --repeats 1 --step-ms 0: one flat-out run per configuration (the demo's defaults,
+# 3 repeats of a 40 ms step, would triple these tests' time).
+TINY = ["--repeats", "1", "--step-ms", "0", "--samples", "64", "--rows-per-group", "16",
+        "--batch-size", "8", "--batches", "3", "--workers", "1", "--depth", "2",
+        "--no-progress"]  # fmt: skip
 
 
 def run_cli(args, capsys):
@@ -145,3 +148,34 @@ def test_ctrl_c_in_cli_writes_observations(tmp_path, capsys, monkeypatch):
                             "--out", str(tmp_path)], capsys)  # fmt: skip
     assert code == 130 and "Interrupted" in err
     assert len(read_observations(str(tmp_path / "observations.parquet"))) == 1
+
+
+def _row(loader, sps, util, repeat=0, profile="local"):
+    return {"workload": "images-256", "storage_profile": profile, "step_ms": 40.0,
+            "workers": 1, "batch_size": 32, "loader": loader, "throughput_sps": sps,
+            "utilization": util, "depth": 4, "repeat": repeat}  # fmt: skip
+
+
+def test_verdict_says_ratio_busy_share_and_when_noise_decides():
+    from iolib.bench.report import verdict
+
+    clear = [_row("iolib", v, 0.99, i) for i, v in enumerate((900, 950, 1000))]
+    clear += [_row("torch", v, 0.5, i) for i, v in enumerate((400, 450, 500))]
+    said = verdict(clear)
+    assert "iolib delivered 2.1x torch's images/s" in said and "1 worker," in said
+    assert "busy 99% of the time fed by iolib vs 50% by torch" in said
+    assert "unreliable" not in said and "Only" not in said
+    noisy = [_row("iolib", v, 0.9, i) for i, v in enumerate((500, 800, 1200))]
+    noisy += [_row("torch", v, 0.9, i) for i, v in enumerate((600, 700, 1000))]
+    assert "unreliable" in verdict(noisy)
+    assert "Only 1 run(s)" in verdict([_row("iolib", 900, 1.0), _row("torch", 450, 1.0)])
+
+
+def test_plot_of_one_depth_is_bars_with_linear_axes(tmp_path):
+    pytest.importorskip("matplotlib")
+    from iolib.bench.report import plot
+
+    rows = [_row("iolib", 900 + i, 0.99, i) for i in range(3)]
+    rows += [_row("torch", 450 + i, 0.5, i) for i in range(3)]
+    (path,) = plot(rows, str(tmp_path))
+    assert os.path.getsize(path) > 0

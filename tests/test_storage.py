@@ -344,3 +344,22 @@ def test_a_full_cache_disk_is_a_storage_error_at_once_not_bad_data(tmp_path, tin
         len(ParquetSource(url, storage_options=options, retry=policy))
     assert "retrying" not in caplog.text, "a full disk is no transient error"
     assert "corrupt" not in str(info.value) and str(tiny_disk) in str(info.value)
+
+
+class NoCredentialsError(Exception):
+    """Stands in for botocore's: iolib recognises it by name, without importing botocore."""
+
+
+def test_missing_credentials_fail_at_once_and_say_how_to_pass_them() -> None:
+    calls = []
+
+    def no_credentials():
+        calls.append(1)
+        raise NoCredentialsError("Unable to locate credentials")
+
+    with pytest.raises(PermissionError) as info:
+        call_with_retries(no_credentials, what="listing 's3://bucket/train/'")
+    assert len(calls) == 1, "a retry cannot find credentials"
+    text = str(info.value)
+    assert "s3://bucket/train/" in text and "Unable to locate credentials" in text
+    assert "storage_options" in text and "-o key=" in text

@@ -5,7 +5,8 @@
 
 The first command trains 5 steps on 4 ranks and saves a checkpoint (the model, the
 optimizer and ``loader.state_dict()``), as a preempted job would. The second resumes it
-on 3 ranks: the loader's cursor counts global samples, so the rest of the epoch is
+on 3 ranks (both in --workdir, by default iolib-ddp-example in the system's temporary
+directory): the loader's cursor counts global samples, so the rest of the epoch is
 delivered exactly once across the new ranks. The loader takes its rank and world size
 from the initialized process group; no collective is needed to agree on the order.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +52,12 @@ def make_data(directory: Path, rows: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default="ddp-example", help="data and checkpoint go here")
+    # A fixed folder under the system's temporary directory, not the current one: the
+    # resume run must find the first run's checkpoint, and a checkout stays clean.
+    default_workdir = Path(tempfile.gettempdir()) / "iolib-ddp-example"
+    parser.add_argument(
+        "--workdir", default=str(default_workdir), help="data and checkpoint go here (%(default)s)"
+    )
     parser.add_argument("--rows", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
     parser.add_argument("--epochs", type=int, default=2)
@@ -62,6 +69,8 @@ def main() -> None:
     dist.init_process_group("gloo")  # torchrun's env: RANK, WORLD_SIZE, MASTER_ADDR/PORT
     rank, world = dist.get_rank(), dist.get_world_size()
     workdir, checkpoint = Path(args.workdir), Path(args.workdir) / "checkpoint.pt"
+    if rank == 0:
+        print(f"data and checkpoint in {workdir}", flush=True)
     if rank == 0 and not (workdir / "data").exists():
         make_data(workdir / "data", args.rows)
     dist.barrier()

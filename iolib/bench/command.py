@@ -1,7 +1,7 @@
 """`iolib bench`: measure loading configurations, iolib and torch side by side.
 
-With no arguments: synthetic 256x256 JPEGs and 2048-token sequences on the `local` and
-`object-store` profiles, 4 workers, depth 8, about a minute on 2 cores. Grids are
+With no arguments: synthetic 256x256 JPEGs on the `local` and `object-store` profiles,
+4 workers, depth 8, about a minute on 2 cores. Grids are
 comma-separated lists (`--workers 1,2,4 --depth 2,8`). See docs/benchmarks.md.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from iolib._cli_common import storage_options_option
 from iolib.bench.profiles import PROFILE_NAMES
 from iolib.bench.runner import SHUFFLES, BenchSpec
 from iolib.bench.workloads import WORKLOAD_KINDS
@@ -65,11 +66,21 @@ def _grid(kind: type, choices: tuple[str, ...] | None = None):
     "--workload",
     "-w",
     default="images",
+    metavar="KIND[,KIND]",
     callback=_grid(str, WORKLOAD_KINDS),
-    help="images, tokens or both (images,tokens); with --data: the column to read.",
+    show_default=True,
+    help="What to measure: images (JPEGs decoded with Pillow), tokens (int32 sequences) or "
+    "both (images,tokens). Synthetic data of that kind is made; with --data, the kind of "
+    "column to read (images: a binary column; tokens: a list of integers).",
 )
-@click.option("--data", default=None, help="Parquet dataset URL instead of synthetic data.")
-@click.option("--storage-options", default=None, help="JSON storage options for --data.")
+@click.option(
+    "--data",
+    default=None,
+    metavar="URL",
+    help="Measure this Parquet dataset (a path or fsspec URL, e.g. what `iolib convert` "
+    "wrote) instead of synthetic data. Default: synthetic data.",
+)
+@storage_options_option
 @click.option(
     "--samples",
     type=click.IntRange(64),
@@ -77,8 +88,21 @@ def _grid(kind: type, choices: tuple[str, ...] | None = None):
     show_default=True,
     help="Synthetic samples per workload.",
 )
-@click.option("--image-size", type=click.IntRange(16), default=256, show_default=True)
-@click.option("--seq-len", type=click.IntRange(1), default=2048, show_default=True)
+@click.option(
+    "--image-size",
+    type=click.IntRange(16),
+    default=256,
+    show_default=True,
+    help="Side in pixels of the synthetic JPEGs; every decoded image is resized to this "
+    "square, so a --data folder of mixed sizes batches.",
+)
+@click.option(
+    "--seq-len",
+    type=click.IntRange(1),
+    default=2048,
+    show_default=True,
+    help="Tokens per synthetic sequence (tokens workload).",
+)
 @click.option(
     "--rows-per-group",
     type=click.IntRange(1),
@@ -98,26 +122,52 @@ def _grid(kind: type, choices: tuple[str, ...] | None = None):
     default="local,object-store",
     show_default=True,
     callback=_grid(str, PROFILE_NAMES),
-    help="Storage profiles (comma-separated).",
+    help=f"Storage profiles, comma-separated: {', '.join(PROFILE_NAMES)} (docs/benchmarks.md "
+    "gives each one's latency and bandwidth).",
 )
 @click.option(
     "--latency-ms",
     type=click.FloatRange(0),
     default=None,
-    help="Throttle: per-request latency (custom, or overrides a preset).",
+    help="Throttle: per-request latency in ms (for custom, or overrides a profile's). "
+    "Default: the profile's.",
 )
 @click.option(
-    "--bandwidth-mbps", type=click.FloatRange(0), default=None, help="Throttle: per-request MB/s."
+    "--bandwidth-mbps",
+    type=click.FloatRange(0),
+    default=None,
+    help="Throttle: per-request bandwidth, MB/s. Default: the profile's.",
 )
 @click.option(
     "--jitter",
     type=click.FloatRange(0),
     default=None,
-    help="Throttle: lognormal sigma of the latency.",
+    help="Throttle: lognormal sigma of the latency. Default: the profile's.",
 )
-@click.option("--shuffle", default="none", show_default=True, callback=_grid(str, SHUFFLES))
-@click.option("--batch-size", "-b", default="32", show_default=True, callback=_grid(int))
-@click.option("--workers", default="4", show_default=True, callback=_grid(int))
+@click.option(
+    "--shuffle",
+    default="none",
+    show_default=True,
+    callback=_grid(str, SHUFFLES),
+    help="Sample order, comma-separated: none, block (iolib's row-group windows; torch runs "
+    "global) or global.",
+)
+@click.option(
+    "--batch-size",
+    "-b",
+    default="32",
+    show_default=True,
+    callback=_grid(int),
+    help="Samples per batch (comma-separated to compare several).",
+)
+@click.option(
+    "--workers",
+    default="4",
+    show_default=True,
+    callback=_grid(int),
+    help="Workers per loader, comma-separated: iolib's threads, torch's processes; 0 reads "
+    "in the training loop.",
+)
 @click.option(
     "--depth",
     default="8",
@@ -127,15 +177,27 @@ def _grid(kind: type, choices: tuple[str, ...] | None = None):
 )
 @click.option(
     "--step-ms",
-    default="0",
+    default="40",
     show_default=True,
     callback=_grid(float),
-    help="Simulated training step per batch, ms.",
+    help="Simulated training step per batch in ms (the GPU's time), comma-separated. The "
+    "default, 40, is about a ResNet-50 training step at batch 32 on a V100-class GPU; 0 "
+    "measures the loaders flat out (no utilization then: nothing to keep busy).",
 )
 @click.option(
-    "--step-mode", type=click.Choice(["sleep", "spin"]), default="sleep", show_default=True
+    "--step-mode",
+    type=click.Choice(["sleep", "spin"]),
+    default="sleep",
+    show_default=True,
+    help="How the step passes: sleep (a GPU step: the CPU is free) or spin (a CPU-bound step).",
 )
-@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
+@click.option(
+    "--repeats",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Runs of each configuration; the table shows the median and min-max.",
+)
 @click.option(
     "--batches",
     type=click.IntRange(2),
@@ -155,24 +217,36 @@ def _grid(kind: type, choices: tuple[str, ...] | None = None):
     type=click.Choice(["torch", "none"]),
     default="torch",
     show_default=True,
-    help="Also run torch.utils.data.DataLoader.",
+    help="torch: also run torch.utils.data.DataLoader on the same samples; none: iolib only.",
 )
 @click.option(
     "--loaders",
     default=None,
     callback=_grid(str, ("iolib", "torch")),
-    help="Loaders to run (overrides --compare), e.g. torch.",
+    help="Loaders to run, comma-separated: iolib, torch (overrides --compare). "
+    "Default: from --compare.",
 )
 @click.option(
     "--cache",
     type=click.Choice(["off", "on", "both"]),
     default="off",
     show_default=True,
-    help="Local disk cache of remote shards.",
+    help="Local disk cache of remote shards: off, on, or both (measure each).",
 )
-@click.option("--cache-max-gb", type=click.FloatRange(0), default=None)
+@click.option(
+    "--cache-max-gb",
+    type=click.FloatRange(0),
+    default=None,
+    help="Size bound of that cache in GB (LRU eviction). Default: unbounded.",
+)
 @click.option("--sweep", is_flag=True, help="Run the predictor's training grid (time-bounded).")
-@click.option("--sweep-minutes", type=click.FloatRange(0.1), default=15.0, show_default=True)
+@click.option(
+    "--sweep-minutes",
+    type=click.FloatRange(0.1),
+    default=15.0,
+    show_default=True,
+    help="Time bound of --sweep, in minutes.",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -180,14 +254,25 @@ def _grid(kind: type, choices: tuple[str, ...] | None = None):
     help="Write observations (Parquet, JSON) and run.json here.",
 )
 @click.option("--plot", is_flag=True, help="Write PNG plots (into --out, else ./bench-plots).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the synthetic data, the shuffles and the throttle's jitter.",
+)
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False),
     default=None,
     help="Where synthetic data is written (default: a temporary directory).",
 )
-@click.option("--progress/--no-progress", default=True)
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Show a progress bar on stderr.",
+)
 def bench(**kw: Any) -> None:
     """Measure data-loading configurations, iolib and torch's DataLoader side by side."""
     spec = _spec(kw)
@@ -205,6 +290,10 @@ def bench(**kw: Any) -> None:
     if rows:
         click.echo(report.summary_table(rows))
         click.echo(report.LEGEND)
+        said = report.verdict(rows)
+        if said:
+            click.echo("")
+            click.echo(click.wrap_text(said, width=100))
     _write(rows, spec, kw)
     if interrupted:
         click.echo(f"Stopped by Ctrl-C after {len(rows)} measurements.", err=True)
@@ -229,14 +318,7 @@ def _spec(kw: dict[str, Any]) -> BenchSpec:
             writable_directory(kw[option], f"--{option.replace('_', '-')}")
     if kw["plot"] and not kw["out"]:
         writable_directory("bench-plots", "--plot")
-    options = None
-    if kw["storage_options"]:
-        try:
-            options = json.loads(kw["storage_options"])
-        except json.JSONDecodeError as exc:
-            raise click.BadParameter(
-                f"not JSON ({exc.msg}); e.g. '{{\"anon\": true}}'.", param_hint="--storage-options"
-            ) from None
+    options = kw["storage_options"] or None
     if kw["data"] is not None:
         if "::" in kw["data"]:
             raise click.BadParameter("give a plain URL; --profile adds the throttle.",
@@ -295,6 +377,10 @@ def _command_line() -> str:
         flag = param.opts[0]
         if isinstance(param, click.Option) and param.is_flag:
             parts.append(flag if raw else (param.secondary_opts or [flag])[0])
+            continue
+        if isinstance(param, click.Option) and param.multiple:
+            for value in raw:
+                parts += [flag, str(value)]
             continue
         if isinstance(raw, tuple):
             raw = ",".join(str(v) for v in raw)

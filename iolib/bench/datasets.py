@@ -118,12 +118,20 @@ class ParquetRowDataset(_Lazy):
         return {self.column: np.asarray(value, np.int32) if isinstance(value, list) else value}
 
 
-def decode_jpeg(data: bytes) -> np.ndarray:
-    """Pillow decode to HxWx3 uint8: the CPU cost both loaders pay per image."""
+def decode_jpeg(data: bytes, size: int | None = None) -> np.ndarray:
+    """Pillow decode to HxWx3 uint8: the CPU cost both loaders pay per image.
+
+    With `size`, an image of another size is resized (bilinear) to `size` x `size`, so a
+    real folder of mixed sizes stacks into one batch; synthetic images already have
+    that size and pay nothing more.
+    """
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as img:
-        return np.asarray(img.convert("RGB"))
+        rgb = img.convert("RGB")
+        if size is not None and rgb.size != (size, size):
+            rgb = rgb.resize((size, size), Image.BILINEAR)
+        return np.asarray(rgb)
 
 
 class Collate:
@@ -132,16 +140,19 @@ class Collate:
     A class, not a closure, so torch can pickle it to worker processes.
     """
 
-    def __init__(self, column: str, decode: bool) -> None:
+    def __init__(self, column: str, decode: bool, size: int | None = None) -> None:
         self.column = column
         self.decode = decode
+        self.size = size
 
     def __call__(self, rows: list[dict]) -> dict:
         values = [r[self.column] for r in rows]
         out: dict[str, Any] = {}
         if isinstance(values[0], (bytes, bytearray, memoryview)):
             if self.decode:
-                out[self.column] = torch.from_numpy(np.stack([decode_jpeg(v) for v in values]))
+                out[self.column] = torch.from_numpy(
+                    np.stack([decode_jpeg(v, self.size) for v in values])
+                )
             else:
                 out[self.column] = [bytes(v) for v in values]
         else:

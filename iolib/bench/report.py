@@ -9,7 +9,8 @@ import numpy as np
 
 LEGEND = (
     "samples/s, MB/s (stored bytes): after the first batch; median (min-max) over repeats. "
-    "stall: share of time waiting in next(); util: step/(step+stall) (0 when --step-ms 0); "
+    "stall: share of time waiting in next(); util: step/(step+stall), the share of time a GPU "
+    "would compute (- with --step-ms 0: no step, nothing to keep busy); "
     "p50/p99: wait per batch; 1st s: time to first batch; RSS: peak over the process tree; "
     "inflight: peak bytes held by the loader (torch: depth x batch); "
     "vs torch: samples/s ratio at equal workers."
@@ -56,7 +57,7 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             _fmt_range([r["throughput_sps"] for r in rs], ".0f"),
             _fmt_range([r["mb_per_s"] for r in rs], ".1f"),
             _fmt_range([r["stall_fraction"] for r in rs], ".2f"),
-            _fmt_range([r["utilization"] for r in rs], ".2f"),
+            _fmt_range([r["utilization"] for r in rs], ".2f") if r0["step_ms"] > 0 else "-",
             _fmt_range([r["p50_batch_ms"] for r in rs], ".1f"),
             _fmt_range([r["p99_batch_ms"] for r in rs], ".1f"),
             _fmt_range([r["first_batch_s"] for r in rs], ".2f"),
@@ -72,9 +73,82 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+# Below this many repeats there is no spread to judge a ratio by.
+MIN_REPEATS_FOR_SPREAD = 3
+UNITS = {"images": "images/s", "tokens": "sequences/s"}
+PROFILE_WORDS = {"local": "local disk", "memory": "memory", "nvme": "a simulated NVMe SSD",
+                 "nas": "a simulated NAS", "object-store": "a simulated object store (S3-like)",
+                 "custom": "the custom throttle", "s3": "moto's S3 server"}  # fmt: skip
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    return float(np.median(values)), float(min(values)), float(max(values))
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def verdict(rows: list[dict[str, Any]]) -> str:
+    """A paragraph a first-time reader can act on: per workload and storage, iolib's
+    throughput against torch's with the spread over repeats, what a GPU step would see,
+    and a warning where the spread makes the ratio unreliable."""
+    sentences = []
+
+    def key(r: dict[str, Any]) -> tuple:
+        return (r["workload"], r["storage_profile"], r["step_ms"], r["workers"], r["batch_size"])
+
+    for workload, profile, step, workers, batch in sorted({key(r) for r in rows}):
+        sel = [r for r in rows if key(r) == (workload, profile, step, workers, batch)]
+        by = {lo: [r for r in sel if r["loader"] == lo] for lo in ("iolib", "torch")}
+        if not by["iolib"] or not by["torch"]:
+            continue
+        unit = UNITS.get(workload.split("-")[0], "samples/s")
+        io_, to = (_spread([r["throughput_sps"] for r in by[lo]]) for lo in ("iolib", "torch"))
+        ratio = io_[0] / to[0] if to[0] else float("inf")
+        where = PROFILE_WORDS.get(profile, profile)
+        text = (
+            f"On {where}, iolib delivered {ratio:.1f}x torch's {unit} ({workload}, "
+            f"{workers} worker{'s' if workers != 1 else ''}, batch {batch}: iolib "
+            f"{_num(io_[0])} [{_num(io_[1])}-{_num(io_[2])}], torch {_num(to[0])} "
+            f"[{_num(to[1])}-{_num(to[2])}], median [min-max] of {len(by['iolib'])} runs)"
+        )
+        if step > 0:
+            iu, tu = (float(np.median([r["utilization"] for r in by[lo]])) for lo in by)
+            text += (
+                f"; with a {step:g} ms training step a GPU would be busy {iu:.0%} of the time "
+                f"fed by iolib vs {tu:.0%} by torch"
+            )
+            if min(iu, tu) >= 0.95:
+                text += " (both keep up: the step, not the loader, sets the pace here)"
+        else:
+            text += "; with no training step (--step-ms 0) this is the loaders flat out"
+        text += "."
+        repeats = min(len(by["iolib"]), len(by["torch"]))
+        if repeats < MIN_REPEATS_FOR_SPREAD:
+            text += (
+                f" Only {repeats} run(s) each: no spread was measured, and on a shared machine "
+                "a ratio can move by 2x between identical runs; use --repeats 3 or more."
+            )
+        elif io_[1] <= to[2] and to[1] <= io_[2]:
+            text += (
+                " The two ranges overlap, so the difference is within run-to-run noise: "
+                "read this ratio as unreliable (more --repeats or --batches narrow it)."
+            )
+        sentences.append(text)
+    if not sentences:
+        return ""
+    return "Verdict: " + " ".join(sentences)
+
+
+def _worker_label(loader: str, workers: int) -> str:
+    return f"{loader}, {workers} worker{'s' if workers != 1 else ''}"
+
+
 def plot(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
     """Throughput and utilization against depth (one line per loader x workers), one PNG
-    per (workload, storage profile)."""
+    per (workload, storage profile); bars where every series has a single depth, a log
+    axis only where the values span more than 10x, no utilization without a step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,21 +159,47 @@ def plot(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
     panels = sorted({(r["workload"], r["storage_profile"]) for r in rows})
     for workload, profile in panels:
         sel = [r for r in rows if (r["workload"], r["storage_profile"]) == (workload, profile)]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for loader, workers in sorted({(r["loader"], r["workers"]) for r in sel}):
-            pts = [r for r in sel if (r["loader"], r["workers"]) == (loader, workers)]
-            depths = sorted({r["depth"] for r in pts})
-            for ax, col in zip(axes, ("throughput_sps", "utilization"), strict=True):
-                ys = [np.median([r[col] for r in pts if r["depth"] == d]) for d in depths]
-                style = "-o" if loader == "iolib" else "--s"
-                ax.plot(depths, ys, style, label=f"{loader}, {workers} workers")
-        for ax, label in zip(axes, ("samples/s", "utilization = step/(step+stall)"), strict=True):
-            ax.set_xlabel("prefetch depth (batches)")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-        axes[0].set_yscale("log")
+        with_step = any(r["step_ms"] > 0 for r in sel)
+        columns = ("throughput_sps", "utilization") if with_step else ("throughput_sps",)
+        fig, axes = plt.subplots(1, len(columns), figsize=(5 * len(columns), 4), squeeze=False)
+        axes = axes[0]
+        series = sorted({(r["loader"], r["workers"]) for r in sel})
+        single = all(len({r["depth"] for r in sel if (r["loader"], r["workers"]) == key}) == 1
+                     for key in series)  # fmt: skip
+        unit = UNITS.get(workload.split("-")[0], "samples/s")
+        for ax, col in zip(axes, columns, strict=True):
+            values = []
+            for k, (loader, workers) in enumerate(series):
+                pts = [r for r in sel if (r["loader"], r["workers"]) == (loader, workers)]
+                depths = sorted({r["depth"] for r in pts})
+                ys = [float(np.median([r[col] for r in pts if r["depth"] == d])) for d in depths]
+                lows = [min(r[col] for r in pts if r["depth"] == d) for d in depths]
+                highs = [max(r[col] for r in pts if r["depth"] == d) for d in depths]
+                err = [np.subtract(ys, lows), np.subtract(highs, ys)]
+                values += lows + highs
+                label = _worker_label(loader, workers)
+                if single:
+                    ax.bar(k, ys[0], yerr=[[err[0][0]], [err[1][0]]], capsize=4, label=label,
+                           color="tab:blue" if loader == "iolib" else "tab:gray")  # fmt: skip
+                else:
+                    style = "-o" if loader == "iolib" else "--s"
+                    ax.errorbar(depths, ys, yerr=err, fmt=style, capsize=3, label=label)
+            positive = [v for v in values if v > 0]
+            if col == "throughput_sps" and positive and max(positive) > 10 * min(positive):
+                ax.set_yscale("log")
+            if single:
+                ax.set_xticks(range(len(series)), [_worker_label(*s) for s in series])
+            else:
+                ax.set_xlabel("prefetch depth (batches in flight or ready)")
+            ax.set_ylabel(unit if col == "throughput_sps" else "GPU busy (step / (step + stall))")
+            if col == "utilization":
+                ax.set_ylim(0, 1.05)
+            ax.grid(alpha=0.3, axis="y")
         axes[0].legend(fontsize=8)
-        fig.suptitle(f"{workload} on {profile}")
+        steps = sorted({r["step_ms"] for r in sel})
+        fig.suptitle(f"{workload} on {PROFILE_WORDS.get(profile, profile)}; step "
+                     f"{', '.join(f'{s:g}' for s in steps)} ms; bars/points: median, "
+                     "whiskers: min-max over repeats", fontsize=9)  # fmt: skip
         fig.tight_layout()
         path = os.path.join(out_dir, f"{workload}_{profile}.png")
         fig.savefig(path, dpi=100)

@@ -129,7 +129,8 @@ def _total_size(root: str, options: dict | None, rel: tuple[str, ...]) -> int:
 def make_loader(cfg: Config, wl: Workload, st: Storage, spec: BenchSpec) -> Any:
     """The loader a user would write for this layout, with `cfg`'s knobs."""
     decode = spec.decode and wl.kind == "images"
-    collate = Collate(wl.column, decode) if (decode or cfg.loader == "torch") else None
+    wanted = Collate(wl.column, decode, spec.image_size)
+    collate = wanted if (decode or cfg.loader == "torch") else None
     root, options = (st.root, st.options) if cfg.cache else (st.raw_root, st.raw_options)
     if cfg.loader == "iolib":
         import iolib

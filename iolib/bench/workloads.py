@@ -146,7 +146,10 @@ def inspect_dataset(
         else:
             files = sorted(fs.glob(path)) if any(c in path for c in "*?[") else [path]
         if not files:
-            raise ConfigError(f"No .parquet files at {url!r}. Fix: point --data at shards.")
+            raise ConfigError(
+                f"No .parquet files at {url!r}. Fix: point --data at Parquet shards; for an "
+                f"image folder, convert it first: iolib convert {url} SHARDS."
+            )
         with fs.open(files[0], "rb") as f:
             meta = pq.ParquetFile(f).metadata
             schema = meta.schema.to_arrow_schema()

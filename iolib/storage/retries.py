@@ -34,6 +34,19 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+# botocore's (and gcsfs's) "no credentials" errors, by class name: no import of either.
+# A retry cannot find credentials, so they fail at once with the way to pass them.
+CREDENTIAL_ERRORS = frozenset(
+    {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+     "NoAuthTokenError", "RefreshError", "DefaultCredentialsError"}
+)  # fmt: skip
+CREDENTIALS_HINT = (
+    " Fix: pass credentials in storage_options, e.g. {'key': ..., 'secret': ...} for S3 "
+    "(and 'endpoint_url' for an S3-compatible store); on the command line -o key=... "
+    "-o secret=...; or configure the backend's own lookup (~/.aws, environment variables)."
+)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How transient storage errors are retried, and when a request counts as stuck.
@@ -88,31 +101,49 @@ def call_with_retries(
         except PERMANENT_ERRORS as exc:
             if isinstance(exc, (DataError, ConfigError)):
                 raise  # ours: already names the file and the fix
-            raise _permanent(exc, what, attempt, redact) from (
+            remote = "://" in what and "file://" not in what
+            hint = CREDENTIALS_HINT if remote and isinstance(exc, PermissionError) else ""
+            raise _permanent(exc, what, attempt, redact, hint) from (
                 exc if redact(str(exc)) == str(exc) else None
             )
         except Exception as exc:
-            reason = redact(f"{type(exc).__name__}: {exc}")
-            if attempt == policy.attempts:
-                raise OSError(
-                    f"{what}: failed after {attempt} attempts; last error: {reason}"
-                ) from (exc if redact(str(exc)) == str(exc) else None)
-            _counters().retries += 1
-            if on_retry is not None:
-                on_retry(exc)
-            delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
-            log.debug("retrying %s after %s (attempt %d)", what, reason, attempt)
-            time.sleep(jitter.uniform(0, delay))
+            if type(exc).__name__ in CREDENTIAL_ERRORS:
+                denied = PermissionError(f"{type(exc).__name__}: {exc}")
+                raise _permanent(denied, what, attempt, redact, CREDENTIALS_HINT) from None
+            _retry_or_raise(exc, what, attempt, policy, jitter, on_retry, redact)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _retry_or_raise(
+    exc: Exception,
+    what: str,
+    attempt: int,
+    policy: RetryPolicy,
+    jitter: random.Random,
+    on_retry: Callable[[BaseException], None] | None,
+    redact: Callable[[str], str],
+) -> None:
+    """After a transient error: raise if it was the last attempt, else back off."""
+    reason = redact(f"{type(exc).__name__}: {exc}")
+    if attempt == policy.attempts:
+        raise OSError(f"{what}: failed after {attempt} attempts; last error: {reason}") from (
+            exc if redact(str(exc)) == str(exc) else None
+        )
+    _counters().retries += 1
+    if on_retry is not None:
+        on_retry(exc)
+    delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
+    log.debug("retrying %s after %s (attempt %d)", what, reason, attempt)
+    time.sleep(jitter.uniform(0, delay))
+
+
 def _permanent(
-    exc: BaseException, what: str, attempt: int, redact: Callable[[str], str]
+    exc: BaseException, what: str, attempt: int, redact: Callable[[str], str], hint: str = ""
 ) -> BaseException:
     """The same error type, with a message naming `what` and the attempts made."""
     text = (
         f"{what}: failed on attempt {attempt} with a permanent error (not retried): "
-        f"{redact(f'{type(exc).__name__}: {exc}')}"
+        f"{redact(f'{type(exc).__name__}: {exc}')}{hint}"
     )
     try:
         return type(exc)(text)
