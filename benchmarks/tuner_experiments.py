@@ -337,16 +337,9 @@ def find_oracle(
     return best, rows
 
 
-# (workload, storage, step ms, batches per run): the loader is the bottleneck at the default
-# configuration (2 workers, depth 4; median of 3 runs, 2026-12-04, exact reads): nas 2 ms
-# 0.52, nas 3 ms 0.80, object-store 20 ms 0.61, images on object-store 70 ms 0.72. With
-# exact reads nas at 4 ms no longer was (0.93), and images on local storage never were
-# (1.00 at 150 ms: Pillow on 2 cores is all the loader does there, and at a step short
-# enough to leave 2 workers behind, no number of workers keeps up). Token runs last 3
-# epochs (160 batches each): a deep configuration fills its buffer while the first batch
-# is awaited (0.4 s at 32 workers, depth 64 on nas), and in a 150-batch run that buffer
-# had not drained by the judged last third. Static 32/64 then read 0.94 at a 2 ms step
-# where, over 3 epochs, no configuration passed 0.85.
+# (workload, storage, step ms, batches per run): cases where the loader, not the step, is
+# the bottleneck at the default configuration; why each was chosen, with the runs, is in
+# benchmarks/results/tuning-history.md.
 STEADY = (
     ("tokens", "nas", 2.0, 480),
     ("tokens", "nas", 3.0, 480),

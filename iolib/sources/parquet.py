@@ -793,14 +793,10 @@ class ParquetSource(Source):
             if ranged is not None:  # reopened on the next attempt
                 ranged.release()
             reader = ranged = None
-            # The traceback holds the reader, whose C++ state holds this error: a cycle the
-            # garbage collector cannot see, which kept every failed read's buffers alive
-            # (measured: +200 MiB/min under 2 % transient faults). Clearing the frames'
-            # locals breaks it; the traceback keeps its lines for the report. The cycle
-            # comes with pyarrow's pre-buffering: with pre_buffer=True and no clear,
-            # tests/test_reliability.py::test_failed_reads_release_their_memory fails;
-            # with pre_buffer=False (above) it passes either way (checked 2026-12-03),
-            # so the clear guards against a return of pre-buffering.
+            # The traceback holds the reader, whose C++ state (with pre-buffering) holds
+            # this error: a cycle the collector cannot see, keeping every failed read's
+            # buffers alive. Clearing the frames' locals breaks it; the report keeps the
+            # lines (tests/test_reliability.py::test_failed_reads_release_their_memory).
             traceback.clear_frames(exc.__traceback__)
             if _is_corrupt(exc):
                 raise self._corrupt(meta, local, exc) from (
