@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.util import Finalize
@@ -359,7 +361,19 @@ class Engine:
                 name=f"iolib-worker-{wid}",
                 daemon=True,
             )
-            proc.start()
+            try:
+                proc.start()
+            except (TypeError, AttributeError, pickle.PicklingError):
+                # torch's warning, word for word: spawn and forkserver pickle the dataset
+                # and worker_init_fn (a lambda or a local function cannot be).
+                warnings.warn(
+                    "Got pickle error when attempting to start a worker Process. This might "
+                    "be because the worker Process arguments are not picklable (the dataset, "
+                    "collate_fn, worker_init_fn): spawn and forkserver start methods need "
+                    "them picklable. You can also try multiprocessing.set_start_method('fork').",
+                    stacklevel=2,
+                )
+                raise
             with pool.cv:
                 pool.procs.append([proc, todo, False])
             active.append(pool.procs[-1])

@@ -51,6 +51,8 @@ class IterableFeed:
             self._torch = TorchDataLoader(
                 self.dataset,
                 batch_size=o.batch_size,
+                # an IterDataPipe takes shuffle (torch applies it to the pipe's shufflers)
+                shuffle=(o.shuffle != "none") if o.datapipe else None,
                 num_workers=o.num_workers,
                 collate_fn=o.collate_fn,
                 pin_memory=o.pin_memory,

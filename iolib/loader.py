@@ -20,7 +20,7 @@ from iolib.errors import ConfigError, require_positive_int
 from iolib.fetcher import BatchFetcher
 from iolib.iterable import IterableFeed
 from iolib.iteration import Pipeline
-from iolib.options import LoaderOptions, is_iterable, resolve_mode
+from iolib.options import LoaderOptions, is_datapipe, is_iterable, resolve_mode
 from iolib.sampling import (
     Cursor,
     EpochPlan,
@@ -137,6 +137,7 @@ class DataLoader(Generic[T_co]):
             memory_budget=memory_budget,
             on_error=on_error,
             iterable=is_iterable(dataset),
+            datapipe=is_datapipe(dataset),
         )
         self._build(dataset, options)
 

@@ -91,6 +91,7 @@ class LoaderOptions:
     memory_budget: int | str | None = None
     on_error: str = "raise"
     iterable: bool = False  # the dataset is an IterableDataset (set by the loader)
+    datapipe: bool = False  # ... and an IterDataPipe, which takes `shuffle` (as in torch)
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -136,7 +137,7 @@ class LoaderOptions:
         shuffled = self.shuffle != "none"
         if self.iterable:
             for name, given in (
-                ("shuffle", shuffled),
+                ("shuffle", shuffled and not self.datapipe),
                 ("sampler", self.sampler is not None),
                 ("batch_sampler", self.batch_sampler is not None),
             ):
@@ -225,7 +226,8 @@ class LoaderOptions:
 
     def arguments(self) -> dict[str, Any]:
         """The constructor's keyword arguments that rebuild an equal loader."""
-        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "iterable"}
+        derived = ("iterable", "datapipe")
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in derived}
         if self.batch_sampler is not None:
             kwargs["batch_size"] = 1  # normalized to None above; torch wants it left at 1
         return kwargs
@@ -266,3 +268,9 @@ def resolve_mode(mode: str, torch_dataset: bool) -> str:
 
 def is_iterable(dataset: Any) -> bool:
     return isinstance(dataset, IterableDataset)
+
+
+def is_datapipe(dataset: Any) -> bool:
+    from torch.utils.data import IterDataPipe
+
+    return isinstance(dataset, IterDataPipe)
