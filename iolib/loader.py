@@ -307,8 +307,12 @@ class DataLoader(Generic[T_co]):
         if self._feed is not None:
             return self._feed.begin(self._cursor, owner=self)
         self.source.fit_cache(self._cache_row_groups())
+        # The plan's own method, not the loader's: the engine keeps it to read the next
+        # epoch ahead, and a reference back to the loader would keep a dropped loader
+        # (and its workers) alive until the cycle collector runs.
+        make_tasks = self._tasks if self._user_sampling else self._plan.tasks
         return self._pipeline.begin(
-            self._tasks, self._cursor, follow=not self._user_sampling, owner=self
+            make_tasks, self._cursor, follow=not self._user_sampling, owner=self
         )
 
     def _cache_row_groups(self) -> int:

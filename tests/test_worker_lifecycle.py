@@ -561,3 +561,26 @@ def test_an_error_type_that_cannot_cross_processes_still_brings_its_message() ->
     with pytest.raises(WorkerError, match=r"(?s)Caught LocalError in .*process 0.*has no shard"):
         engine.next()
     engine.close()
+
+
+def test_a_dropped_persistent_loader_is_freed_without_the_cycle_collector() -> None:
+    """After an epoch, persistent workers read the next epoch ahead; what they keep for
+    that must not point back at the loader, or a dropped loader lives on (with its
+    workers) until gc runs."""
+    import gc
+    import weakref
+
+    from iolib import DataLoader
+
+    gc.disable()
+    try:
+        loader = DataLoader(
+            list(range(40)), batch_size=4, num_workers=2, worker_mode="thread",
+            persistent_workers=True, shuffle=True,
+        )  # fmt: skip
+        assert len(list(loader)) == 10  # the next epoch is now being read ahead
+        alive = weakref.ref(loader)
+        del loader
+        assert alive() is None, "a reference cycle keeps the dropped loader alive"
+    finally:
+        gc.enable()
