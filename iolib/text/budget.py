@@ -18,10 +18,8 @@ epoch (len() does not depend on the epoch).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
-import threading
 from typing import Any
 
 import numpy as np
@@ -29,8 +27,8 @@ import pyarrow as pa
 
 from iolib.collate import is_numeric_list
 from iolib.errors import ConfigError, DataError
-from iolib.sources.base import Source
 from iolib.sources.parquet import ParquetSource
+from iolib.text.seeded import SeededSource
 
 _BUDGET_STREAM = 0x42554447  # "BUDG"
 
@@ -65,7 +63,7 @@ def budget_cuts(lengths: np.ndarray, batches: int) -> np.ndarray:
     return cuts
 
 
-class TokenBudgetBatches(Source):
+class TokenBudgetBatches(SeededSource):
     """Rows of a Parquet source grouped into batches of at most `max_tokens` tokens of
     `column` (before padding), similar lengths together; one sample is one batch.
 
@@ -111,25 +109,6 @@ class TokenBudgetBatches(Source):
         self.max_tokens, self.bucket_batches, self.seed = max_tokens, bucket_batches, int(seed)
         self._lengths: np.ndarray | None = None
         self._init_runtime()
-
-    def _init_runtime(self) -> None:
-        self._lock = threading.Lock()
-        self._epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_epochs")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._init_runtime()
-
-    def with_seed(self, seed: int) -> TokenBudgetBatches:
-        if seed == self.seed:
-            return self
-        clone = copy.copy(self)
-        clone.seed = int(seed)
-        clone._init_runtime()
-        return clone
 
     # -- lengths and the plan ------------------------------------------------------------
     @property

@@ -20,9 +20,7 @@ gathered with one vectorised index, no Python per token (docs/tokens.md).
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import threading
 from typing import Any
 
 import numpy as np
@@ -31,9 +29,9 @@ import pyarrow.compute as pc
 import torch
 
 from iolib.errors import ConfigError, DataError
-from iolib.sources.base import Source
 from iolib.sources.footer import leaf_values
 from iolib.sources.parquet import ParquetSource
+from iolib.text.seeded import SeededSource
 
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
@@ -88,7 +86,7 @@ class TokenStore:
         return int(filled + interleaved.size)
 
 
-class PackedTokens(Source):
+class PackedTokens(SeededSource):
     """Fixed windows of `seq_len` tokens cut from the documents of a token column,
     concatenated (each followed by `eos_id`) in a per-epoch document order.
 
@@ -127,6 +125,9 @@ class PackedTokens(Source):
 
     columnar = True
 
+    # A process worker reloads the tokens rather than receive them through a pipe.
+    _RUNTIME = ("_lock", "_epochs", "_store")
+
     def __init__(
         self,
         source: ParquetSource | str | list[str],
@@ -155,27 +156,6 @@ class PackedTokens(Source):
         self.ignore_index, self.seed = int(ignore_index), int(seed)
         self._store: TokenStore | None = None
         self._init_runtime()
-
-    def _init_runtime(self) -> None:
-        self._lock = threading.Lock()
-        self._epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A process worker reloads the tokens rather than receive them through a pipe.
-        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_epochs", "_store")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _store=None)
-        self._init_runtime()
-
-    def with_seed(self, seed: int) -> PackedTokens:
-        """This source under the loader's seed (the store of tokens is shared)."""
-        if seed == self.seed:
-            return self
-        clone = copy.copy(self)
-        clone.seed = int(seed)
-        clone._init_runtime()
-        return clone
 
     # -- the token column ----------------------------------------------------------------
     @property
