@@ -150,6 +150,11 @@ class Failure:
         return exc
 
 
+def skips(on_error: str, decode: Any) -> bool:
+    """Can a batch lose samples: under the loader's on_error="skip", or a decoder's?"""
+    return on_error == "skip" or getattr(decode, "on_error", "raise") == "skip"
+
+
 class _StageError(Exception):
     def __init__(self, stage: str, samples: list[int], cause: BaseException) -> None:
         super().__init__(stage)
@@ -188,7 +193,7 @@ class BatchFetcher:
         take_counters()  # start this batch's I/O counts from zero
         try:
             batch = self._make(task, meta)
-            if self.on_error == "skip" and meta.samples == 0:
+            if meta.samples == 0 and skips(self.on_error, self.decode):
                 batch = self._refill(task, meta)
         except _StageError as exc:
             return self._failure(exc.stage, exc.samples, exc.cause)

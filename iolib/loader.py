@@ -17,11 +17,12 @@ from torch.utils.data import DataLoader as TorchDataLoader
 
 from iolib.distributed import resolve_rank
 from iolib.errors import ConfigError, require_positive_int
-from iolib.fetcher import BatchFetcher
+from iolib.fetcher import BatchFetcher, skips
 from iolib.iterable import IterableFeed
 from iolib.iteration import Pipeline
 from iolib.options import LoaderOptions, is_datapipe, is_iterable, resolve_mode
 from iolib.sampling import (
+    RESERVE_BATCHES,
     Cursor,
     EpochPlan,
     PlanBatchSampler,
@@ -191,6 +192,7 @@ class DataLoader(Generic[T_co]):
             self.world_size,
             self.rank,
             o.drop_last,
+            RESERVE_BATCHES if skips(o.on_error, o.decode) else 0,
         )
         self.sampler = o.sampler if o.sampler is not None else PlanSampler(self._plan, self._cursor)
         if o.batch_sampler is not None:
@@ -269,7 +271,7 @@ class DataLoader(Generic[T_co]):
             return self._plan.tasks(epoch, position)
         o = self.options
         batches = sampler_batches(o.sampler, o.batch_sampler, o.batch_size, o.drop_last, position)
-        return StreamTasks(batches, epoch, position)
+        return StreamTasks(batches, epoch, position, reserve=skips(o.on_error, o.decode))
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""

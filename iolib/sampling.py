@@ -20,7 +20,7 @@ from iolib.errors import DataError
 from iolib.fetcher import BatchTask
 from iolib.plan import RankSchedule, epoch_order
 
-RESERVE_BATCHES = 4  # batches' worth of spare samples a task carries (skip policy)
+RESERVE_BATCHES = 4  # batches' worth of spare samples a task carries under skip
 
 
 @dataclass
@@ -54,6 +54,9 @@ class EpochPlan:
     world_size: int
     rank: int
     drop_last: bool
+    # Batches' worth of spare samples each task carries for on_error="skip" (0: none,
+    # so the loader's per-batch work and what goes to a process worker stay as small).
+    reserve_batches: int = 0
 
     @property
     def num_samples(self) -> int:
@@ -85,7 +88,7 @@ class EpochPlan:
                 f"{self.source.describe()} has no samples: there is nothing to load. Check "
                 "the files and filters."
             )
-        tasks = EpochTasks(self.order(epoch), self.schedule(position), epoch)
+        tasks = EpochTasks(self.order(epoch), self.schedule(position), epoch, self.reserve_batches)
         # The source learns every batch ahead (a cache evicts by next use, not recency).
         self.source.plan_epoch(epoch, tasks.batch_indices())
         return tasks
@@ -94,8 +97,11 @@ class EpochPlan:
 class EpochTasks:
     """Batch k of one epoch for this rank, computed on demand (a lazy Sequence)."""
 
-    def __init__(self, order: np.ndarray, schedule: RankSchedule, epoch: int) -> None:
+    def __init__(
+        self, order: np.ndarray, schedule: RankSchedule, epoch: int, reserve_batches: int = 0
+    ) -> None:
         self.order, self.schedule, self.epoch = order, schedule, epoch
+        self.reserve_batches = reserve_batches
 
     def __len__(self) -> int:
         return len(self.schedule)
@@ -104,12 +110,13 @@ class EpochTasks:
         positions = self.schedule.positions(k)
         return BatchTask(k, self.order[positions], self.epoch, self._reserve(positions))
 
-    def _reserve(self, positions: np.ndarray) -> np.ndarray:
+    def _reserve(self, positions: np.ndarray) -> np.ndarray | None:
         """The samples after this batch in the epoch's order (wrapping): a pure function
         of the plan, so a refilled batch is the same on every run."""
-        size = len(self.order)
-        after = int(positions[-1]) + 1 + np.arange(RESERVE_BATCHES * len(positions))
-        return self.order[after % size]
+        if not self.reserve_batches:
+            return None
+        after = int(positions[-1]) + 1 + np.arange(self.reserve_batches * len(positions))
+        return self.order[after % len(self.order)]
 
     def position_after(self, delivered: int) -> int:
         return self.schedule.position_after(delivered)
@@ -139,8 +146,11 @@ class StreamTasks:
 
     _KEEP = 4096  # tasks kept behind the newest one asked for (error messages look back)
 
-    def __init__(self, batches: Iterator[Any], epoch: int, start: int) -> None:
+    def __init__(
+        self, batches: Iterator[Any], epoch: int, start: int, reserve: bool = False
+    ) -> None:
         self._batches, self.epoch, self._start = batches, epoch, start
+        self._reserve = reserve  # the batch before is a task's reserve (on_error="skip")
         self._tasks: dict[int, BatchTask] = {}
         self._drawn = 0
         self._asked = -1
@@ -154,7 +164,8 @@ class StreamTasks:
             return
         k = self._drawn
         previous = self._tasks.get(k - 1)
-        self._tasks[k] = BatchTask(k, keys, self.epoch, previous.indices if previous else None)
+        spare = previous.indices if previous is not None and self._reserve else None
+        self._tasks[k] = BatchTask(k, keys, self.epoch, spare)
         self._tasks.pop(k - self._KEEP, None)
         self._drawn += 1
 

@@ -7,8 +7,6 @@ ranks waiting in their next collective) or yielded empty (the image path did tha
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -95,14 +93,19 @@ def test_a_batch_whose_reserve_fails_too_raises_naming_it() -> None:
         list(loader)
 
 
-def test_an_all_bad_image_batch_is_refilled_not_yielded_empty(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loader_policy", ["skip", "raise"])
+def test_an_all_bad_image_batch_is_refilled_not_yielded_empty(tmp_path, loader_policy) -> None:
+    """Whichever skips (the loader, or only the decoder), no batch comes out empty."""
     bad = {6, 7, 8, 9, 10, 11}  # exactly the second batch of 6
     images = [b"not an image" if i in bad else jpeg_bytes(i, (24, 20)) for i in range(24)]
     table = pa.table({"id": np.arange(24), "image": pa.array(images, pa.binary())})
     pq.write_table(table, tmp_path / "bad.parquet", row_group_size=12)
     pipe = ImagePipeline(size=16, backend="pil", device="cpu", on_error="skip")
     loader = DataLoader(
-        ParquetSource(str(tmp_path / "bad.parquet")), batch_size=6, decode=pipe, on_error="skip"
+        ParquetSource(str(tmp_path / "bad.parquet")),
+        batch_size=6,
+        decode=pipe,
+        on_error=loader_policy,
     )
     got = list(loader)
     assert len(got) == len(loader) == 4
