@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import markdown_docs
+from tests import fixtures_s3, markdown_docs
 
 pytest_collect_file = markdown_docs.sybil_collector()
 
@@ -12,12 +12,7 @@ pytest_collect_file = markdown_docs.sybil_collector()
 @pytest.fixture(scope="session")
 def docs_s3():
     """One moto S3 server for every guide (about a second to start)."""
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    from iolib.bench.s3server import moto_s3
-
-    with moto_s3() as options:
-        yield options
+    yield from fixtures_s3.moto_options()
 
 
 @pytest.fixture(scope="module")

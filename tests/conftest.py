@@ -12,6 +12,19 @@ import pytest
 from PIL import Image
 
 
+def run_cli(capture: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    """Run the `iolib` console entry point in this process: (exit code, stdout, stderr)."""
+    from iolib.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capture.readouterr()
+    return code, captured.out, captured.err
+
+
 def write_parquet_shards(
     directory: Path, rows: int, *, shards: int = 3, row_group_size: int = 17, seq_len: int = 8
 ) -> list[str]:

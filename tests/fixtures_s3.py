@@ -5,12 +5,17 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="module")
-def s3_options():
-    """s3fs storage options of a fresh moto server with bucket `iolib-bench`."""
+def moto_options():
+    """s3fs storage options of a fresh moto server with bucket `iolib-bench`, while it runs
+    (skips where s3fs or moto's server is not installed)."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
     from iolib.bench.s3server import moto_s3
 
     with moto_s3() as options:
         yield options
+
+
+@pytest.fixture(scope="module")
+def s3_options():
+    yield from moto_options()

@@ -12,17 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from iolib.cli import _COMMANDS, cli, main
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from iolib.cli import _COMMANDS, cli
+from tests.conftest import run_cli as run
 
 
 def _commands() -> list[click.Command]:

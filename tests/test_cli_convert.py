@@ -15,10 +15,10 @@ import pytest
 from PIL import Image
 
 from iolib import DataLoader
-from iolib.cli import main
 from iolib.convert import relative_path, shard_plan
 from iolib.sources import ParquetSource
 from iolib.sources.files import SCHEMA
+from tests.conftest import run_cli as run
 
 COUNTS = {"cat": 5, "dog": 7, "eel": 3}  # 15 images, unequal classes
 
@@ -40,17 +40,6 @@ def image_folder(tmp_path: Path) -> Path:
             (root / name / f"img_{i:02d}.jpg").write_bytes(_jpeg(seed))
             seed += 1
     return root
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    """Run the console entry point; (exit code, stdout, stderr)."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_convert_layout(image_folder: Path, tmp_path: Path, capsys) -> None:

@@ -19,11 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from iolib import DataLoader
-from iolib.cli import main
 from iolib.errors import ConfigError, failure_text
 from iolib.redact import Redactor, redact_text, userinfo
 from iolib.sources import ParquetSource
-from tests.conftest import jpeg_bytes
+from tests.conftest import jpeg_bytes, run_cli
 from tests.fixtures_s3 import s3_options  # noqa: F401
 
 KEY, SECRET, SLASHED = "AKIAFAKEKEY7", "SECRETVALUE9", "ab12/Cd34+Ef56/Gh78"
@@ -37,12 +36,9 @@ def _leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
-def _run(args: list[str], capfd) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as code:
-        main(args)
-        raise SystemExit(0)
-    out, err = capfd.readouterr()
-    return int(code.value.code or 0), out + err
+def _run(args: list[str], capture) -> tuple[int, str]:
+    code, out, err = run_cli(capture, *args)
+    return code, out + err
 
 
 @pytest.fixture(scope="module")
