@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import logging
 import pickle
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -191,6 +192,27 @@ def test_flip_mirrors_the_same_window(blobs):
     for backend in (DaliBackend(spec), PilBackend(spec)):
         out = backend.decode([blobs[1], blobs[1]], windows, flips)
         assert torch.equal(out[0].flip(1), out[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU clocks")
+def test_dali_pool_cpu_is_charged_to_the_calling_thread(blobs):
+    # DALI decodes on its own threads: the tuner must see that CPU, or it reads the
+    # decode as storage waiting and adds workers that only fight over the cores.
+    import time
+
+    from iolib.storage import helper_cpu_s
+
+    pipe = ImagePipeline(size=224, backend="dali", threads=2, device="cpu")
+    rng = np.random.default_rng(0)
+    big = [encode(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8), "JPEG") for _ in range(16)]
+    _run(pipe, big, np.arange(16))  # builds the pipeline
+    helper, own, process = helper_cpu_s(), time.thread_time(), time.process_time()
+    for _ in range(3):
+        _run(pipe, big, np.arange(16))
+    charged = helper_cpu_s() - helper
+    used = time.process_time() - process
+    assert charged > 0.3 * (used - (time.thread_time() - own))
+    assert charged <= used + 0.01
 
 
 # --- determinism (DALI-CPU, bit for bit) -----------------------------------------------

@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from iolib.decode import OutputSpec
+from iolib.decode.native_threads import cpu_seconds, started_threads
 from iolib.decode.probe import as_buffer
+from iolib.storage.counters import count_helper_cpu
 
 # One iteration at a time (prefetch_queue_depth=1): run() returns when the batch is
 # done, so the encoded bytes fed without a copy (no_copy=True) stay valid, and the
@@ -106,15 +108,16 @@ def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
             output_layout="CHW" if spec.layout == "NCHW" else "HWC",
         )
 
-    pipe = graph(
-        batch_size=batch_size,
-        num_threads=spec.threads,
-        device_id=device_id,
-        seed=0,
-        **(_EXEC_GPU if on_gpu else _EXEC_CPU),
-    )
-    pipe.build()
-    return pipe
+    with started_threads() as pool:
+        pipe = graph(
+            batch_size=batch_size,
+            num_threads=spec.threads,
+            device_id=device_id,
+            seed=0,
+            **(_EXEC_GPU if on_gpu else _EXEC_CPU),
+        )
+        pipe.build()
+    return pipe, pool.ids
 
 
 class DaliBackend:
@@ -138,9 +141,9 @@ class DaliBackend:
     def _pipeline(self, n: int) -> Any:
         pipe = getattr(self._local, "pipe", None)
         if pipe is None or self._local.capacity < n:
-            self._local.pipe = pipe = _build(self.spec, n, self._device_id)
+            self._local.pipe, self._local.threads = _build(self.spec, n, self._device_id)
             self._local.capacity = n
-        return pipe
+        return self._local.pipe
 
     def decode(self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray) -> torch.Tensor:
         """Run one batch through this thread's pipeline; drop the pipeline on failure.
@@ -158,12 +161,16 @@ class DaliBackend:
             "shape": np.ascontiguousarray(windows[:, 2:]),
             "flip": np.asarray(flips, dtype=np.int32).reshape(-1),
         }
+        pool_cpu = cpu_seconds(self._local.threads)
         try:
             (out,) = pipe.run(**inputs)
             return self._to_torch(out)
         except Exception:
             self._local.pipe = None  # DALI marks a pipeline invalid after an error
             raise
+        finally:
+            # DALI decodes on its own thread pool: count that CPU as this batch's.
+            count_helper_cpu(cpu_seconds(self._local.threads) - pool_cpu)
 
     def _decode_mixed(
         self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray, foreign: list[int]

@@ -12,7 +12,7 @@ class IOCounters(threading.local):
 
     bytes_read: int = 0
     retries: int = 0
-    helper_cpu_s: float = 0.0  # CPU of storage calls run on a timeout helper for this thread
+    helper_cpu_s: float = 0.0  # CPU helper threads (timeouts, DALI's pool) spent for this one
 
 
 _COUNTERS = IOCounters()
@@ -33,7 +33,8 @@ def count_retries(n: int) -> None:
 
 
 def count_helper_cpu(seconds: float) -> None:
-    """Record CPU that a helper thread spent on a storage call of the current thread."""
+    """Record CPU that helper threads (a storage timeout's, a decoder's pool) spent
+    on work of the current thread."""
     _COUNTERS.helper_cpu_s += seconds
 
 

@@ -1,0 +1,65 @@
+"""CPU of native threads a library starts for us (DALI's thread pool), so the tuner
+sees what a batch really costs: the calling thread's own CPU time misses work done
+on a pool, and a tuner that reads that work as storage waiting adds workers that
+only fight over the cores.
+
+Linux only (per-thread CPU clocks by thread id); elsewhere nothing is counted.
+
+Example:
+    >>> with started_threads() as pool:
+    ...     pass                       # build the pipeline here
+    >>> before = cpu_seconds(pool.ids)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+_TASKS = "/proc/self/task"
+# Builds are serialized so that the threads that appear during one belong to it.
+_BUILD_LOCK = threading.Lock()
+
+
+@dataclass
+class Started:
+    """Native thread ids that appeared while the block ran."""
+
+    ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+def _task_ids() -> set[int]:
+    try:
+        return {int(name) for name in os.listdir(_TASKS)}
+    except OSError:
+        return set()
+
+
+@contextmanager
+def started_threads() -> Iterator[Started]:
+    """Record the native threads started inside the block (one block at a time)."""
+    started = Started()
+    with _BUILD_LOCK:
+        before = _task_ids()
+        yield started
+        started.ids = tuple(sorted(_task_ids() - before))
+
+
+def _clock(tid: int) -> int:
+    # Linux's per-thread scheduler clock: MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED).
+    return ((~tid) << 3) | 6
+
+
+def cpu_seconds(ids: tuple[int, ...]) -> float:
+    """CPU seconds the threads `ids` used so far (threads gone count nothing)."""
+    total = 0.0
+    for tid in ids:
+        try:
+            total += time.clock_gettime(_clock(tid))
+        except (OSError, OverflowError, ValueError):
+            continue
+    return total
