@@ -83,9 +83,11 @@ class Planner:
         """Every (workers, depth) within the budget, no more workers than depth (the
         engine keeps at most `depth` batches in flight: more workers would idle)."""
         cap = self.max_workers or max(2 * cpu_count, 4)
-        fits = [d for d in DEPTH_GRID if d <= self.max_depth]
+        room = self.max_depth
         if self.budget is not None:
-            fits = [d for d in fits if d * batch_bytes <= self.budget] or [1]
+            room = max(1, min(room, int(self.budget // max(batch_bytes, 1.0))))
+        # The grid's steps, and the whole room: a budget of 7 batches allows depth 7.
+        fits = sorted({d for d in DEPTH_GRID if d <= room} | {room})
         return [(w, d) for d in fits for w in range(1, min(cap, d) + 1)]
 
     def predict(
@@ -145,7 +147,8 @@ class Planner:
         cores = max(self.cores_share * est.cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         before = est.wait_ms + cpu * max(1.0, active / cores)
-        return (est.wait_ms + cpu * max(1.0, new_active / cores)) / max(before, 1e-6)
+        after = est.wait_ms + cpu * max(1.0, new_active / cores)
+        return float(after / max(before, 1e-6))
 
     def correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
         """The learned model's departure from its own queueing baseline, weighted by its

@@ -225,8 +225,8 @@ class LearnedTuner:
         (bursts, tails: the depth factor grows), else the service was slower than its
         stage times show (retries, hidden costs: the rate factor shrinks)."""
         record = self._records[config]
-        if record.batches < 4 or record.utilization >= 0.97:
-            return  # saturated or unmeasured: says nothing of the model
+        if len(record.blocks) < 2 or record.utilization >= 0.97:
+            return  # saturated or barely measured: says nothing of the model
         rate, depth = self._calibration
         point, _ = self.planner.predict([config], est, cpu_count, (1.0, depth))
         active = min(config)

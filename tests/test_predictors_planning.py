@@ -81,6 +81,18 @@ def test_no_candidate_has_more_workers_than_depth_or_exceeds_the_budget() -> Non
     assert not choice.feasible and choice.bottleneck == "storage" and choice.depth <= 6
 
 
+def test_the_whole_budget_is_a_candidate_when_it_falls_between_grid_steps() -> None:
+    # A budget of 7 batches allows depth 7, not only the grid's 6: torch's default
+    # (7 workers x 1) would otherwise beat every candidate the tuner may choose.
+    for room in (5, 7, 10):
+        planner = Planner(QueueingModel(), target=0.9, budget=room * MiB, max_workers=16)
+        grid = planner.grid(MiB, 8)
+        assert max(d for _, d in grid) == room and (room, room) in grid
+        slow = _storage_bound(service_ms=400.0, wait_ms=399.7, read_ms=400.0, cpu_count=8)
+        choice, _ = _choose(planner, slow)
+        assert choice.depth == room and choice.workers == room
+
+
 def test_late_batches_ask_for_depth_beyond_the_workers() -> None:
     """The same mean service, once steady and once with one batch in five 3x late (a
     heavy tail): the late ones need batches ready ahead, so more depth."""
