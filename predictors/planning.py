@@ -195,6 +195,9 @@ class Planner:
         else:
             best = max(point[j] for j in order)
             i = next(j for j in order if point[j] >= best - 0.01)
+            # At that memory, the workers with the best prediction (workers are free).
+            same = [j for j in order if memory[j] == memory[i]]
+            i = max(same, key=lambda j: (round(float(point[j]), 3), -workers[j]))
             if any(lower[j] >= goal for j in everything):
                 note = f"a bounded memory step toward what meets {goal:.2f}"
             elif point[i] >= goal:

@@ -93,6 +93,25 @@ def test_the_whole_budget_is_a_candidate_when_it_falls_between_grid_steps() -> N
         assert choice.depth == room and choice.workers == room
 
 
+def test_out_of_reach_it_takes_the_best_workers_at_the_memory_it_chose() -> None:
+    # Workers cost no memory: with the target out of reach, the memory chosen gets the
+    # workers predicted best, not the fewest within a hair of the best.
+    planner = Planner(QueueingModel(), target=0.9, budget=None, max_workers=16)
+    grid = [(1, 4), (2, 4), (3, 4), (4, 4)]
+    point = np.array([0.5, 0.845, 0.848, 0.85])
+    choice = planner.choose(
+        grid,
+        point,
+        point - 0.05,
+        goal=0.9,
+        batch_bytes=MiB,
+        est=_storage_bound(),
+        cpu_count=2,
+        allowed=np.ones(4, dtype=bool),
+    )
+    assert not choice.feasible and (choice.workers, choice.depth) == (4, 4)
+
+
 def test_late_batches_ask_for_depth_beyond_the_workers() -> None:
     """The same mean service, once steady and once with one batch in five 3x late (a
     heavy tail): the late ones need batches ready ahead, so more depth."""
