@@ -9,7 +9,7 @@ looked at while changing the controller (each is run once, then it is seen: the
 next report takes the next range).
 
     python benchmarks/scenarios.py --seeds dev --per-family 4
-    python benchmarks/scenarios.py --seeds heldout3 --per-family 10
+    python benchmarks/scenarios.py --seeds heldout4 --per-family 10
 
 Writes benchmarks/results/scenarios-<seeds>.md and .json.
 """
@@ -56,6 +56,7 @@ SEEDS = {
     "heldout": 10_000,
     "heldout2": 20_000,
     "heldout3": 30_000,
+    "heldout4": 40_000,
 }
 MAX_WORKERS = 16
 
