@@ -147,8 +147,7 @@ class Planner:
         cores = max(self.cores_share * est.cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         before = est.wait_ms + cpu * max(1.0, active / cores)
-        after = est.wait_ms + cpu * max(1.0, new_active / cores)
-        return float(after / max(before, 1e-6))
+        return (est.wait_ms + cpu * max(1.0, new_active / cores)) / max(before, 1e-6)
 
     def correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
         """The learned model's departure from its own queueing baseline, weighted by its

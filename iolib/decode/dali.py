@@ -108,7 +108,7 @@ def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
             output_layout="CHW" if spec.layout == "NCHW" else "HWC",
         )
 
-    with started_threads() as pool:
+    with started_threads("[DALI]") as pool:
         pipe = graph(
             batch_size=batch_size,
             num_threads=spec.threads,

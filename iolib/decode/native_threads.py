@@ -6,7 +6,7 @@ only fight over the cores.
 Linux only (per-thread CPU clocks by thread id); elsewhere nothing is counted.
 
 Example:
-    >>> with started_threads() as pool:
+    >>> with started_threads("[DALI]") as pool:
     ...     pass                       # build the pipeline here
     >>> before = cpu_seconds(pool.ids)
 """
@@ -39,14 +39,24 @@ def _task_ids() -> set[int]:
         return set()
 
 
+def _named(tid: int, prefix: str) -> bool:
+    try:
+        with open(f"{_TASKS}/{tid}/comm") as comm:
+            return comm.read().startswith(prefix)
+    except OSError:
+        return False
+
+
 @contextmanager
-def started_threads() -> Iterator[Started]:
-    """Record the native threads started inside the block (one block at a time)."""
+def started_threads(prefix: str = "") -> Iterator[Started]:
+    """Record the native threads started inside the block whose name starts with
+    `prefix` (a loader's own threads may start meanwhile: they count themselves)."""
     started = Started()
     with _BUILD_LOCK:
         before = _task_ids()
         yield started
-        started.ids = tuple(sorted(_task_ids() - before))
+        fresh = sorted(_task_ids() - before)
+        started.ids = tuple(tid for tid in fresh if _named(tid, prefix))
 
 
 def _clock(tid: int) -> int:
@@ -55,7 +65,8 @@ def _clock(tid: int) -> int:
 
 
 def cpu_seconds(ids: tuple[int, ...]) -> float:
-    """CPU seconds the threads `ids` used so far (threads gone count nothing)."""
+    """CPU seconds the threads `ids` used so far (a thread that cannot be read, being
+    gone, counts nothing)."""
     total = 0.0
     for tid in ids:
         try:
