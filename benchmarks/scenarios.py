@@ -17,6 +17,7 @@ Writes benchmarks/results/scenarios-<seeds>.md and .json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -165,7 +166,7 @@ def oracle(s: Scenario) -> dict[str, Any]:
     }
 
 
-def _utilization(part: Any) -> float:
+def time_weighted_utilization(part: Any) -> float:
     """Time-weighted: the steps over the steps and stalls (a mean of per-batch ratios
     counts a burst of ready batches as much as the long wait before it)."""
     step = part["step_ms"].sum()
@@ -181,7 +182,7 @@ def _metrics(trace: Any, s: Scenario) -> dict[str, Any]:
     rolling = step / busy
     reached = rolling[rolling >= s.target]
     out = {
-        "utilization": _utilization(third),
+        "utilization": time_weighted_utilization(third),
         "memory": float(third["bound_bytes"].max()),
         "peak_memory": float(trace["bound_bytes"].max()),
         "batches_to_target": int(reached.index[0]) if len(reached) else None,
@@ -198,7 +199,7 @@ def _metrics(trace: Any, s: Scenario) -> dict[str, Any]:
             out["recovery_batches"] = 0
         out["memory_during"] = float(trace.loc[begin:end, "bound_bytes"].max())
         out["memory_after"] = float(trace.loc[end + 60 :, "bound_bytes"].max())
-        out["utilization_during"] = _utilization(trace.loc[begin + 30 : end])
+        out["utilization_during"] = time_weighted_utilization(trace.loc[begin + 30 : end])
     return out
 
 
@@ -357,12 +358,17 @@ def write(rows: list[dict[str, Any]], name: str, command: str) -> Path:
     return path
 
 
-def _evaluate(job: tuple[str, int, str]) -> dict[str, Any]:
+@functools.cache
+def _model(which: str) -> Any:
+    """One load per process, not one per scenario."""
     from predictors.model import load_default
 
+    return load_default() if which == "shipped" else QueueingModel()
+
+
+def _evaluate(job: tuple[str, int, str]) -> dict[str, Any]:
     family, seed, which = job
-    model = load_default() if which == "shipped" else QueueingModel()
-    return evaluate(draw(family, seed), model)
+    return evaluate(draw(family, seed), _model(which))
 
 
 def main() -> None:

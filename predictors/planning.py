@@ -185,18 +185,19 @@ class Planner:
         meets = [i for i in order if lower[i] >= goal]
         facts = self.facts(est, cpu_count)
         feasible, bottleneck = True, None
+
+        def best_workers(first: int, among: list[int], score: np.ndarray) -> int:
+            # Workers cost no memory: at `first`'s memory, the workers that score best
+            # (then the fewest) buy margin for free.
+            same = [j for j in among if memory[j] == memory[first]]
+            return max(same, key=lambda j: (round(float(score[j]), 3), -workers[j]))
+
         if meets:
-            # Workers cost no memory: at the least memory that meets the goal, the
-            # workers with the highest lower bound (then the fewest) buy margin for free.
-            same = [j for j in meets if memory[j] == memory[meets[0]]]
-            i = max(same, key=lambda j: (round(float(lower[j]), 3), -workers[j]))
+            i = best_workers(meets[0], meets, lower)
             note = f"least memory whose lower bound meets {goal:.2f}"
         else:
             best = max(point[j] for j in order)
-            i = next(j for j in order if point[j] >= best - 0.01)
-            # At that memory, the workers with the best prediction (workers are free).
-            same = [j for j in order if memory[j] == memory[i]]
-            i = max(same, key=lambda j: (round(float(point[j]), 3), -workers[j]))
+            i = best_workers(next(j for j in order if point[j] >= best - 0.01), order, point)
             if any(lower[j] >= goal for j in everything):
                 note = f"a bounded memory step toward what meets {goal:.2f}"
             elif point[i] >= goal:

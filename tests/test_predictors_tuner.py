@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.scenarios import draw, oracle
+from benchmarks.scenarios import draw, oracle, time_weighted_utilization
 from predictors import measure
 from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
 from predictors.errors import TunerConfigError
@@ -65,10 +65,6 @@ def _state(**over) -> TunerState:
         cpu_count=8,
     )
     return TunerState(**{**base, **over})
-
-
-def _time_weighted(trace: pd.DataFrame) -> float:
-    return trace["step_ms"].sum() / (trace["step_ms"] + trace["stall_ms"]).sum()
 
 
 def _learned(scenario, model=None) -> LearnedTuner:
@@ -147,9 +143,9 @@ def steady_outcomes() -> list[dict]:
                     "scenario": (family, seed),
                     "target": s.target,
                     "budget": s.budget,
-                    "learned": _time_weighted(trace.iloc[last]),
-                    "torch": _time_weighted(torch.iloc[last]),
-                    "hill": _time_weighted(hill.iloc[last]),
+                    "learned": time_weighted_utilization(trace.iloc[last]),
+                    "torch": time_weighted_utilization(torch.iloc[last]),
+                    "hill": time_weighted_utilization(hill.iloc[last]),
                     "memory": trace["bound_bytes"].iloc[last].max(),
                     "peak": trace["bound_bytes"].max(),
                     "oracle": oracle(s),
@@ -230,7 +226,7 @@ def test_a_pessimistic_model_is_a_bounded_correction_never_a_veto():
     decides."""
     s = draw("storage-processes", 502)
     trace = run_tuner(_learned(s, _MoreWorkersDoNotHelp()), s.workload, s.batches, seed=7)
-    assert _time_weighted(trace.iloc[2 * s.batches // 3 :]) >= s.target - 0.01
+    assert time_weighted_utilization(trace.iloc[2 * s.batches // 3 :]) >= s.target - 0.01
     assert trace["workers"].iloc[-1] >= 2
 
 
@@ -240,7 +236,7 @@ def test_infeasible_target_names_the_bottleneck():
     last = tuner.history[-1][1]
     assert not last.feasible and last.bottleneck == "decode"
     assert "out of reach" in last.reason and "decode" in last.reason
-    assert _time_weighted(trace.iloc[30:]) > 0.15  # still does the best it can
+    assert time_weighted_utilization(trace.iloc[30:]) > 0.15  # still does the best it can
 
 
 def test_infeasible_storage_bound_within_a_small_budget():
