@@ -134,6 +134,10 @@ class DenseColumns:
         self.complete = False  # every row group filled: reads skip the bookkeeping
         self._lock = threading.Lock()
 
+    def after_fork(self) -> None:
+        """A forked worker's copy: a parent thread may have held the lock at the fork."""
+        self._lock = threading.Lock()
+
     @staticmethod
     def supports(schema: pa.Schema) -> bool:
         return len(schema) > 0 and all(

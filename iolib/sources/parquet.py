@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from iolib.collate import ListFormat, is_numeric_list
 from iolib.errors import ConfigError, DataError
+from iolib.forks import reset_after_fork
 from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
@@ -169,6 +170,19 @@ class ParquetSource(Source):
         self._local = threading.local()
         self._in_flight: dict[int, _Flight] = {}
         self._dense: DenseColumns | None = None
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked worker: the parent's threads are gone, and with them the reads
+        they had in flight, the read-ahead thread and any lock they held. What was read
+        stays (the in-memory store is shared copy-on-write)."""
+        self._lock = threading.Lock()
+        self._cache = PlannedCache(self.cache_bytes, lambda t: t.nbytes)
+        self._ahead, self._ahead_sent, self._ahead_io = None, set(), (0, 0)
+        self._local = threading.local()
+        self._in_flight = {}
+        if self._dense is not None:
+            self._dense.after_fork()
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("urls", "columns", "storage_options", "cache_bytes", "_fixed_cache", "_files")

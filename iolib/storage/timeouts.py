@@ -68,6 +68,18 @@ _HELPERS = threading.local()
 _ALL: weakref.WeakSet[_Helper] = weakref.WeakSet()  # every helper of this process
 _BUSY: set[_Helper] = set()  # helpers inside a call (an abandoned stuck one included)
 _BUSY_LOCK = threading.Lock()
+
+
+def _after_fork() -> None:
+    """A forked child has none of the parent's helpers: nothing is busy, and the lock
+    a helper held at the fork would stay held."""
+    global _BUSY_LOCK
+    _BUSY_LOCK = threading.Lock()
+    _BUSY.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 _EXIT_WAIT_S = 10.0
 _exiting = False
 

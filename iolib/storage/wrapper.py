@@ -19,6 +19,8 @@ import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.spec import AbstractBufferedFile
 
+from iolib.forks import reset_after_fork
+
 T = TypeVar("T")
 
 
@@ -55,6 +57,10 @@ class _WrapperFileSystem(ChainedFileSystem):
         self.blocksize = int(block_size)
         self._counts: dict[tuple, int] = {}
         self._lock = threading.Lock()
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a parent thread may have held it at the fork
 
     # -- hooks -------------------------------------------------------------------------
     def _request(self, kind: str, path: str, start: int | None, end: int | None) -> Any:

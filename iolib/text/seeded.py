@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from iolib.forks import reset_after_fork
 from iolib.sources.base import Source
 
 
@@ -27,6 +28,10 @@ class SeededSource(Source):
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a parent thread may have held it at the fork
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
