@@ -204,6 +204,7 @@ class Engine:
     def next(self) -> tuple[Any, float]:
         """The next result in order and the seconds the consumer waited for it."""
         if self._next >= self._base + len(self._tasks):
+            self._check_inits()
             raise StopIteration
         begin = time.perf_counter()
         if not self._target_workers:
@@ -215,6 +216,22 @@ class Engine:
         if self._target_workers:
             self._top_up()
         return result, time.perf_counter() - begin
+
+    def _check_inits(self) -> None:
+        """A worker_init_fn that failed while the other threads did all the work still
+        fails the epoch, as in torch (where every worker inits before its batches)."""
+        pool = self._pool
+        if self.mode != "thread":
+            return
+        with pool.cv:
+            while (
+                pool.inits_pending > 0
+                and pool.fatal is None
+                and any(t.is_alive() for t in pool.threads)
+            ):
+                pool.cv.wait(_POLL_S)
+            if pool.fatal is not None:
+                raise pool.fatal.error.rebuild()
 
     def _top_up(self) -> None:
         pool = self._pool
@@ -303,6 +320,8 @@ class Engine:
                 daemon=True,
             )
             thread.iolib_wid = wid  # type: ignore[attr-defined]
+            with pool.cv:
+                pool.inits_pending += 1
             thread.start()
             with pool.cv:
                 pool.threads.append(thread)

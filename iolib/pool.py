@@ -17,7 +17,7 @@ from collections.abc import Callable
 from multiprocessing import connection
 from typing import Any
 
-from iolib.workers import Fatal, Retired, Stop
+from iolib.workers import Fatal, Ready, Retired, Stop
 
 log = logging.getLogger(__name__)
 # How often the reader re-checks the workers it waits on (new ones, shutdown).
@@ -39,6 +39,7 @@ class Pool:
         self.fatal: Fatal | None = None  # the first worker death, raised by the consumer
         self.threads: list[threading.Thread] = []
         self.stops_pending = 0  # Stop sentinels queued and not yet taken by a thread
+        self.inits_pending = 0  # threads started that have not finished worker_init_fn
         self.todo: queue.Queue = queue.Queue()
         self.procs: list[list[Any]] = []  # [process, task queue, retiring]
         self.held: dict[int, int] = {}  # batch number -> process slot (process mode)
@@ -58,9 +59,11 @@ class Pool:
                 self.cv.notify_all()
 
     def report(self, message: Any) -> None:
-        """A worker thread took a Stop, or died (Fatal)."""
+        """A worker thread ran its worker_init_fn (Ready), took a Stop, or died (Fatal)."""
         with self.cv:
-            if isinstance(message, Stop):
+            if isinstance(message, Ready):
+                self.inits_pending -= 1
+            elif isinstance(message, Stop):
                 self.stops_pending -= 1
             elif self.fatal is None:
                 self.fatal = message

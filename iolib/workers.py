@@ -21,6 +21,7 @@ import queue
 import random
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ def worker_base_seed(seed: int) -> int:
 
 class Stop:
     """Sentinel asking one worker thread to exit."""
+
+
+class Ready:
+    """A worker thread ran its worker_init_fn: nothing the epoch's end waits for."""
 
 
 RETIRE = "retire"  # asks a process worker to retire once it has sent what it holds
@@ -234,6 +239,7 @@ def thread_worker(
         _local.info = _thread_worker_info(setup)
         if init is not None:
             init(setup.wid)
+        report(Ready())
         stage = "running a task"
         while True:
             item = todo.get()
@@ -276,13 +282,25 @@ def process_worker(
     stopping: Any,
 ) -> None:
     """A worker process: like thread_worker, and exits within WATCH_S of its parent's
-    death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes).
+    death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes),
+    also from inside a task that never returns.
     Once `stopping` (an Event) is set it runs no more tasks (torch's done_event)."""
     import torch
 
     # The parent as this process sees it, read here as torch's watchdog does: under
     # forkserver it is the fork server (which exits with the trainer), not the trainer.
     parent = os.getppid()
+
+    def orphaned() -> None:
+        # Between tasks the loop below notices; a task that never returns (a read
+        # stuck on storage) would keep the orphan alive, so a thread watches too. It
+        # never waits on `stopping`: a multiprocessing Condition's set() waits for its
+        # sleepers to wake, and a sleeper in an exited process never does.
+        while os.getppid() == parent:
+            time.sleep(WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=orphaned, name="iolib-watchdog", daemon=True).start()
 
     # First, before any torch op: one intra-op thread, as in torch's worker loop.
     torch.set_num_threads(1)

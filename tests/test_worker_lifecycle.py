@@ -97,7 +97,7 @@ def test_parallel_op_in_worker_after_parent_used_its_thread_pool(kind: str) -> N
 # -- 2. parent death ------------------------------------------------------------------
 
 ORPHANS = """
-import os, sys, time, torch
+import os, sys, threading, time, torch
 from iolib import DataLoader
 from torch.utils.data import Dataset
 
@@ -106,26 +106,31 @@ class Slow(Dataset):
         return 1000
 
     def __getitem__(self, i):
-        time.sleep(0.01)
+        time.sleep({sample_s})
         return torch.tensor(i)
 
 loader = DataLoader(Slow(), batch_size=2, num_workers=2, worker_mode="process")
 it = iter(loader)
-next(it)
 print(" ".join(str(p[0].pid) for p in loader._pipeline.engine._procs), flush=True)
+threading.Thread(target=next, args=(it,), daemon=True).start()  # the workers take tasks
 time.sleep(600)
 """
 
 
-def test_process_workers_exit_soon_after_the_trainer_is_killed() -> None:
+@pytest.mark.parametrize("sample_s", [0.01, 3600], ids=["between-tasks", "stuck-in-a-task"])
+def test_process_workers_exit_soon_after_the_trainer_is_killed(sample_s: float) -> None:
+    # A worker inside a task that never returns (a read stuck on storage) is an orphan
+    # too: it must not outlive the trainer any more than an idle one.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    script = ORPHANS.replace("{sample_s}", str(sample_s))
     trainer = subprocess.Popen(
-        [sys.executable, "-c", ORPHANS], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
     )
     workers: list[psutil.Process] = []
     try:
         workers = [psutil.Process(int(p)) for p in trainer.stdout.readline().split()]
         assert len(workers) == 2 and all(w.is_running() for w in workers)
+        time.sleep(1.5)
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(30)
         _, alive = psutil.wait_procs(workers, timeout=5)  # the acceptance bound
