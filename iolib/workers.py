@@ -30,6 +30,7 @@ from typing import Any
 from iolib.errors import WorkerDied, WorkerError
 
 WATCH_S = 1.0  # how often a process worker idle on its queue checks that its parent lives
+LINGER_S = 30.0  # how long a failed process worker waits to be stopped before it exits
 
 
 _WORKER_STREAM = 0x574F524B45  # "WORKE": a stream of its own, apart from rng's
@@ -328,4 +329,19 @@ def process_worker(
             done.cancel_join_thread()
     except BaseException as exc:
         done.put(Fatal(setup.wid, RemoteError(exc, _where("process", setup.wid, stage))))
+        _linger(todo, stopping, parent)
         sys.exit(1)  # an exit code, and no traceback printed by multiprocessing
+
+
+def _linger(todo: Any, stopping: Any, parent: int) -> None:
+    """Stay until the parent stops this worker (as torch's worker stays after a failed
+    worker_init_fn), so the parent learns of the failure from the message, not from an
+    exit that can overtake it; bounded, so a message lost in sending still ends in an
+    exit the parent reports."""
+    end = time.monotonic() + LINGER_S
+    while os.getppid() == parent and not stopping.is_set() and time.monotonic() < end:
+        try:
+            if todo.get(timeout=WATCH_S) is None:
+                return
+        except queue.Empty:
+            continue

@@ -174,6 +174,26 @@ def test_worker_init_fn_error_keeps_its_type_message_and_worker(kind: str) -> No
     assert "Traceback" in str(e.value) and "bad_init" in str(e.value)
 
 
+@pytest.mark.timeout(120)
+def test_a_failed_process_worker_waits_to_be_stopped_and_is() -> None:
+    """The failed worker stays until stopped, so its error always beats its exit to the
+    consumer; once the error is raised, no worker process is left."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    for _ in range(5):
+        loader = DataLoader(
+            Plain(), batch_size=2, num_workers=2, worker_mode="process", worker_init_fn=bad_init
+        )
+        with pytest.raises(ValueError, match="bad init in worker 1"):
+            list(loader)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, f"worker processes outlived their loader: {sorted(left)}"
+
+
 class ExitsAt(Dataset):
     """Sample 5 raises `kind` (a BaseException that fetchers do not catch)."""
 
