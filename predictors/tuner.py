@@ -17,11 +17,14 @@ Loop, per batch (`decide`):
    (`predictors.planning`; measured ones by their record), and take the least memory
    whose lower bound meets the goal, moving memory by at most `max_step` times a step.
    The current configuration is kept while its measured mean meets the goal and no
-   cheaper one is predicted to (measuring longer narrows the bound).
+   cheaper one is predicted to (measuring longer narrows the bound). After a large
+   slowdown the first plan is sized for `shift_headroom` times the new service: how
+   the new regime's service grows with more workers (a shared link, throttling) is
+   not yet measured, and a few batches of extra memory cost less than a second step.
 
 Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, `confidence`
 (z of the lower bound), `max_step` (memory factor per step), `settle_services`,
-`window_services`, and the detector's `shift_threshold`.
+`window_services`, the detector's `shift_threshold`, and `shift_headroom`.
 
 Example:
     >>> tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=2**31)
@@ -31,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from statistics import median
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from predictors.errors import TunerConfigError
 from predictors.measure import ChangeDetector, Measured, Service, summarize
 from predictors.planning import Planner
 from predictors.state import (
@@ -52,6 +57,10 @@ from predictors.state import (
 
 if TYPE_CHECKING:
     import pandas as pd
+
+# A slowdown this large (the service this many times slower) is a new regime whose
+# scaling with workers is unknown; smaller alarms come with the tuner's own changes.
+LARGE_SLOWDOWN = 4.0
 
 __all__ = ["Decision", "LearnedTuner", "PerformanceModel", "Tuner", "TunerState"]
 
@@ -73,6 +82,7 @@ class LearnedTuner:
         settle_services: float = 1.0,
         window_services: float = 3.0,
         shift_threshold: float = 8.0,
+        shift_headroom: float = 1.5,
         warmup_batches: int = 3,
     ) -> None:
         if model is None:
@@ -87,6 +97,12 @@ class LearnedTuner:
         self.settle_services = settle_services
         self.window_services = window_services
         self.warmup_batches = warmup_batches
+        if not shift_headroom >= 1.0:
+            raise TunerConfigError(
+                f"`shift_headroom` must be at least 1. Found: {shift_headroom!r}. "
+                "Fix: 1 plans for the service as measured; 1.5 is the default."
+            )
+        self.shift_headroom = shift_headroom
         self.confidence = confidence
         self.planner = Planner(
             model,
@@ -142,9 +158,11 @@ class LearnedTuner:
             self._records[config] = _record(self._samples)
             self._calibration = (1.0, 1.0)
             before = self._last["service"] if self._last else float("nan")
-            why = f"regime shift ({shift}: service {before:.1f} -> "
-            why += f"{summarize(self._samples).service_ms:.1f} ms)"
-            return self._plan(state, why, shifted=True)
+            after = summarize(self._samples).service_ms
+            headroom = self.shift_headroom if after >= LARGE_SLOWDOWN * before else 1.0
+            why = f"regime shift ({shift}: service {before:.1f} -> {after:.1f} ms"
+            why += f"; sized for {headroom:g}x that until measured)" if headroom > 1 else ")"
+            return self._plan(state, why, shifted=True, headroom=headroom)
         if self._due():
             return self._plan(state, "measured")
         return self._current
@@ -168,9 +186,12 @@ class LearnedTuner:
         pace = max(median(s.step_ms for s in recent), 1e-3)
         return max(self.warmup_batches, min(64, math.ceil(self.window_services * service / pace)))
 
-    def _plan(self, state: TunerState, why: str, shifted: bool = False) -> Decision:
+    def _plan(
+        self, state: TunerState, why: str, shifted: bool = False, headroom: float = 1.0
+    ) -> Decision:
         self._since_plan = 0
         est = summarize(self._regime, self.planner.cores_share)
+        sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
         grid = self.planner.grid(state.one_batch_bytes, state.cpu_count)
         if config not in grid:
@@ -181,7 +202,9 @@ class LearnedTuner:
         # configuration of this regime holds two blocks of batches, measurement decides.
         measured = any(len(r.blocks) >= 2 for r in self._records.values())
         features = state_features(state) if self.planner.weight > 0 and not measured else None
-        point, lower = self.planner.predict(grid, est, state.cpu_count, self._calibration, features)
+        point, lower = self.planner.predict(
+            grid, sized, state.cpu_count, self._calibration, features
+        )
         self._blend(grid, point, lower)
         memory = np.array([d for _, d in grid], dtype=float) * state.one_batch_bytes
         here = config[1] * state.one_batch_bytes
@@ -192,7 +215,7 @@ class LearnedTuner:
             lower,
             goal=self.target,
             batch_bytes=state.one_batch_bytes,
-            est=est,
+            est=sized,
             cpu_count=state.cpu_count,
             allowed=allowed,
         )
@@ -279,6 +302,16 @@ class LearnedTuner:
     def service(self) -> Service | None:
         """The last plan's service estimate (None before the first plan)."""
         return None if self._last is None else self._last["est"]
+
+
+def _slower(est: Service, factor: float) -> Service:
+    """The estimate with its storage wait `factor` times longer (the CPU as measured)."""
+    return dataclasses.replace(
+        est,
+        service_ms=est.service_ms + (factor - 1.0) * est.wait_ms,
+        wait_ms=est.wait_ms * factor,
+        read_ms=est.read_ms * factor,
+    )
 
 
 def _record(states: list[TunerState]) -> Measured:

@@ -82,6 +82,12 @@ def test_target_outside_open_unit_interval_is_refused(target):
         LearnedTuner(QueueingModel(), target_utilization=target)
 
 
+@pytest.mark.parametrize("headroom", [0.5, float("nan")])
+def test_shift_headroom_below_one_is_refused(headroom):
+    with pytest.raises(TunerConfigError, match="shift_headroom"):
+        LearnedTuner(QueueingModel(), shift_headroom=headroom)
+
+
 def test_budget_below_one_batch_is_refused():
     for tuner in (
         LearnedTuner(QueueingModel(), memory_budget_bytes=1e6),
@@ -181,7 +187,9 @@ def test_on_random_scenarios_it_is_rarely_worse_than_torchs_default(steady_outco
     assert len(worse) <= 1, worse
 
 
-@pytest.mark.parametrize("seed", [500, 501])
+# 504 and 505 need more workers than the slowdown alone says (the link is shared):
+# planned for the service as measured they took two steps, 21-24 batches.
+@pytest.mark.parametrize("seed", [500, 501, 504, 505])
 def test_after_a_tenfold_slowdown_it_recovers_and_then_releases_memory(seed):
     s = draw("shift", seed)
     tuner = _learned(s)
