@@ -58,6 +58,7 @@ SEEDS = {
     "heldout2": 20_000,
     "heldout3": 30_000,
     "heldout4": 40_000,
+    "heldout5": 50_000,
 }
 MAX_WORKERS = 16
 
