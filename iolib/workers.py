@@ -345,3 +345,5 @@ def _linger(todo: Any, stopping: Any, parent: int) -> None:
                 return
         except queue.Empty:
             continue
+        except (OSError, EOFError, ValueError, KeyboardInterrupt):
+            return  # the parent closed the queue, or a second Ctrl-C: exit now
