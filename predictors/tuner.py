@@ -18,9 +18,10 @@ Loop, per batch (`decide`):
    whose lower bound meets the goal, moving memory by at most `max_step` times a step.
    The current configuration is kept while its measured mean meets the goal and no
    cheaper one is predicted to (measuring longer narrows the bound). After a large
-   slowdown the first plan is sized for `shift_headroom` times the new service: how
-   the new regime's service grows with more workers (a shared link, throttling) is
-   not yet measured, and a few batches of extra memory cost less than a second step.
+   slowdown the first plan assumes `shift_headroom` times the storage wait measured:
+   how the new regime's service grows with more workers (a shared link, throttling)
+   is not measured yet, and a few batches of extra memory cost less than a second
+   step.
 
 Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, `confidence`
 (z of the lower bound), `max_step` (memory factor per step), `settle_services`,
@@ -161,7 +162,7 @@ class LearnedTuner:
             after = summarize(self._samples).service_ms
             headroom = self.shift_headroom if after >= LARGE_SLOWDOWN * before else 1.0
             why = f"regime shift ({shift}: service {before:.1f} -> {after:.1f} ms"
-            why += f"; sized for {headroom:g}x that until measured)" if headroom > 1 else ")"
+            why += f"; reads taken {headroom:g}x slower until measured)" if headroom > 1 else ")"
             return self._plan(state, why, shifted=True, headroom=headroom)
         if self._due():
             return self._plan(state, "measured")
