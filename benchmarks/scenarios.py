@@ -9,7 +9,7 @@ looked at while changing the controller (each is run once, then it is seen: the
 next report takes the next range).
 
     python benchmarks/scenarios.py --seeds dev --per-family 4
-    python benchmarks/scenarios.py --seeds heldout4 --per-family 10
+    python benchmarks/scenarios.py --seeds heldout5 --per-family 10
 
 Writes benchmarks/results/scenarios-<seeds>.md and .json.
 """
@@ -174,13 +174,28 @@ def time_weighted_utilization(part: Any) -> float:
     return float(step / max(step + part["stall_ms"].sum(), 1e-9))
 
 
+def _rolling(trace: Any) -> Any:
+    """Utilization over the last 8 batches, at each batch."""
+    busy = (trace["step_ms"] + trace["stall_ms"]).rolling(8).sum()
+    return trace["step_ms"].rolling(8).sum() / busy
+
+
+def recovery_batches(trace: Any, s: Scenario) -> int | None:
+    """Batches from the first dip below the target during the slowdown to the first
+    batch back above it (0: no dip; None: never back before the slowdown ended)."""
+    begin, end, _ = s.slowdown
+    low = _rolling(trace).loc[begin:end]
+    dipped = low[low < s.target]
+    if not len(dipped):
+        return 0
+    back = low.loc[dipped.index[0] :]
+    back = back[back >= s.target]
+    return int(back.index[0] - dipped.index[0]) if len(back) else None
+
+
 def _metrics(trace: Any, s: Scenario) -> dict[str, Any]:
     third = trace.iloc[2 * s.batches // 3 :]
-    step, busy = (
-        trace["step_ms"].rolling(8).sum(),
-        (trace["step_ms"] + trace["stall_ms"]).rolling(8).sum(),
-    )
-    rolling = step / busy
+    rolling = _rolling(trace)
     reached = rolling[rolling >= s.target]
     out = {
         "utilization": time_weighted_utilization(third),
@@ -190,14 +205,7 @@ def _metrics(trace: Any, s: Scenario) -> dict[str, Any]:
     }
     if s.slowdown:
         begin, end, _ = s.slowdown
-        low = rolling.loc[begin:end]
-        dipped = low[low < s.target]
-        if len(dipped):
-            back = low.loc[dipped.index[0] :]
-            back = back[back >= s.target]
-            out["recovery_batches"] = int(back.index[0] - dipped.index[0]) if len(back) else None
-        else:
-            out["recovery_batches"] = 0
+        out["recovery_batches"] = recovery_batches(trace, s)
         out["memory_during"] = float(trace.loc[begin:end, "bound_bytes"].max())
         out["memory_after"] = float(trace.loc[end + 60 :, "bound_bytes"].max())
         out["utilization_during"] = time_weighted_utilization(trace.loc[begin + 30 : end])

@@ -6,13 +6,14 @@ nor the held-out range."""
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.scenarios import draw, oracle, time_weighted_utilization
+from benchmarks.scenarios import draw, oracle, recovery_batches, time_weighted_utilization
 from predictors import measure
 from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
 from predictors.errors import TunerConfigError
@@ -205,6 +206,30 @@ def test_after_a_tenfold_slowdown_it_recovers_and_then_releases_memory(seed):
     during = trace.loc[begin:end, "bound_bytes"].max()
     assert trace.loc[end + 60 :, "bound_bytes"].max() < during
     assert any("regime shift" in d.reason for _, d in tuner.history)
+
+
+def test_headroom_after_a_slowdown_of_any_size_never_delays_recovery():
+    # The family, not the tenfold case alone: 3x (no headroom: below LARGE_SLOWDOWN),
+    # 5x and 20x slowdowns, each run with and without the headroom.
+    faster = 0
+    for factor in (3.0, 5.0, 20.0):
+        for seed in range(510, 520):
+            s = dataclasses.replace(draw("shift", seed), slowdown=(110, 220, factor))
+            took = []
+            for headroom in (1.0, 1.5):
+                tuner = LearnedTuner(
+                    QueueingModel(),
+                    target_utilization=s.target,
+                    memory_budget_bytes=s.budget,
+                    max_workers=16,
+                    shift_headroom=headroom,
+                )
+                trace = run_tuner(tuner, s.workload, s.batches, slowdown=s.slowdown, seed=7)
+                took.append(recovery_batches(trace, s))
+            without, with_headroom = (999 if t is None else t for t in took)
+            assert with_headroom <= without, (factor, seed, took)
+            faster += with_headroom < without
+    assert faster >= 3
 
 
 class _MoreWorkersDoNotHelp:
