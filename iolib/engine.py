@@ -223,13 +223,21 @@ class Engine:
         pool = self._pool
         if self.mode != "thread":
             return
+        deadline = time.monotonic() + self.timeout if self.timeout > 0 else None
         with pool.cv:
             while (
                 pool.inits_pending > 0
                 and pool.fatal is None
                 and any(t.is_alive() for t in pool.threads)
             ):
-                pool.cv.wait(_POLL_S)
+                left = _POLL_S if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise WorkerError(
+                        f"DataLoader timed out after {self.timeout:g} seconds (`timeout`) "
+                        "waiting for a worker's worker_init_fn to finish at the epoch's end.",
+                        stage="wait",
+                    )
+                pool.cv.wait(min(left, _POLL_S))
             if pool.fatal is not None:
                 raise pool.fatal.error.rebuild()
 

@@ -237,6 +237,25 @@ def test_thread_killed_by_base_exception_from_init_is_reported() -> None:
     engine.close()
 
 
+def slow_init(worker_id: int) -> None:
+    if worker_id == 1:
+        time.sleep(3)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["torch", "thread", "process"])
+def test_an_init_that_does_not_finish_times_out_under_timeout(kind: str) -> None:
+    # In thread mode the other worker can do every batch; the epoch's end still waits
+    # for the init (a failure would fail the epoch), and `timeout` bounds that wait.
+    options = dict(batch_size=2, num_workers=2, worker_init_fn=slow_init, timeout=1)
+    if kind == "torch":
+        loader = torch.utils.data.DataLoader(Plain(), **options)
+    else:
+        loader = DataLoader(Plain(), worker_mode=kind, **options)
+    with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+        list(loader)
+
+
 # -- 5. get_worker_info ---------------------------------------------------------------
 
 
