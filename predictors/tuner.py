@@ -21,11 +21,14 @@ Loop, per batch (`decide`):
    slowdown the first plan assumes `shift_headroom` times the storage wait measured:
    how the new regime's service grows with more workers (a shared link, throttling)
    is not measured yet, and a few batches of extra memory cost less than a second
-   step.
+   step. A slowdown over within `burst_batches`, back to about the service before
+   it, was a burst: its batches rejoin the regime before it, so the plan keeps the
+   depth that rides out the next one instead of chasing each.
 
 Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, `confidence`
 (z of the lower bound), `max_step` (memory factor per step), `settle_services`,
-`window_services`, the detector's `shift_threshold`, and `shift_headroom`.
+`window_services`, the detector's `shift_threshold`, `shift_headroom` and
+`burst_batches`.
 
 Example:
     >>> tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=2**31)
@@ -62,6 +65,8 @@ if TYPE_CHECKING:
 # A slowdown this large (the service this many times slower) is a new regime whose
 # scaling with workers is unknown; smaller alarms come with the tuner's own changes.
 LARGE_SLOWDOWN = 4.0
+# A slowdown that ends back within this factor of the service before it was a burst.
+TRANSIENT_LEVEL = 1.5
 
 __all__ = ["Decision", "LearnedTuner", "PerformanceModel", "Tuner", "TunerState"]
 
@@ -84,6 +89,7 @@ class LearnedTuner:
         window_services: float = 3.0,
         shift_threshold: float = 8.0,
         shift_headroom: float = 1.5,
+        burst_batches: int = 40,
         warmup_batches: int = 3,
     ) -> None:
         if model is None:
@@ -104,6 +110,12 @@ class LearnedTuner:
                 "Fix: 1 plans for the service as measured; 1.5 is the default."
             )
         self.shift_headroom = shift_headroom
+        if not burst_batches >= 0:
+            raise TunerConfigError(
+                f"`burst_batches` must be at least 0. Found: {burst_batches!r}. "
+                "Fix: 0 reads every slowdown as a new regime; 40 is the default."
+            )
+        self.burst_batches = burst_batches
         self.confidence = confidence
         self.planner = Planner(
             model,
@@ -120,6 +132,8 @@ class LearnedTuner:
         self._records: dict[tuple[int, int], Measured] = defaultdict(Measured)
         self._samples: list[TunerState] = []  # settled batches of the current configuration
         self._regime: list[TunerState] = []  # settled batches since the last shift
+        # At a slower alarm: its batch, the regime and records before it, their service.
+        self._episode: tuple[int, list[TunerState], dict, float] | None = None
         self._in_effect = True
         self._settle_ms = 0.0
         self._contention: dict[tuple[int, int], float] = {}
@@ -154,12 +168,18 @@ class LearnedTuner:
         shift = self.detector.update(state.service_ms)
         if shift is not None:
             fresh = max(self.detector.run, 2)
+            before = self._last["service"] if self._last else float("nan")
+            after = summarize(self._samples[-fresh:]).service_ms
+            if shift == "faster" and self._transient(state, after):
+                why = f"burst over (service back to {after:.1f} ms; its batches kept)"
+                return self._plan(state, why)
+            if shift == "slower" and self._regime:
+                level = summarize(self._regime).service_ms
+                self._episode = (state.batch_index, self._regime, dict(self._records), level)
             self._samples = self._regime = self._samples[-fresh:]
             self._records.clear()
             self._records[config] = _record(self._samples)
             self._calibration = (1.0, 1.0)
-            before = self._last["service"] if self._last else float("nan")
-            after = summarize(self._samples).service_ms
             headroom = self.shift_headroom if after >= LARGE_SLOWDOWN * before else 1.0
             why = f"regime shift ({shift}: service {before:.1f} -> {after:.1f} ms"
             why += f"; reads taken {headroom:g}x slower until measured)" if headroom > 1 else ")"
@@ -167,6 +187,22 @@ class LearnedTuner:
         if self._due():
             return self._plan(state, "measured")
         return self._current
+
+    def _transient(self, state: TunerState, after: float) -> bool:
+        """A faster alarm soon after a slower one, back to (or below) the service before
+        it, ends a burst, not a regime: the burst's batches join the regime before it,
+        so the lateness they caused is planned for (a burst dropped with its regime
+        comes back, and the depth it needs was given up)."""
+        episode, self._episode = self._episode, None
+        if episode is None or state.batch_index - episode[0] > self.burst_batches:
+            return False
+        _, regime, records, level = episode
+        if after > TRANSIENT_LEVEL * level:
+            return False
+        self._regime = [*regime, *self._regime][-256:]
+        for key, record in records.items():
+            self._records.setdefault(key, record)
+        return True
 
     def _due(self) -> bool:
         """A decision is due when the record's interval excludes the goal, or a window
