@@ -117,7 +117,7 @@ def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
             **(_EXEC_GPU if on_gpu else _EXEC_CPU),
         )
         pipe.build()
-    return pipe, pool.ids
+    return pipe, pool
 
 
 class DaliBackend:
@@ -161,7 +161,7 @@ class DaliBackend:
             "shape": np.ascontiguousarray(windows[:, 2:]),
             "flip": np.asarray(flips, dtype=np.int32).reshape(-1),
         }
-        pool_cpu = cpu_seconds(self._local.threads)
+        pool_cpu = cpu_seconds(self._local.threads.ids)
         try:
             (out,) = pipe.run(**inputs)
             return self._to_torch(out)
@@ -170,7 +170,7 @@ class DaliBackend:
             raise
         finally:
             # DALI decodes on its own thread pool: count that CPU as this batch's.
-            count_helper_cpu(cpu_seconds(self._local.threads) - pool_cpu)
+            count_helper_cpu(cpu_seconds(self._local.threads.ids) - pool_cpu)
 
     def _decode_mixed(
         self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray, foreign: list[int]

@@ -8,7 +8,7 @@ Linux only (per-thread CPU clocks by thread id); elsewhere nothing is counted.
 Example:
     >>> with started_threads("[DALI]") as pool:
     ...     pass                       # build the pipeline here
-    >>> before = cpu_seconds(pool.ids)
+    >>> before = cpu_seconds(pool.ids)  # names read now: late-named threads count
 """
 
 from __future__ import annotations
@@ -27,9 +27,20 @@ _BUILD_LOCK = threading.Lock()
 
 @dataclass
 class Started:
-    """Native thread ids that appeared while the block ran."""
+    """Native threads that appeared while the block ran, and whose name starts with
+    `prefix`. Names are read when `ids` is asked for, not only when the block ends: a
+    pool's threads may not have named themselves yet when its build returns (seen on
+    a loaded machine), and a thread counted late beats one never counted."""
 
-    ids: tuple[int, ...] = field(default_factory=tuple)
+    prefix: str = ""
+    candidates: tuple[int, ...] = ()
+    confirmed: set[int] = field(default_factory=set)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        unnamed = [tid for tid in self.candidates if tid not in self.confirmed]
+        self.confirmed.update(tid for tid in unnamed if _named(tid, self.prefix))
+        return tuple(tid for tid in self.candidates if tid in self.confirmed)
 
 
 def _task_ids() -> set[int]:
@@ -51,12 +62,11 @@ def _named(tid: int, prefix: str) -> bool:
 def started_threads(prefix: str = "") -> Iterator[Started]:
     """Record the native threads started inside the block whose name starts with
     `prefix` (a loader's own threads may start meanwhile: they count themselves)."""
-    started = Started()
+    started = Started(prefix)
     with _BUILD_LOCK:
         before = _task_ids()
         yield started
-        fresh = sorted(_task_ids() - before)
-        started.ids = tuple(tid for tid in fresh if _named(tid, prefix))
+        started.candidates = tuple(sorted(_task_ids() - before))
 
 
 def _clock(tid: int) -> int:
