@@ -148,7 +148,9 @@ class ChangeDetector:
     later sample adds its standardized deviation, clipped at `clip` so one outlier
     cannot alarm alone, less `drift`; an alarm when either sum passes `threshold`.
     `run` is how many recent samples the alarming sum has been rising for: the new
-    regime's batches.
+    regime's batches. The reference set after an alarm is scored against the alarm's
+    own batches the same way: back on the other side, it is a second shift (a
+    slowdown whose batches in flight ran out while its alarm was answered).
 
     >>> d = ChangeDetector()
     >>> [d.update(x) for x in [10, 11, 9, 10, 12, 10, 9, 11]][-1] is None
@@ -169,20 +171,27 @@ class ChangeDetector:
         self.reference_batches, self.min_sigma = reference_batches, min_sigma
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, level: float | None = None, word: str | None = None) -> None:
+        """Start over; `level` (log service) is what the batches of a `word` alarm
+        showed, checked against the new reference once it is set."""
         self._reference: list[float] = []
+        self._level, self._word = level, word
         self.mean = self.sigma = 0.0
         self.up = self.down = 0.0
         self.run_up = self.run_down = self.run = 0
+        self._recent: list[float] = []
 
     def rebase(self, ratio: float) -> None:
         """A configuration change expected to move the service by `ratio` (contention):
         the reference moves with it, the sums are kept, so a shift under way while the
         tuner changes configuration is still read."""
+        step = math.log(max(ratio, 1e-6))
         if len(self._reference) >= self.reference_batches:
-            self.mean += math.log(max(ratio, 1e-6))
+            self.mean += step
         else:
-            self._reference = [r + math.log(max(ratio, 1e-6)) for r in self._reference]
+            self._reference = [r + step for r in self._reference]
+            if self._level is not None:
+                self._level += step
 
     def update(self, service_ms: float) -> str | None:
         """Add one sample; 'slower' or 'faster' on an alarm (then re-referenced), else None."""
@@ -195,7 +204,9 @@ class ChangeDetector:
                 self.mean = median(self._reference)
                 spread = 1.4826 * median(abs(r - self.mean) for r in self._reference)
                 self.sigma = max(spread, self.min_sigma)
+                return self._check_reference()
             return None
+        self._recent = [*self._recent[-63:], x]
         z = max(-self.clip, min(self.clip, (x - self.mean) / self.sigma))
         self.up = max(0.0, self.up + z - self.drift)
         self.down = max(0.0, self.down - z - self.drift)
@@ -206,7 +217,22 @@ class ChangeDetector:
             (self.down, self.run_down, "faster"),
         ):
             if total > self.threshold:
-                self.reset()
+                self.reset(median(self._recent[-run:]), word)
                 self.run = run
                 return word
         return None
+
+    def _check_reference(self) -> str | None:
+        """The alarm's batches against the new reference, scored as the sums would
+        score them: a reference far back on the other side is a second shift that
+        undid the first (a slowdown that ended while its alarm was being answered).
+        Further on the same side is the new regime settling (more workers on a shared
+        link read slower), which the plans measure."""
+        if self._level is None:
+            return None
+        z = max(-self.clip, min(self.clip, (self._level - self.mean) / self.sigma))
+        word = "faster" if z > 0 else "slower"
+        if word == self._word or len(self._reference) * (abs(z) - self.drift) <= self.threshold:
+            return None
+        self._level, self.run = None, self.reference_batches  # the reference stands
+        return word

@@ -11,7 +11,8 @@ Loop, per batch (`decide`):
    service times of consumer time passed) feed the configuration's utilization record
    and the service estimate (`predictors.measure`);
 2. detect: a CUSUM on log service time (`ChangeDetector`) reads a regime shift; the
-   records of the old regime are dropped and the plan is made from the new batches;
+   records of the old regime are dropped and the plan is made from the new batches
+   (a change of `LARGE_SLOWDOWN` times or more either way is always a new regime);
 3. decide, when the current record's confidence interval excludes the goal or a
    window of `window_services` service times is full: predict every candidate
    (`predictors.planning`; measured ones by their record), and take the least memory
@@ -189,16 +190,17 @@ class LearnedTuner:
         return self._current
 
     def _transient(self, state: TunerState, after: float) -> bool:
-        """A faster alarm soon after a slower one, back to (or below) the service before
-        it, ends a burst, not a regime: the burst's batches join the regime before it,
-        so the lateness they caused is planned for (a burst dropped with its regime
-        comes back, and the depth it needs was given up)."""
+        """A faster alarm soon after a slower one, back to about the service before it
+        (at most 1.5x above, less than `LARGE_SLOWDOWN` x below), ends a burst, not a
+        regime: the burst's batches join the regime before it, so the lateness they
+        caused is planned for (a burst dropped with its regime comes back, and the
+        depth it needs was given up)."""
         episode, self._episode = self._episode, None
         if episode is None or state.batch_index - episode[0] > self.burst_batches:
             return False
         _, regime, records, level = episode
-        if after > TRANSIENT_LEVEL * level:
-            return False
+        if not level / LARGE_SLOWDOWN < after <= TRANSIENT_LEVEL * level:
+            return False  # not back: still slower, or a large change (a regime)
         self._regime = [*regime, *self._regime][-256:]
         for key, record in records.items():
             self._records.setdefault(key, record)

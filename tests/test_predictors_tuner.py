@@ -395,3 +395,36 @@ def test_the_change_detector_reads_a_tenfold_shift_fast_and_jitter_rarely():
         detector.update(x)
     slow = [detector.update(x) for x in 200 * rng.lognormal(0, 0.3, 6)]
     assert "slower" in slow[:4], slow
+
+
+def _alarms(detector: ChangeDetector, services) -> list[tuple[int, str]]:
+    return [(i, a) for i, x in enumerate(services) if (a := detector.update(x)) is not None]
+
+
+def test_a_slowdown_that_ends_while_its_alarm_is_answered_is_read():
+    # The alarm's batches were slow; the reference set after it is back where it began
+    # (the slow batches in flight ran out while the tuner answered): a second shift.
+    rng = np.random.default_rng(1)
+    detector = ChangeDetector()
+    before = 20 * rng.lognormal(0, 0.2, 8)
+    slow = 200 * rng.lognormal(0, 0.2, 6)
+    back = 20 * rng.lognormal(0, 0.2, 8)
+    alarms = _alarms(detector, [*before, *slow, *back])
+    assert [a for _, a in alarms] == ["slower", "faster"], alarms
+    # A slowdown that grows while it is answered (more readers on a shared link) is
+    # the new regime settling, not a second shift.
+    detector = ChangeDetector()
+    worse = 300 * rng.lognormal(0, 0.2, 8)
+    alarms = _alarms(detector, [*before, *slow, *worse])
+    assert [a for _, a in alarms] == ["slower"], alarms
+
+
+# Deep pipelines: the slowdown's batches in flight ran out while its end's alarm (or
+# a late slower one) was answered, and the memory bought for it stayed.
+@pytest.mark.parametrize("seed", [726, 841, 863])
+def test_memory_is_released_after_a_slowdown_whose_end_came_late(seed):
+    s = draw("shift", seed)
+    trace = run_tuner(_learned(s), s.workload, s.batches, slowdown=s.slowdown, seed=7)
+    begin, end, _ = s.slowdown
+    during = trace.loc[begin:end, "bound_bytes"].max()
+    assert trace.loc[end + 60 :, "bound_bytes"].max() < during
