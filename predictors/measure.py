@@ -166,9 +166,11 @@ class ChangeDetector:
         clip: float = 4.0,
         reference_batches: int = 8,
         min_sigma: float = 0.25,
+        large: float = 4.0,
     ) -> None:
         self.threshold, self.drift, self.clip = threshold, drift, clip
         self.reference_batches, self.min_sigma = reference_batches, min_sigma
+        self.large = large
         self.reset()
 
     def reset(self, level: float | None = None, word: str | None = None) -> None:
@@ -225,14 +227,19 @@ class ChangeDetector:
     def _check_reference(self) -> str | None:
         """The alarm's batches against the new reference, scored as the sums would
         score them: a reference far back on the other side is a second shift that
-        undid the first (a slowdown that ended while its alarm was being answered).
-        Further on the same side is the new regime settling (more workers on a shared
-        link read slower), which the plans measure."""
+        undid the first (a slowdown that ended while its alarm was being answered),
+        and so is one `large` times faster still than a faster alarm's batches (they
+        were the last slow ones draining). Slower still is the new regime settling
+        (more workers on a shared link read slower), which the plans measure."""
         if self._level is None:
             return None
-        z = max(-self.clip, min(self.clip, (self._level - self.mean) / self.sigma))
+        gap = self._level - self.mean
+        z = max(-self.clip, min(self.clip, gap / self.sigma))
         word = "faster" if z > 0 else "slower"
-        if word == self._word or len(self._reference) * (abs(z) - self.drift) <= self.threshold:
+        further = word == self._word
+        if further and (word == "slower" or gap < math.log(self.large)):
+            return None
+        if len(self._reference) * (abs(z) - self.drift) <= self.threshold:
             return None
         self._level, self.run = None, self.reference_batches  # the reference stands
         return word

@@ -16,7 +16,8 @@ Loop, per batch (`decide`):
 3. decide, when the current record's confidence interval excludes the goal or a
    window of `window_services` service times is full: predict every candidate
    (`predictors.planning`; measured ones by their record), and take the least memory
-   whose lower bound meets the goal, moving memory by at most `max_step` times a step.
+   whose lower bound meets the goal, moving memory by at most `max_step` times a step
+   (after a slowdown, `max_step` times as much more as the service slowed).
    The current configuration is kept while its measured mean meets the goal and no
    cheaper one is predicted to (measuring longer narrows the bound). After a large
    slowdown the first plan assumes `shift_headroom` times the storage wait measured:
@@ -127,7 +128,7 @@ class LearnedTuner:
             confidence=confidence,
             prior_error=_prior_error(model),
         )
-        self.detector = ChangeDetector(threshold=shift_threshold)
+        self.detector = ChangeDetector(threshold=shift_threshold, large=LARGE_SLOWDOWN)
         self.history: list[tuple[int, Decision]] = []  # every change, with its batch
         self._current = Decision(*start, f"safe start: {start[0]} worker(s), depth {start[1]}")
         self._records: dict[tuple[int, int], Measured] = defaultdict(Measured)
@@ -184,7 +185,8 @@ class LearnedTuner:
             headroom = self.shift_headroom if after >= LARGE_SLOWDOWN * before else 1.0
             why = f"regime shift ({shift}: service {before:.1f} -> {after:.1f} ms"
             why += f"; reads taken {headroom:g}x slower until measured)" if headroom > 1 else ")"
-            return self._plan(state, why, shifted=True, headroom=headroom)
+            jump = after / before if after > before else 1.0  # nan compares False
+            return self._plan(state, why, shifted=True, headroom=headroom, jump=jump)
         if self._due():
             return self._plan(state, "measured")
         return self._current
@@ -226,7 +228,12 @@ class LearnedTuner:
         return max(self.warmup_batches, min(64, math.ceil(self.window_services * service / pace)))
 
     def _plan(
-        self, state: TunerState, why: str, shifted: bool = False, headroom: float = 1.0
+        self,
+        state: TunerState,
+        why: str,
+        shifted: bool = False,
+        headroom: float = 1.0,
+        jump: float = 1.0,
     ) -> Decision:
         self._since_plan = 0
         est = summarize(self._regime, self.planner.cores_share)
@@ -247,7 +254,8 @@ class LearnedTuner:
         self._blend(grid, point, lower)
         memory = np.array([d for _, d in grid], dtype=float) * state.one_batch_bytes
         here = config[1] * state.one_batch_bytes
-        allowed = (memory <= here * self.max_step) & (memory >= here / self.max_step)
+        # Little's law: the workers (and depth) a slowdown needs grow with its size.
+        allowed = (memory <= here * self.max_step * jump) & (memory >= here / self.max_step)
         choice = self.planner.choose(
             grid,
             point,
