@@ -161,7 +161,8 @@ class DaliBackend:
             "shape": np.ascontiguousarray(windows[:, 2:]),
             "flip": np.asarray(flips, dtype=np.int32).reshape(-1),
         }
-        pool_cpu = cpu_seconds(self._local.threads.ids)
+        pool = self._local.threads.ids  # read once: names are read from /proc
+        pool_cpu = cpu_seconds(pool)
         try:
             (out,) = pipe.run(**inputs)
             return self._to_torch(out)
@@ -170,7 +171,7 @@ class DaliBackend:
             raise
         finally:
             # DALI decodes on its own thread pool: count that CPU as this batch's.
-            count_helper_cpu(cpu_seconds(self._local.threads.ids) - pool_cpu)
+            count_helper_cpu(cpu_seconds(pool) - pool_cpu)
 
     def _decode_mixed(
         self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray, foreign: list[int]

@@ -23,23 +23,31 @@ from dataclasses import dataclass, field
 _TASKS = "/proc/self/task"
 # Builds are serialized so that the threads that appear during one belong to it.
 _BUILD_LOCK = threading.Lock()
+# A pool's threads name themselves as they start; after this long, a thread not named
+# so is another library's, and its name is no longer read (ids is read every batch).
+NAMING_S = 5.0
 
 
 @dataclass
 class Started:
     """Native threads that appeared while the block ran, and whose name starts with
-    `prefix`. Names are read when `ids` is asked for, not only when the block ends: a
-    pool's threads may not have named themselves yet when its build returns (seen on
-    a loaded machine), and a thread counted late beats one never counted."""
+    `prefix`. Names are read when `ids` is asked for (for `NAMING_S` after the block),
+    not only when the block ends: a pool's threads may not have named themselves yet
+    when its build returns (seen on a loaded machine), and a thread counted late beats
+    one never counted."""
 
     prefix: str = ""
     candidates: tuple[int, ...] = ()
     confirmed: set[int] = field(default_factory=set)
+    ended: float = 0.0  # time.monotonic() when the block ended
 
     @property
     def ids(self) -> tuple[int, ...]:
-        unnamed = [tid for tid in self.candidates if tid not in self.confirmed]
-        self.confirmed.update(tid for tid in unnamed if _named(tid, self.prefix))
+        if len(self.confirmed) < len(self.candidates):
+            unnamed = [tid for tid in self.candidates if tid not in self.confirmed]
+            self.confirmed.update(tid for tid in unnamed if _named(tid, self.prefix))
+            if time.monotonic() - self.ended > NAMING_S:
+                self.candidates = tuple(t for t in self.candidates if t in self.confirmed)
         return tuple(tid for tid in self.candidates if tid in self.confirmed)
 
 
@@ -67,6 +75,7 @@ def started_threads(prefix: str = "") -> Iterator[Started]:
         before = _task_ids()
         yield started
         started.candidates = tuple(sorted(_task_ids() - before))
+        started.ended = time.monotonic()
 
 
 def _clock(tid: int) -> int:
