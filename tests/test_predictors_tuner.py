@@ -68,12 +68,13 @@ def _state(**over) -> TunerState:
     return TunerState(**{**base, **over})
 
 
-def _learned(scenario, model=None) -> LearnedTuner:
+def _learned(scenario, model=None, **options) -> LearnedTuner:
     return LearnedTuner(
         model or QueueingModel(),
         target_utilization=scenario.target,
         memory_budget_bytes=scenario.budget,
         max_workers=16,
+        **options,
     )
 
 
@@ -224,13 +225,7 @@ def test_headroom_after_a_slowdown_of_any_size_never_delays_recovery():
             s = dataclasses.replace(draw("shift", seed), slowdown=(110, 220, factor))
             took = []
             for headroom in (1.0, 1.5):
-                tuner = LearnedTuner(
-                    QueueingModel(),
-                    target_utilization=s.target,
-                    memory_budget_bytes=s.budget,
-                    max_workers=16,
-                    shift_headroom=headroom,
-                )
+                tuner = _learned(s, shift_headroom=headroom)
                 trace = run_tuner(tuner, s.workload, s.batches, slowdown=s.slowdown, seed=7)
                 took.append(recovery_batches(trace, s))
             without, with_headroom = (999 if t is None else t for t in took)
@@ -249,13 +244,7 @@ def test_a_burst_that_ends_is_ridden_out_not_chased():
     for seed in range(520, 540):
         s = draw("bursty", seed)
         for burst_batches in met:
-            tuner = LearnedTuner(
-                QueueingModel(),
-                target_utilization=s.target,
-                memory_budget_bytes=s.budget,
-                max_workers=16,
-                burst_batches=burst_batches,
-            )
+            tuner = _learned(s, burst_batches=burst_batches)
             trace = run_tuner(tuner, s.workload, s.batches, seed=7)
             util = time_weighted_utilization(trace.iloc[2 * s.batches // 3 :])
             met[burst_batches] += util >= s.target
