@@ -68,6 +68,8 @@ _HELPERS = threading.local()
 _ALL: weakref.WeakSet[_Helper] = weakref.WeakSet()  # every helper of this process
 _BUSY: set[_Helper] = set()  # helpers inside a call (an abandoned stuck one included)
 _BUSY_LOCK = threading.Lock()
+_EXIT_WAIT_S = 10.0
+_exiting = False
 
 
 def _after_fork() -> None:
@@ -80,8 +82,6 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
-_EXIT_WAIT_S = 10.0
-_exiting = False
 
 
 @atexit.register
