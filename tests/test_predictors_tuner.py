@@ -424,3 +424,22 @@ def test_memory_is_released_after_a_slowdown_whose_end_came_late(seed):
     begin, end, _ = s.slowdown
     during = trace.loc[begin:end, "bound_bytes"].max()
     assert trace.loc[end + 60 :, "bound_bytes"].max() < during
+
+
+def test_a_static_choice_with_hindsight_takes_the_least_memory_that_meets_the_goal():
+    from benchmarks.scenario_limits import clairvoyant
+
+    def row(memory, workers, long_run, first):
+        return {"memory": memory, "workers": workers, "runs": [first] + [long_run] * 9, "run": 0}
+
+    rows = [
+        row(1, 1, 0.85, 0.85),
+        row(2, 1, 0.91, 0.80),
+        row(2, 2, 0.95, 0.93),
+        row(4, 2, 0.99, 0.99),
+    ]
+    picked = clairvoyant(rows, 0.9, known=10)
+    assert (picked["memory"], picked["workers"]) == (2, 2)  # the best of the least memory
+    assert clairvoyant(rows, 0.96, known=10)["memory"] == 4
+    assert clairvoyant(rows, 0.94, known=1)["memory"] == 4  # one run known: 2 read 0.93
+    assert clairvoyant(rows, 1.5, known=10)["memory"] == 4  # nothing meets: the best
