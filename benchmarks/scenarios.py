@@ -9,7 +9,7 @@ looked at while changing the controller (each is run once, then it is seen: the
 next report takes the next range).
 
     python benchmarks/scenarios.py --seeds dev --per-family 4
-    python benchmarks/scenarios.py --seeds heldout7 --per-family 10
+    python benchmarks/scenarios.py --seeds heldout8 --per-family 20
 
 Writes benchmarks/results/scenarios-<seeds>.md and .json.
 """
@@ -61,6 +61,7 @@ SEEDS = {
     "heldout5": 50_000,
     "heldout6": 60_000,
     "heldout7": 70_000,
+    "heldout8": 80_000,
 }
 MAX_WORKERS = 16
 
