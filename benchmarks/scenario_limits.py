@@ -31,27 +31,22 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.scenarios import FAMILIES, MAX_WORKERS, RESULTS, SEEDS, Scenario, draw, evaluate
+from benchmarks.scenarios import (
+    FAMILIES,
+    MAX_WORKERS,
+    RESULTS,
+    SEEDS,
+    Scenario,
+    draw,
+    evaluate,
+    static_windows,
+)
 from predictors.planning import Planner
-from predictors.synthetic import SimulatedLoader
 
 LONG_RUN_SEEDS = (1, 2, 3, 4, 5, 6, 8, 9, 10, 11)  # not 7: the run seed
 RUN_SEED = 7
 MARGINS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05)
 MEMORY_RATIO = 1.25
-
-
-def windows(s: Scenario, workers: int, depth: int, seed: int) -> tuple[float, float]:
-    """Utilization of a static configuration over the last two thirds (the oracle's
-    window) and over the last third (the tuners' window) of one run."""
-    loader = SimulatedLoader(s.workload, workers, depth, seed=seed)
-    records = [loader.next_batch() for _ in range(s.batches)]
-
-    def util(part: list[Any]) -> float:
-        step = sum(r.step_ms for r in part)
-        return step / (step + sum(r.stall_ms for r in part))
-
-    return util(records[s.batches // 3 :]), util(records[2 * s.batches // 3 :])
 
 
 def sweep(s: Scenario) -> list[dict[str, float]]:
@@ -61,13 +56,13 @@ def sweep(s: Scenario) -> list[dict[str, float]]:
     planner = Planner(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
     rows = []
     for w, d in planner.grid(one, s.workload.cpu_count):
-        runs = [windows(s, w, d, seed)[0] for seed in LONG_RUN_SEEDS]
+        runs = [static_windows(s, w, d, seed)[0] for seed in LONG_RUN_SEEDS]
         rows.append(
             {
                 "memory": d * one,
                 "workers": w,
                 "runs": runs,
-                "run": windows(s, w, d, RUN_SEED)[1],
+                "run": static_windows(s, w, d, RUN_SEED)[1],
             }
         )
     return rows

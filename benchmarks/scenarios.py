@@ -131,14 +131,23 @@ def _service(w: SimWorkload) -> float:
     return read + w.batch_size * w.decode_ms_per_sample
 
 
-def static_run(s: Scenario, workers: int, depth: int, seed: int) -> tuple[float, float]:
-    """Utilization over the last two thirds, and memory bound, of a static configuration."""
+def static_windows(s: Scenario, workers: int, depth: int, seed: int) -> tuple[float, float]:
+    """Utilization of a static configuration over the last two thirds of one run (the
+    oracle's window) and over its last third (the tuners' window)."""
     loader = SimulatedLoader(s.workload, workers, depth, seed=seed)
     records = [loader.next_batch() for _ in range(s.batches)]
-    tail = records[s.batches // 3 :]
-    step = sum(r.step_ms for r in tail)
-    util = step / (step + sum(r.stall_ms for r in tail))
-    return util, depth * s.workload.memory_factor * s.workload.batch_bytes
+
+    def util(part: list[Any]) -> float:
+        step = sum(r.step_ms for r in part)
+        return step / (step + sum(r.stall_ms for r in part))
+
+    return util(records[s.batches // 3 :]), util(records[2 * s.batches // 3 :])
+
+
+def static_run(s: Scenario, workers: int, depth: int, seed: int) -> tuple[float, float]:
+    """Utilization over the last two thirds, and memory bound, of a static configuration."""
+    memory = depth * s.workload.memory_factor * s.workload.batch_bytes
+    return static_windows(s, workers, depth, seed)[0], memory
 
 
 ORACLE_SEEDS = (1, 2, 3)
