@@ -3,8 +3,9 @@
 Everything here is a pure function of integers, so it can be tested exhaustively and
 pinned by golden values. Nothing depends on workers, timing or storage.
 
-The global order of epoch ``e`` is a permutation drawn from ``rng.order_rng(seed, e)``;
-it does not depend on the world size. Each *global step* takes ``world_size *
+The global order of epoch ``e`` is a bijection keyed by ``rng.order_rng(seed, e)``
+(`EpochOrder`): computed per position, never stored, so a plan of 10^9 samples costs a
+few arrays of blocks; it does not depend on the world size. Each *global step* takes ``world_size *
 batch_size`` consecutive samples of that order, starting at the cursor ``position``
 (global samples consumed); rank ``r`` takes the ``r``-th slice of ``batch_size``.
 
@@ -24,11 +25,13 @@ from typing import Literal
 import numpy as np
 
 from iolib.errors import ConfigError, require_non_negative_int, require_positive_int
+from iolib.permute import feistel, round_keys
 from iolib.rng import order_rng
 
 ShuffleMode = Literal["none", "global", "block"]
 SHUFFLE_MODES: tuple[str, ...] = ("none", "global", "block")
 DEFAULT_BLOCK_ROWS = 1024  # block size for sources that have no row groups
+MAX_DEFAULT_BLOCKS = 2**16  # beyond 2^26 samples blocks grow, so a plan stays O(65,536)
 
 
 def normalize_shuffle(shuffle: object) -> ShuffleMode:
@@ -42,10 +45,99 @@ def normalize_shuffle(shuffle: object) -> ShuffleMode:
     raise ConfigError(f"`shuffle` must be False, True, 'global' or 'block'. Found: {shuffle!r}.")
 
 
-def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> tuple[int, ...]:
-    """Contiguous blocks of `block_rows` samples (the last one shorter)."""
+def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> np.ndarray:
+    """Contiguous blocks of `block_rows` samples (the last one shorter), as an array; at
+    most MAX_DEFAULT_BLOCKS of them (larger blocks for larger datasets)."""
+    block_rows = max(block_rows, -(-num_samples // MAX_DEFAULT_BLOCKS))
     full, rest = divmod(num_samples, block_rows)
-    return (block_rows,) * full + ((rest,) if rest else ())
+    sizes = np.full(full + (1 if rest else 0), block_rows, dtype=np.int64)
+    if rest:
+        sizes[-1] = rest
+    return sizes
+
+
+class EpochOrder:
+    """The sample order of one epoch, computed on demand: ``order[positions]`` maps
+    positions in the epoch to sample indices, for an int, a slice or an int array.
+
+    Memory is O(blocks), never O(samples): a global shuffle is a keyed bijection
+    (`iolib.permute`), a block shuffle permutes the blocks (a small array) and then
+    samples within each window of blocks by the same bijection, keyed per window.
+
+    >>> EpochOrder(6, seed=0, epoch=0)[np.arange(6)].tolist()
+    [0, 1, 2, 3, 4, 5]
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        seed: int,
+        epoch: int,
+        shuffle: ShuffleMode = "none",
+        blocks: tuple[int, ...] | np.ndarray = (),
+        window: int = 8,
+    ) -> None:
+        require_non_negative_int("num_samples", num_samples)
+        self.num_samples, self.shuffle = int(num_samples), shuffle
+        if shuffle not in SHUFFLE_MODES:
+            raise ConfigError(f"Unknown shuffle mode {shuffle!r}; use one of {SHUFFLE_MODES}.")
+        if shuffle == "none":
+            return
+        rng = order_rng(seed, epoch)
+        self._keys = round_keys(*rng.integers(0, 2**63 - 1, size=2).tolist())
+        if shuffle == "global":
+            return
+        require_positive_int("window", window)
+        sizes = np.asarray(blocks if len(blocks) else default_blocks(num_samples), np.int64)
+        if int(sizes.sum()) != num_samples:
+            raise ConfigError(
+                f"Block sizes add up to {int(sizes.sum())} but the dataset has {num_samples} "
+                "samples."
+            )
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self._block_order = rng.permutation(sizes.size)
+        permuted = sizes[self._block_order]
+        # Where each permuted block starts in the epoch, and where each window starts.
+        self._pstarts = np.concatenate([[0], np.cumsum(permuted)]).astype(np.int64)
+        self._wstarts = self._pstarts[::window].copy()
+        if self._wstarts[-1] != num_samples:
+            self._wstarts = np.append(self._wstarts, num_samples)
+        self._starts = starts
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, positions: int | slice | np.ndarray) -> np.ndarray:
+        if isinstance(positions, slice):
+            positions = np.arange(self.num_samples)[positions]
+        scalar = np.ndim(positions) == 0
+        p = np.atleast_1d(np.asarray(positions, dtype=np.int64))
+        if p.size and (p.min() < -self.num_samples or p.max() >= self.num_samples):
+            raise IndexError(f"positions outside 0..{self.num_samples - 1}")
+        p = np.where(p < 0, p + self.num_samples, p)
+        out = self._at(p)
+        return out[0] if scalar else out
+
+    def _at(self, p: np.ndarray) -> np.ndarray:
+        if self.shuffle == "none":
+            return p
+        if self.shuffle == "global":
+            return feistel(p, self.num_samples, self._keys)
+        w = np.searchsorted(self._wstarts, p, side="right") - 1
+        first = self._wstarts[w]
+        local = feistel(p - first, self._wstarts[w + 1] - first, self._keys, tweak=w)
+        target = first + local
+        j = np.searchsorted(self._pstarts, target, side="right") - 1
+        return self._starts[self._block_order[j]] + (target - self._pstarts[j])
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        """The whole order (O(samples): for tests and small datasets)."""
+        whole = self._at(np.arange(self.num_samples, dtype=np.int64))
+        return whole if dtype is None else whole.astype(dtype)
+
+    def tolist(self) -> list[int]:
+        return np.asarray(self).tolist()
 
 
 def epoch_order(
@@ -57,7 +149,8 @@ def epoch_order(
     blocks: tuple[int, ...] = (),
     window: int = 8,
 ) -> np.ndarray:
-    """The global sample order of one epoch, as an int64 array.
+    """The global sample order of one epoch, materialised as an int64 array (O(samples):
+    the loader itself uses `EpochOrder`, which computes positions on demand).
 
     ``block`` mode permutes the blocks (row groups), then shuffles samples within each
     run of ``window`` consecutive blocks of that permuted order: a window's reads hit
@@ -66,30 +159,10 @@ def epoch_order(
     >>> epoch_order(6, seed=0, epoch=0).tolist()
     [0, 1, 2, 3, 4, 5]
     """
-    require_non_negative_int("num_samples", num_samples)
-    if shuffle == "none":
-        return np.arange(num_samples, dtype=np.int64)
-    rng = order_rng(seed, epoch)
-    if shuffle == "global":
-        return rng.permutation(num_samples).astype(np.int64, copy=False)
-    if shuffle != "block":
-        raise ConfigError(f"Unknown shuffle mode {shuffle!r}; use one of {SHUFFLE_MODES}.")
-    require_positive_int("window", window)
-    blocks = blocks or default_blocks(num_samples)
-    if sum(blocks) != num_samples:
-        raise ConfigError(
-            f"Block sizes add up to {sum(blocks)} but the dataset has {num_samples} samples."
-        )
-    starts = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)
-    block_order = rng.permutation(len(blocks))
-    pieces = []
-    for w in range(0, len(block_order), window):
-        members = block_order[w : w + window]
-        idx = np.concatenate(
-            [np.arange(starts[b], starts[b] + blocks[b], dtype=np.int64) for b in members]
-        )
-        pieces.append(rng.permutation(idx))
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    order = EpochOrder(
+        num_samples, seed=seed, epoch=epoch, shuffle=shuffle, blocks=blocks, window=window
+    )
+    return np.asarray(order)
 
 
 @dataclass(frozen=True)

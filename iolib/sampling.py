@@ -18,7 +18,7 @@ from torch.utils.data import BatchSampler, Sampler
 
 from iolib.errors import DataError
 from iolib.fetcher import BatchTask
-from iolib.plan import RankSchedule, epoch_order
+from iolib.plan import EpochOrder, RankSchedule
 
 RESERVE_BATCHES = 4  # batches' worth of spare samples a task carries under skip
 
@@ -62,14 +62,16 @@ class EpochPlan:
     def num_samples(self) -> int:
         return len(self.source)
 
-    def order(self, epoch: int) -> np.ndarray:
-        return epoch_order(
+    def order(self, epoch: int) -> EpochOrder:
+        """Epoch `epoch`'s order, computed per position (O(blocks) memory)."""
+        shuffle, window = self.source.order_mode(self.shuffle, self.window)
+        return EpochOrder(
             self.num_samples,
             seed=self.seed,
             epoch=epoch,
-            shuffle=self.shuffle,  # type: ignore[arg-type]
-            blocks=self.source.blocks() if self.shuffle == "block" else (),
-            window=self.window,
+            shuffle=shuffle,  # type: ignore[arg-type]
+            blocks=self.source.blocks() if shuffle == "block" else (),
+            window=window,
         )
 
     def schedule(self, position: int = 0, *, drop_last: bool | None = None) -> RankSchedule:
@@ -98,7 +100,7 @@ class EpochTasks:
     """Batch k of one epoch for this rank, computed on demand (a lazy Sequence)."""
 
     def __init__(
-        self, order: np.ndarray, schedule: RankSchedule, epoch: int, reserve_batches: int = 0
+        self, order: EpochOrder, schedule: RankSchedule, epoch: int, reserve_batches: int = 0
     ) -> None:
         self.order, self.schedule, self.epoch = order, schedule, epoch
         self.reserve_batches = reserve_batches
@@ -225,7 +227,10 @@ class PlanSampler(Sampler[int]):
 
     def __len__(self) -> int:
         schedule = self.plan.schedule(drop_last=False)
-        return sum(len(schedule.positions(k)) for k in range(len(schedule)))
+        batches = len(schedule)
+        if not batches:
+            return 0
+        return (batches - 1) * schedule.batch_size + len(schedule.positions(batches - 1))
 
 
 class PlanBatchSampler(BatchSampler):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iolib.errors import ConfigError
-from iolib.plan import RankSchedule, batches_per_epoch, epoch_order
+from iolib.plan import EpochOrder, RankSchedule, batches_per_epoch, epoch_order
 from iolib.rng import sample_rng, sample_seed
 
 
@@ -108,12 +108,24 @@ def test_golden_orders() -> None:
         epoch_order(12, seed=0, epoch=1, shuffle="block", blocks=(4, 4, 4), window=2).tolist()
         == GOLDEN_BLOCK
     )
+    ends = np.array([0, 1, BILLION - 1])
+    assert EpochOrder(BILLION, seed=0, epoch=0, shuffle="global")[ends].tolist() == (
+        GOLDEN_BILLION_GLOBAL
+    )
+    blocks = np.full(8000, BILLION // 8000)
+    block = EpochOrder(BILLION, seed=0, epoch=0, shuffle="block", blocks=blocks, window=8)
+    assert block[ends].tolist() == GOLDEN_BILLION_BLOCK
     assert round(float(sample_rng(0, 0, 5).random()), 12) == GOLDEN_SAMPLE
     assert sample_seed(1, 2, 3) == GOLDEN_SEED
 
 
-GOLDEN_GLOBAL = [0, 4, 9, 7, 3, 5, 6, 10, 2, 8, 1, 11]
-GOLDEN_BLOCK = [9, 5, 6, 4, 10, 7, 8, 11, 0, 2, 3, 1]
+# Since 0.2 the shuffles are keyed bijections (iolib.permute), not stored permutations:
+# these values changed once, on purpose, with that release.
+GOLDEN_GLOBAL = [6, 1, 7, 2, 5, 3, 8, 0, 11, 9, 10, 4]
+GOLDEN_BLOCK = [10, 6, 9, 5, 4, 8, 7, 11, 0, 1, 3, 2]
+BILLION = 10**9
+GOLDEN_BILLION_GLOBAL = [260070640, 328580129, 865904925]
+GOLDEN_BILLION_BLOCK = [947083527, 947010200, 861778821]
 GOLDEN_SAMPLE = 0.366570820821
 GOLDEN_SEED = 3414873798807541450
 

@@ -25,28 +25,27 @@ _NEVER = (1 << 62, 0)
 
 
 @dataclass
-class EpochUses:
-    """When each row group is used in one epoch on this rank, and how to tell a batch
-    by its first sample (a read gets indices, not a batch number)."""
+class _Chunk:
+    """Row-group uses of batches [lo, lo + len(by_batch)): one stretch of the future."""
 
-    epoch: int
+    lo: int
     uses: dict[int, np.ndarray]  # row group -> sorted batch numbers that read it
     firsts: np.ndarray  # first sample of each batch, sorted
     firsts_batch: np.ndarray  # the batch number of each entry of `firsts`
     by_batch: list[np.ndarray]  # the row groups each batch reads, sorted
 
     @classmethod
-    def build(cls, epoch: int, batches: Sequence[np.ndarray], group_of: Callable) -> EpochUses:
-        """From each batch's sample indices (`batches[k]`), vectorised per batch."""
-        ks, groups, firsts = [], [], np.zeros(len(batches), dtype=np.int64)
+    def build(cls, lo: int, batches: Sequence[np.ndarray], hi: int, group_of: Callable) -> _Chunk:
+        ks, groups = [], []
+        firsts = np.full(hi - lo, -1, dtype=np.int64)
         by_batch = []
-        for k in range(len(batches)):
+        for k in range(lo, hi):
             indices = np.asarray(batches[k])
             touched = np.unique(group_of(indices)) if indices.size else indices
             by_batch.append(touched)
             if indices.size == 0:
                 continue
-            firsts[k] = indices[0]
+            firsts[k - lo] = indices[0]
             groups.append(touched)
             ks.append(np.full(touched.size, k, dtype=np.int64))
         uses: dict[int, np.ndarray] = {}
@@ -58,28 +57,83 @@ class EpochUses:
             for part_g, part_k in zip(np.split(g, cuts), np.split(k, cuts), strict=True):
                 uses[int(part_g[0])] = part_k
         by_first = np.argsort(firsts, kind="stable")
-        return cls(epoch, uses, firsts[by_first], by_first, by_batch)
+        return cls(lo, uses, firsts[by_first], by_first + lo, by_batch)
+
+
+class EpochUses:
+    """When each row group is used in one epoch on this rank, and how to tell a batch
+    by its first sample (a read gets indices, not a batch number).
+
+    Computed a stretch of `horizon` batches at a time, around the batch being read, so
+    an epoch of millions of batches costs no more to plan than its next few thousand:
+    the cache sees that far ahead, and treats a row group not used within it as needed
+    last."""
+
+    HORIZON = 2048  # batches per stretch; two stretches are in view
+
+    def __init__(
+        self, epoch: int, batches: Sequence[np.ndarray], group_of: Callable, horizon: int = 0
+    ) -> None:
+        self.epoch, self.batches, self.group_of = epoch, batches, group_of
+        self.horizon = horizon or self.HORIZON
+        self._chunks: dict[int, _Chunk] = {}
+        self._at = 0  # the stretch of the latest batch found
+
+    @classmethod
+    def build(cls, epoch: int, batches: Sequence[np.ndarray], group_of: Callable) -> EpochUses:
+        """From each batch's sample indices (`batches[k]`), vectorised per batch."""
+        return cls(epoch, batches, group_of)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def _chunk(self, c: int) -> _Chunk | None:
+        lo = c * self.horizon
+        if c < 0 or lo >= len(self.batches):
+            return None
+        found = self._chunks.get(c)
+        if found is None:
+            hi = min(lo + self.horizon, len(self.batches))
+            found = self._chunks[c] = _Chunk.build(lo, self.batches, hi, self.group_of)
+            for old in [x for x in self._chunks if x < self._at - 1 or x > self._at + 2]:
+                del self._chunks[old]
+        return found
+
+    def _in_view(self, k: int) -> list[_Chunk]:
+        """The stretches from batch k's to the next one."""
+        c = k // self.horizon
+        return [chunk for chunk in (self._chunk(c), self._chunk(c + 1)) if chunk is not None]
 
     def upcoming(self, start: int, batches: int) -> list[int]:
         """Row groups batches [start, start + batches) read, by first use."""
         seen: dict[int, None] = {}
-        for touched in self.by_batch[start : start + batches]:
-            seen.update(dict.fromkeys(touched.tolist()))
+        for k in range(start, min(start + batches, len(self.batches))):
+            chunk = self._chunk(k // self.horizon)
+            seen.update(dict.fromkeys(chunk.by_batch[k - chunk.lo].tolist()))
         return list(seen)
 
     def batch_of(self, first_index: int) -> int | None:
-        at = int(np.searchsorted(self.firsts, first_index))
-        if at < self.firsts.size and self.firsts[at] == first_index:
-            return int(self.firsts_batch[at])
+        for c in (self._at, self._at + 1, self._at - 1, 0):
+            chunk = self._chunk(c)
+            if chunk is None:
+                continue
+            at = int(np.searchsorted(chunk.firsts, first_index))
+            if at < chunk.firsts.size and chunk.firsts[at] == first_index:
+                k = int(chunk.firsts_batch[at])
+                self._at = k // self.horizon
+                return k
         return None
 
     def next_use(self, group: int, after: int) -> int | None:
-        """The first batch >= `after` that reads `group`, or None."""
-        ks = self.uses.get(group)
-        if ks is None:
-            return None
-        at = int(np.searchsorted(ks, after))
-        return int(ks[at]) if at < ks.size else None
+        """The first batch >= `after` that reads `group` within view, or None."""
+        for chunk in self._in_view(after):
+            ks = chunk.uses.get(group)
+            if ks is None:
+                continue
+            at = int(np.searchsorted(ks, after))
+            if at < ks.size:
+                return int(ks[at])
+        return None
 
 
 @dataclass
