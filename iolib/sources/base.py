@@ -48,6 +48,11 @@ class Source(ABC):
         """Contiguous blocks (row groups) in sample order, for block shuffling; () if none."""
         return ()
 
+    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
+        """The shuffle mode and window the loader's plan runs over this source: the
+        loader's own, unless the source streams (packed windows of a large corpus)."""
+        return shuffle, window
+
     def fit_cache(self, row_groups: int) -> int:
         """Size any read cache to hold `row_groups` blocks; sources without one ignore it."""
         return 0

@@ -75,11 +75,29 @@ class _FileMeta:
     # no footer of its own (two round trips on object storage, 106 ms measured).
     footer: pq.FileMetaData
     spans: tuple[dict[str, tuple[Span, ...]], ...]  # column chunks' byte ranges, per row group
+    version: str = ""  # what the store says changes with the content: ETag, else mtime
 
 
 def _null_items(column: pa.ChunkedArray) -> bool:
     """Whether any list of `column` holds a null item (null rows themselves are allowed)."""
     return any(chunk.flatten().null_count for chunk in column.chunks)
+
+
+_VERSION_KEYS = ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "updated")
+
+
+def _version(fs: Any, path: str, handle: Any) -> str:
+    """The store's word for this content: an object store's ETag (from the request that
+    opened the file), a local file's modification time; "" where neither is known."""
+    details = getattr(handle, "details", None)
+    if not isinstance(details, dict) and getattr(fs, "protocol", None) in (
+        "file",
+        ("file", "local"),
+    ):
+        details = fs.info(path)  # a stat: no request
+    if not isinstance(details, dict):
+        return ""
+    return next((str(details[k]) for k in _VERSION_KEYS if details.get(k) is not None), "")
 
 
 class _Flight:
@@ -281,15 +299,16 @@ class ParquetSource(Source):
         url, path, root = where
         fs, _ = open_filesystem(self.urls[root], self.storage_options)
 
-        def footer() -> tuple[Any, int]:
+        def footer() -> tuple[Any, int, str]:
             with fs.open(path, "rb") as handle:
                 size = getattr(handle, "size", None)  # fsspec's files know it: no request
                 size = size if isinstance(size, int) else fs.size(path)
-                return pq.ParquetFile(handle, pre_buffer=False).metadata, size
+                version = _version(fs, path, handle)
+                return pq.ParquetFile(handle, pre_buffer=False).metadata, size, version
 
         try:  # transient errors are retried; a truncated or foreign file fails at once
             what = f"reading the footer of {url!r}"
-            meta, size = call_with_retries(
+            meta, size, version = call_with_retries(
                 footer, what=what, policy=self.retry, redact=self._redact
             )
             schema = meta.schema.to_arrow_schema()
@@ -304,7 +323,9 @@ class ParquetSource(Source):
         compressed = tuple(column_sizes(meta.row_group(i), True) for i in range(len(groups)))
         raw = tuple(column_sizes(meta.row_group(i), False) for i in range(len(groups)))
         spans = tuple(column_spans(meta.row_group(i)) for i in range(len(groups)))
-        return _FileMeta(url, path, groups, size, schema, root, compressed, raw, meta, spans)
+        return _FileMeta(
+            url, path, groups, size, schema, root, compressed, raw, meta, spans, version
+        )
 
     def _check_columns(self) -> None:
         """A requested column no file has is a mistake in `columns`; one that only some
@@ -409,6 +430,10 @@ class ParquetSource(Source):
     def blocks(self) -> tuple[int, ...]:
         return tuple(n for f in self.files for n in f.row_groups)
 
+    def row_starts(self) -> np.ndarray:
+        """The first sample of each row group (numbered across files), and the total."""
+        return self._rg_starts
+
     @property
     def schema(self) -> pa.Schema:
         """The dataset's Arrow schema, projected to `columns`: every file's columns, each
@@ -438,9 +463,13 @@ class ParquetSource(Source):
         return cached
 
     def fingerprint(self) -> str:
+        """Paths, row counts, sizes, column chunk sizes and the store's version of each
+        file: a corpus rewritten in place (same files, same row counts) is another one."""
         digest = hashlib.sha256()
         for f in self.files:
-            digest.update(f"{f.path}|{','.join(map(str, f.row_groups))}\n".encode())
+            chunks = ",".join(str(sorted(c.items())) for c in f.column_bytes)
+            rows = ",".join(map(str, f.row_groups))
+            digest.update(f"{f.path}|{rows}|{f.size}|{f.version}|{chunks}\n".encode())
         return digest.hexdigest()[:16]
 
     def describe(self) -> str:
@@ -613,6 +642,17 @@ class ParquetSource(Source):
                     self._cache.put(group, flight.table, threading.get_ident())
                 del self._in_flight[group]
             flight.done.set()
+
+    def fetch_row_group(self, group: int) -> pa.Table:
+        """Row group `group` (numbered across files) of the projected columns, read from
+        storage with retries and counted, bypassing the cache: for sources that keep
+        what they read in their own form (`iolib.text`)."""
+        if not 0 <= group < len(self._rg_starts) - 1:
+            raise IndexError(f"row group {group} outside 0..{len(self._rg_starts) - 2}")
+        try:
+            return self._fetch_row_group(group)
+        finally:
+            self._release_ranges()
 
     def _read_ahead(self, epoch: int, k: int) -> None:
         """Submit the row groups of batches k..k+readahead not yet held or read, latest

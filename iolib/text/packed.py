@@ -1,94 +1,100 @@
-"""Packed token windows for language-model pretraining: `PackedTokens`.
+"""Packed token windows for language-model pretraining: `PackedTokens`, streamed.
 
 Documents (rows of a `list<int>` token column) are concatenated in an order drawn per
 epoch, each followed by `eos_id`, and the stream is cut into windows of `seq_len`
 tokens; sample k of epoch e is window k. Packing lives in the plan, not in a stateful
-buffer (Megatron's GPT dataset keeps the same three indices: documents, samples,
-shuffle): with every document's length, window k is a pure function of (seed, e,
-seq_len, data), found by a prefix sum and a binary search, so worker counts, prefetch
-depth, resume points and world sizes cannot change it. The loader's own shuffle then
-orders the windows, and its cursor resumes and shards them like any other samples.
+buffer: window k is a pure function of (seed, e, seq_len, data), so worker counts,
+prefetch depth, resume points and world sizes cannot change it.
 
-Worked example: documents [a a a], [b], [c c c c] with eos E, seq_len 4, no document
-shuffle: the stream is a a a E b E c c c c E (11 tokens), windows [a a a E] [b E c c]
-and the last partial [c c E] is dropped; position_ids are [0 1 2 3] [0 1 0 1].
+Memory is bounded by `cache_bytes`, not by the corpus. The stream of epoch e is the
+row groups in a permuted order (a small array), each contributing its non-empty
+documents in a shuffled order; a per-row-group index of token counts (computed once,
+`iolib.text.tokenindex`) gives the prefix sums that locate window k's row groups. Only
+those row groups are read, a batch's in parallel and the next batches' ahead, and a
+bounded cache keeps the decoded ones. The loader's shuffle then orders the windows:
+within chunks of windows whose row groups fit half the cache (the shuffle window),
+chunks in a random order; a corpus that fits the cache is one chunk, a full shuffle.
 
-The token column is held in memory as one flat array (its raw size plus 4 bytes a
-document, filled row group by row group at first use): a window is then a few slices
-gathered with one vectorised index, no Python per token (docs/tokens.md).
+Worked example: documents [a a a], [b], [c c c c] in one row group with eos E, seq_len
+4, no document shuffle: the stream is a a a E b E c c c c E (11 tokens), windows
+[a a a E] [b E c c] and the last partial [c c E] is dropped; position_ids are
+[0 1 2 3] [0 1 0 1].
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import cachetools
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
 from iolib.errors import ConfigError, DataError
-from iolib.sources.footer import leaf_values
+from iolib.forks import reset_after_fork
+from iolib.plan import default_blocks
 from iolib.sources.parquet import ParquetSource
+from iolib.storage import count_bytes, take_counters
+from iolib.storage.counters import count_retries
+from iolib.text import tokenindex
 from iolib.text.seeded import SeededSource
 
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
+DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
+FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is far below its total
+MIN_GROUPS_HELD = 4  # a chunk's row group, its two edges and one read ahead
+READAHEAD_BATCHES = 4  # batches ahead whose row groups are read while this one is cut
+log = logging.getLogger(__name__)
 
 
-class TokenStore:
-    """A token column in memory: every non-empty document's tokens followed by `eos`,
-    back to back (`tokens`), where each document starts (`starts`) and its length."""
+class Segment:
+    """One row group's part of an epoch's stream: its non-empty documents in the epoch's
+    order, each followed by eos (`tokens`); a flag on each eos (`ends`, so that eos_id
+    may also be an ordinary token); where each document starts (with the length as the
+    last entry) and its row across the dataset."""
 
-    def __init__(self, source: ParquetSource, column: str, eos_id: int) -> None:
-        groups = len(source.blocks())
-        # An upper bound on items plus one eos a row, from the footers: untouched pages
-        # of the tail are never resident.
-        bound = sum(
-            leaf_values(f.footer.row_group(local))[column] + rows
-            for f in source.files
-            for local, rows in enumerate(f.row_groups)
-        )
-        kind = source.schema.field(column).type.value_type
-        self.tokens = np.empty(bound, dtype=np.dtype(kind.to_pandas_dtype()))
-        self.lengths = np.zeros(len(source), dtype=np.int64)
-        self.starts = np.zeros(len(source), dtype=np.int64)
-        filled, row = 0, 0
-        for group in range(groups):
-            array = source.row_group(group).column(column).combine_chunks()
-            values = array.flatten().to_numpy(zero_copy_only=False)
-            lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
-            filled = self._append(values, lengths.astype(np.int64), eos_id, filled, row)
-            row += len(lengths)
-        self.tokens = self.tokens[:filled]
-        # Arrow's allocator keeps the freed row-group buffers for reuse: this process
-        # reads no more Parquet for packing, so give them back (measured: -32 MiB of
-        # resident memory on an 80 MiB column).
-        pa.default_memory_pool().release_unused()
-        # Rows with at least one token (empty and null rows add nothing to the stream).
-        self.documents = np.flatnonzero(self.lengths > 0)
-        self.stream = filled  # tokens in the stream: every document and its eos
+    def __init__(
+        self, tokens: np.ndarray, ends: np.ndarray, starts: np.ndarray, rows: np.ndarray
+    ) -> None:
+        self.tokens, self.ends, self.starts, self.rows = tokens, ends, starts, rows
+        self.nbytes = tokens.nbytes + ends.nbytes + starts.nbytes + rows.nbytes
 
-    def _append(
-        self, values: np.ndarray, lengths: np.ndarray, eos_id: int, filled: int, row: int
-    ) -> int:
-        """Copy one row group's documents in, each non-empty one followed by eos."""
-        spans = lengths + (lengths > 0)
-        starts = filled + np.cumsum(spans) - spans
-        self.lengths[row : row + len(lengths)] = lengths
-        self.starts[row : row + len(lengths)] = starts
-        # An eos after each non-empty document: one insert, whose only temporary is the
-        # row group's interleaved tokens (a scatter index would take 8 bytes a token).
-        ends = np.cumsum(lengths)[lengths > 0]
-        interleaved = np.insert(values, ends, np.array(eos_id, dtype=values.dtype))
-        self.tokens[filled : filled + interleaved.size] = interleaved
-        return int(filled + interleaved.size)
+    @classmethod
+    def build(
+        cls, array: pa.ChunkedArray, first_row: int, eos: int, order: np.random.Generator | None
+    ) -> Segment:
+        """Copy the documents in, one slice each: no temporary larger than the row
+        group's own values (a vectorised gather would take 8 bytes a token)."""
+        array = array.combine_chunks()
+        values = array.flatten().to_numpy(zero_copy_only=False)
+        lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+        lengths = lengths.astype(np.int64)
+        offsets = np.cumsum(lengths) - lengths  # into `values` (nulls add no values)
+        docs = np.flatnonzero(lengths)
+        if order is not None:
+            docs = docs[order.permutation(docs.size)]
+        starts = np.zeros(docs.size + 1, dtype=np.int64)
+        np.cumsum(lengths[docs] + 1, out=starts[1:])
+        tokens = np.empty(int(starts[-1]), dtype=values.dtype)
+        sizes, firsts = lengths[docs].tolist(), offsets[docs].tolist()
+        for at, first, size in zip(starts[:-1].tolist(), firsts, sizes, strict=True):
+            tokens[at : at + size] = values[first : first + size]
+        ends = np.zeros(tokens.size, dtype=bool)
+        ends[starts[1:] - 1] = True
+        tokens[ends] = eos
+        return cls(tokens, ends, starts, docs + first_row)
 
 
 class PackedTokens(SeededSource):
     """Fixed windows of `seq_len` tokens cut from the documents of a token column,
-    concatenated (each followed by `eos_id`) in a per-epoch document order.
+    concatenated (each followed by `eos_id`) in a per-epoch document order, streamed
+    with memory bounded by `cache_bytes`.
 
     Example::
 
@@ -115,18 +121,24 @@ class PackedTokens(SeededSource):
 
     Guarantees: every token of every non-empty document appears exactly once per epoch
     in ``input_ids`` (only the last partial window is dropped), in order; windows are a
-    pure function of (seed, epoch, seq_len, data); the document order differs per epoch
-    (unless `shuffle_documents=False`). Documents longer than `seq_len` are split,
-    never dropped; empty and null documents add nothing (not even an eos).
+    pure function of (seed, epoch, seq_len, data, cache_bytes); the document order
+    differs per epoch (unless `shuffle_documents=False`). Documents longer than
+    `seq_len` are split, never dropped; empty and null documents add nothing (not even
+    an eos).
 
     source: a ParquetSource, or its URL(s). column: the `list<int>` token column.
+    cache_bytes: decoded row groups kept per process (default 1 GiB, a fixed number so
+        that the order does not depend on the machine). It sets the shuffle window:
+        the loader's shuffle mixes windows within as many row groups as it holds, less
+        three, so raising it mixes more widely and costs memory; a corpus that fits is
+        shuffled as a whole. It must hold four of the largest row groups.
     seed: only for use outside a loader; a DataLoader sets its own `seed`.
     """
 
     columnar = True
 
-    # A process worker reloads the tokens rather than receive them through a pipe.
-    _RUNTIME = ("_lock", "_epochs", "_store")
+    # Per-process state: a process worker reads again rather than receive it by pipe.
+    _RUNTIME = ("_lock", "_epochs", "_segments", "_flights", "_pool", "_io", "_plans", "_hint")
 
     def __init__(
         self,
@@ -140,33 +152,68 @@ class PackedTokens(SeededSource):
         ignore_index: int = IGNORE_INDEX,
         storage_options: dict[str, Any] | None = None,
         seed: int = 0,
+        cache_bytes: int | None = None,
     ) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
         if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
             raise ConfigError(f"`eos_id` must be an integer token id. Found: {eos_id!r}.")
+        if cache_bytes is not None and (
+            isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 1
+        ):
+            raise ConfigError(f"`cache_bytes` must be a positive integer. Found: {cache_bytes!r}.")
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options)
-        # Read row groups once into the store, never kept in the row-group cache.
+        # The reader of row groups: no cache of its own (this source keeps segments).
         self.parquet = ParquetSource(
-            source.urls, [column], source.storage_options, cache_bytes=1, retry=source.retry
-        )
+            source.urls, [column], source.storage_options, cache_bytes=0, retry=source.retry,
+            readahead=0,
+        )  # fmt: skip
         self.column, self.seq_len, self.eos_id = column, seq_len, int(eos_id)
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)
-        self._store: TokenStore | None = None
+        self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self._index: tokenindex.TokenIndex | None = None
+        self._windowed_said = False
         self._init_runtime()
 
-    # -- the token column ----------------------------------------------------------------
+    def _init_runtime(self) -> None:
+        super()._init_runtime()
+        self._segments: cachetools.LRUCache = cachetools.LRUCache(
+            self.cache_bytes, getsizeof=lambda seg: seg.nbytes
+        )
+        self._flights: dict[tuple[int, int], Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
+        self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
+        self._hint = 0
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """The parent's threads (and reads in flight) are gone in a forked worker."""
+        super()._after_fork()
+        self._flights, self._pool = {}, None
+
+    def close(self) -> None:
+        """Stop the read threads and drop the cached row groups."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._segments.clear()
+
+    # -- metadata ------------------------------------------------------------------------
     @property
-    def store(self) -> TokenStore:
-        """The tokens, read on first use (every row group once)."""
-        if self._store is None:
+    def index(self) -> tokenindex.TokenIndex:
+        """Tokens and documents per row group: from beside the data, the local cache,
+        or counted once (`iolib.text.tokenindex`)."""
+        if self._index is None:
             with self._lock:
-                if self._store is None:
+                if self._index is None:
                     self._check_column()
-                    self._store = TokenStore(self.parquet, self.column, self.eos_id)
-        return self._store
+                    self._index = tokenindex.load_or_compute(self.parquet, self.column)
+                    self._check_budget()
+        return self._index
 
     def _check_column(self) -> None:
         field = self.parquet.schema.field(self.column)
@@ -177,6 +224,12 @@ class PackedTokens(SeededSource):
                 f"Column {self.column!r} of {self.parquet.files[0].url!r} is {kind}: "
                 "PackedTokens needs a list of integer token ids (list<int32>, list<int64>...)."
             )
+        if pa.types.is_uint64(kind.value_type):
+            raise DataError(
+                f"Column {self.column!r} of {self.parquet.files[0].url!r} holds uint64 token "
+                "ids, which int64 tensors cannot hold above 2^63 - 1. Write the ids as int64 "
+                "or int32 (every tokenizer's vocabulary fits)."
+            )
         info = np.iinfo(np.dtype(kind.value_type.to_pandas_dtype()))
         if not info.min <= self.eos_id <= info.max:
             raise ConfigError(
@@ -184,34 +237,74 @@ class PackedTokens(SeededSource):
                 f"({info.min}..{info.max}). Use the tokenizer's end-of-document id."
             )
 
-    # -- the plan ------------------------------------------------------------------------
-    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(document order, prefix sums of their spans in the stream) for `epoch`."""
-        key = (self.seed, epoch)
-        found = self._epochs.get(key)
-        if found is not None:
-            return found
-        store = self.store
-        order = store.documents
-        if self.shuffle_documents:
-            words = [_DOCUMENT_STREAM, self.seed, epoch]
-            rng = np.random.Generator(np.random.Philox(np.random.SeedSequence(words)))
-            order = order[rng.permutation(order.size)]
-        cum = np.zeros(order.size + 1, dtype=np.int64)
-        np.cumsum(store.lengths[order] + 1, out=cum[1:])
-        with self._lock:
-            self._epochs[key] = (order, cum)
-            for old in [k for k in self._epochs if k[1] < epoch - 1]:
-                del self._epochs[old]  # keep this epoch and the one before (read ahead)
-        return order, cum
+    @property
+    def _itemsize(self) -> int:
+        return np.dtype(
+            self.parquet.schema.field(self.column).type.value_type.to_pandas_dtype()
+        ).itemsize
+
+    def _segment_bytes(self, index: tokenindex.TokenIndex) -> np.ndarray:
+        """Memory of each row group's segment: its stream tokens, 16 bytes a document."""
+        return index.stream * self._itemsize + 16 * index.documents + 8
+
+    def _check_budget(self) -> None:
+        largest = int(self._segment_bytes(self._index).max(initial=0))
+        if MIN_GROUPS_HELD * largest > self.cache_bytes:
+            raise ConfigError(
+                f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds fewer than "
+                f"{MIN_GROUPS_HELD} of the largest row groups of {self.column!r} "
+                f"({largest:,} bytes decoded): a batch's windows, the row groups at "
+                f"a chunk's edges and one read ahead. Raise `cache_bytes` to at least "
+                f"{MIN_GROUPS_HELD * largest} or write the data with smaller row groups."
+            )
+
+    def shuffle_window_groups(self) -> int:
+        """Row groups whose windows the loader's shuffle mixes: as many of the largest
+        as the cache holds, less three (a chunk's two edges and one read ahead); all if
+        the corpus fits that room."""
+        sizes = self._segment_bytes(self.index)
+        largest = max(int(sizes.max(initial=0)), 1)
+        room = self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest
+        if int(sizes.sum()) <= room:
+            return int(sizes.size)
+        return max(1, room // largest)
+
+    def blocks(self) -> np.ndarray:
+        """Chunks of consecutive windows, each about one shuffle window of row groups:
+        the loader shuffles windows within a chunk, and chunks among themselves."""
+        index, windows = self.index, len(self)
+        groups = max(index.tokens.size, 1)
+        per_chunk = int(index.stream.sum()) * self.shuffle_window_groups() // groups
+        return default_blocks(windows, max(1, per_chunk // self.seq_len))
+
+    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
+        """A shuffled loader mixes windows within chunks (`blocks`), one chunk at a time,
+        so that a batch's row groups fit the cache; a full shuffle where the corpus fits."""
+        if shuffle == "none":
+            return shuffle, window
+        chunks = len(self.blocks())
+        if chunks > 1 and not self._windowed_said:
+            self._windowed_said = True
+            log.info(
+                "%s: the corpus is larger than cache_bytes (%.0f MiB): windows are "
+                "shuffled within %d-row-group chunks, chunks in a random order (raise "
+                "cache_bytes to shuffle more widely; docs/tokens.md).",
+                self.describe(),
+                self.cache_bytes / 2**20,
+                self.shuffle_window_groups(),
+            )
+        return ("block", 1) if chunks > 1 else ("global", window)
+
+    def fit_cache(self, row_groups: int) -> int:
+        return self.cache_bytes  # the budget is the user's, not the loader's estimate
 
     def __len__(self) -> int:
         """Windows per epoch: the same every epoch (the stream's length does not change)."""
-        return self.store.stream // self.seq_len
+        return int(self.index.stream.sum()) // self.seq_len
 
     def fingerprint(self) -> str:
         words = f"{self.parquet.fingerprint()}|{self.column}|{self.seq_len}|{self.eos_id}"
-        words += f"|{self.shuffle_documents}"
+        words += f"|{self.shuffle_documents}|{len(self.blocks())}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
@@ -220,62 +313,186 @@ class PackedTokens(SeededSource):
     def locate(self, index: int) -> str:
         return f"packed window {index} of {self.parquet.describe()}"
 
+    def cache_stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"cache_budget_bytes": self.cache_bytes,
+                    "cache_held_bytes": int(self._segments.currsize)}  # fmt: skip
+
+    # -- the plan ------------------------------------------------------------------------
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(row-group order, prefix sums of their stream tokens) for `epoch`: O(row groups)."""
+        key = (self.seed, epoch)
+        found = self._epochs.get(key)
+        if found is not None:
+            return found
+        stream = self.index.stream
+        order = np.arange(stream.size)
+        if self.shuffle_documents:
+            order = _generator(self.seed, epoch).permutation(stream.size)
+        cum = np.zeros(order.size + 1, dtype=np.int64)
+        np.cumsum(stream[order], out=cum[1:])
+        with self._lock:
+            self._epochs[key] = (order, cum)
+            for old in [k for k in self._epochs if k[1] < epoch - 1]:
+                del self._epochs[old]  # keep this epoch and the one before (read ahead)
+        return order, cum
+
+    def plan_epoch(self, epoch: int, batches: Any) -> None:
+        """This rank's batches of windows: reads run ahead along them."""
+        with self._lock:
+            self._plans = {e: b for e, b in self._plans.items() if e == epoch - 1}
+            self._plans[epoch] = batches
+
+    def _groups_of(self, windows: np.ndarray, epoch: int) -> np.ndarray:
+        """Positions (in the epoch's row-group order) that windows' tokens come from,
+        with the token after each window (its last label)."""
+        _, cum = self._epoch(epoch)
+        lo = windows * self.seq_len
+        hi = np.minimum(lo + self.seq_len, cum[-1] - 1)
+        first = np.searchsorted(cum, lo, side="right") - 1
+        last = np.searchsorted(cum, hi, side="right") - 1
+        counts = last - first + 1
+        spans = np.repeat(first, counts) + (
+            np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        )
+        return np.unique(spans)
+
     # -- reads ---------------------------------------------------------------------------
+    def _fetch(self, epoch: int, position: int, ahead: bool = False) -> Future | None:
+        """The read of the segment at `position` of the epoch's row-group order: done if
+        held, shared if in flight (one read however many threads want it), else started;
+        None when reading ahead finds no room."""
+        order, _ = self._epoch(epoch)
+        key = (epoch, int(order[position]))
+        with self._lock:
+            held = self._segments.get(key)
+            if held is not None:
+                done: Future = Future()
+                done.set_result(held)
+                return done
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight
+            if (
+                ahead
+                and self._segments.currsize
+                + self._in_flight_bytes()
+                + int(self._segment_bytes(self.index)[key[1]])
+                > self.cache_bytes
+            ):
+                return None  # no room to read ahead: the batch that needs it will
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="iolib-tokens")
+                weakref.finalize(self, self._pool.shutdown, wait=False)
+            flight = self._flights[key] = self._pool.submit(self._load, key)
+        return flight
+
+    def _in_flight_bytes(self) -> int:
+        sizes = self._segment_bytes(self.index)
+        return int(sum(sizes[group] for _, group in self._flights))
+
+    def _load(self, key: tuple[int, int]) -> Segment:
+        epoch, group = key
+        try:
+            table = self.parquet.fetch_row_group(group)
+            first_row = int(self.parquet.row_starts()[group])
+            order = _generator(self.seed, epoch, group) if self.shuffle_documents else None
+            segment = Segment.build(table.column(self.column), first_row, self.eos_id, order)
+            del table
+            with self._lock:
+                self._segments[key] = segment
+            return segment
+        finally:
+            read, retries = take_counters()
+            with self._lock:
+                self._io[0] += read
+                self._io[1] += retries
+                self._flights.pop(key, None)
+
+    def _read_ahead(self, windows: np.ndarray, epoch: int) -> None:
+        """Start reading the row groups of the next batches of the plan, where the cache
+        has room; found by the batch's first window near the last one found."""
+        batches = self._plans.get(epoch)
+        if batches is None or not windows.size:
+            return
+        total, first = len(batches), int(windows[0])
+        for k in range(max(0, self._hint - 2), min(total, self._hint + 64)):
+            if batches[k].size and int(batches[k][0]) == first:
+                self._hint = k
+                break
+        else:
+            return
+        for k in range(self._hint + 1, min(total, self._hint + 1 + READAHEAD_BATCHES)):
+            for position in self._groups_of(np.asarray(batches[k], np.int64), epoch):
+                if self._fetch(epoch, int(position), ahead=True) is None:
+                    return
+
     def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
         tensors without a copy)."""
         windows = np.asarray(indices, dtype=np.int64)
         if windows.size and (windows.min() < 0 or windows.max() >= len(self)):
             raise IndexError(f"window indices outside 0..{len(self) - 1}")
-        order, cum = self._epoch(epoch)
-        pieces = _pieces(windows * self.seq_len, self.seq_len, cum)
-        store, length = self.store, self.seq_len
-        doc = order[pieces.document]
-        within = pieces.lo - cum[pieces.document]  # offset into the document's span
-        flat = np.arange(windows.size * length, dtype=np.int64)
-        index = flat + np.repeat(store.starts[doc] + within - pieces.out, pieces.size)
-        ids = store.tokens[index].astype(np.int64)
-        # labels[t] is the token after ids[t]: ids[t + 1] within a window (pieces meet
-        # only after an eos, whose label is ignored), the next window's first token at
-        # its end. A piece that reaches its document's end ends with that eos.
-        labels = np.empty_like(ids).reshape(-1, length)
-        labels[:, :-1] = ids.reshape(-1, length)[:, 1:]
-        after = np.minimum(index[length - 1 :: length] + 1, store.tokens.size - 1)
-        labels[:, -1] = store.tokens[after]
-        ends = within + pieces.size == store.lengths[doc] + 1
-        labels.reshape(-1)[(pieces.out + pieces.size - 1)[ends]] = self.ignore_index
-        columns = {"input_ids": ids, "labels": labels.reshape(-1)}
-        columns["position_ids"] = flat - np.repeat(pieces.out, pieces.size)
-        if self.document_ids:
-            columns["document_ids"] = np.repeat(doc, pieces.size)
+        positions = self._groups_of(windows, epoch)
+        futures = {int(p): self._fetch(epoch, int(p)) for p in positions}  # all at once
+        self._read_ahead(windows, epoch)
+        segments = {p: f.result() for p, f in futures.items()}
+        with self._lock:
+            (read, retries), self._io = self._io, [0, 0]
+        count_bytes(read)  # helper threads' reads count in the batch that needed them
+        count_retries(retries)
+        return self._cut(windows, epoch, segments)
+
+    def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
+        """The windows' columns: each window's tokens (and the one after, its last
+        label) copied from a slice or two of its segments, then every column computed
+        for the whole batch at once."""
+        _, cum = self._epoch(epoch)
+        length, end = self.seq_len, int(cum[-1])
+        ids = np.zeros((windows.size, length + 1), dtype=np.int64)
+        eos = np.ones((windows.size, length + 1), dtype=bool)  # past the stream: an eos
+        docs = np.zeros((windows.size, length + 1), dtype=np.int64) if self.document_ids else None
+        for row, window in enumerate(windows.tolist()):
+            lo = window * length
+            hi = min(lo + length + 1, end)
+            position, out = int(np.searchsorted(cum, lo, side="right") - 1), 0
+            while lo < hi:
+                segment, base = segments[position], int(cum[position])
+                stop = min(hi, int(cum[position + 1]))
+                a, b, n = lo - base, stop - base, stop - lo
+                ids[row, out : out + n] = segment.tokens[a:b]
+                eos[row, out : out + n] = segment.ends[a:b]
+                if docs is not None:
+                    at = np.searchsorted(segment.starts, np.arange(a, b), side="right") - 1
+                    docs[row, out : out + n] = segment.rows[at]
+                lo, out, position = stop, out + n, position + 1
+        labels = ids[:, 1:].copy()
+        labels[eos[:, :-1]] = self.ignore_index
+        # A sequence starts at a window's first token and after each eos.
+        steps = np.broadcast_to(np.arange(length), (windows.size, length))
+        begins = np.zeros((windows.size, length), dtype=bool)
+        begins[:, 0], begins[:, 1:] = True, eos[:, : length - 1]
+        positions = steps - np.maximum.accumulate(np.where(begins, steps, 0), axis=1)
+        columns = {"input_ids": ids[:, :length], "labels": labels, "position_ids": positions}
+        if docs is not None:
+            columns["document_ids"] = docs[:, :length]
         return pa.table(
-            {k: pa.FixedSizeListArray.from_arrays(pa.array(v), length) for k, v in columns.items()}
+            {
+                k: pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.ascontiguousarray(v).reshape(-1)), length
+                )
+                for k, v in columns.items()
+            }
         )
 
 
-class _Pieces:
-    """The (window, document) pieces of a batch of windows, in output order: document
-    positions in the epoch order, where each starts in the stream (`lo`) and in the
-    flat batch (`out`), and its token count."""
-
-    def __init__(self, document: np.ndarray, lo: np.ndarray, out: np.ndarray, size: np.ndarray):
-        self.document, self.lo, self.out, self.size = document, lo, out, size
+def _flat(matrix: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(matrix).reshape(-1)
 
 
-def _pieces(starts: np.ndarray, length: int, cum: np.ndarray) -> _Pieces:
-    """Map windows [start, start + length) of the stream to document pieces, vectorised:
-    a binary search finds each window's first and last document; the documents between
-    them are consecutive in the epoch order."""
-    first = np.searchsorted(cum, starts, side="right") - 1
-    last = np.searchsorted(cum, starts + length - 1, side="right") - 1
-    counts = last - first + 1
-    window = np.repeat(np.arange(starts.size), counts)
-    offset = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    document = first[window] + offset
-    lo = np.maximum(cum[document], starts[window])
-    hi = np.minimum(cum[document + 1], starts[window] + length)
-    out = window * length + (lo - starts[window])
-    return _Pieces(document, lo, out, hi - lo)
+def _generator(seed: int, epoch: int, *more: int) -> np.random.Generator:
+    words = [_DOCUMENT_STREAM, seed, epoch, *more]
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence(words)))
 
 
 def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,222 @@
+"""PackedTokens on a corpus larger than its `cache_bytes`: the streamed path keeps every
+promise of the in-memory one (each token once, in order; the same windows for any
+workers, depth, resume point or world size) with memory bounded by the budget."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from iolib import DataLoader
+from iolib.errors import ConfigError
+from iolib.testing import (
+    assert_checkpoint_roundtrip,
+    assert_same_batches_across_workers,
+    epoch_batches,
+)
+from iolib.text import PackedTokens
+from iolib.text.tokenindex import beside_url, cache_dir
+from tests.token_data import doc_lengths, write_documents
+
+EOS, SEQ, ROWS = 0, 16, 16
+LENGTHS = doc_lengths(400, seed=3, low=0, high=60)
+BUDGET = 20_000  # bytes: about six of this corpus's 25 row groups, a third of the corpus
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("IOLIB_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def corpus(tmp_path) -> str:
+    return write_documents(tmp_path / "c", LENGTHS, shards=3, row_group_size=ROWS)
+
+
+def _packed(url: str, budget: int = BUDGET, **kw) -> PackedTokens:
+    return PackedTokens(url, column="tokens", seq_len=SEQ, eos_id=EOS, document_ids=True,
+                        cache_bytes=budget, **kw)  # fmt: skip
+
+
+def _loader(url: str, **kw) -> DataLoader:
+    kw.setdefault("batch_size", 4)
+    return DataLoader(_packed(url), shuffle=True, seed=11, **kw)
+
+
+def _epoch_tokens(batches) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.concatenate([b["input_ids"] for b in batches])
+    docs = np.concatenate([b["document_ids"] for b in batches])
+    return ids, docs
+
+
+def test_the_corpus_is_larger_than_the_budget_and_the_log_says_so(corpus, caplog) -> None:
+    windows = _packed(corpus)
+    assert windows.shuffle_window_groups() < len(windows.parquet.blocks())
+    with caplog.at_level(logging.INFO, logger="iolib.text.packed"):
+        epoch_batches(_loader(corpus))
+        epoch_batches(_loader(corpus))  # a new loader of the same source: logged once each
+    said = [r for r in caplog.records if "shuffled within" in r.getMessage()]
+    assert said and "cache_bytes" in said[0].getMessage()
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_every_token_once_in_order_when_streamed(corpus, epoch) -> None:
+    ids, docs = _epoch_tokens(epoch_batches(_loader(corpus), epoch))
+    present = [d for d in range(len(LENGTHS)) if LENGTHS[d]]
+    seen: dict[int, list[int]] = {}
+    for token, doc in zip(ids.reshape(-1).tolist(), docs.reshape(-1).tolist(), strict=True):
+        if token != EOS:
+            assert token // 1000 == doc
+            seen.setdefault(doc, []).append(token % 1000 - 1)
+    # Windows come shuffled: each document's tokens are there once, and in order within
+    # each window (a document cut by window boundaries continues in another window).
+    assert all(sorted(v) == list(range(len(v))) for v in seen.values()), "a token twice"
+    same = (docs[:, 1:] == docs[:, :-1]) & (ids[:, 1:] != EOS) & (ids[:, :-1] != EOS)
+    assert ((ids[:, 1:] - ids[:, :-1])[same] == 1).all(), "a document out of order"
+    whole = [d for d in seen if len(seen[d]) == LENGTHS[d]]
+    assert len(whole) >= len(present) - 1 and set(seen) <= set(present)
+    total = sum(int(LENGTHS[d]) + 1 for d in present)
+    assert total - SEQ < ids.size <= total  # only the last partial window is missing
+
+
+def test_a_batch_reads_only_its_chunk(corpus) -> None:
+    """The windowed shuffle: a batch's windows come from one chunk of row groups that
+    the cache holds (plus the row groups at the chunk's edges; a batch that straddles two
+    chunks takes from both), where a full shuffle takes from nearly every row group."""
+
+    starts = _packed(corpus).parquet.row_starts()
+
+    def spread(loader: DataLoader) -> float:
+        groups = [np.searchsorted(starts, np.asarray(b["document_ids"]), side="right")
+                  for b in epoch_batches(loader)]  # fmt: skip
+        return float(np.percentile([np.unique(g).size for g in groups], 75))
+
+    held = _packed(corpus).shuffle_window_groups() + 2
+    assert spread(_loader(corpus, batch_size=16)) <= held
+    whole = DataLoader(_packed(corpus, budget=10**8), batch_size=16, shuffle=True, seed=11)
+    assert spread(whole) > held + 2
+
+
+def test_windows_mix_across_the_epoch(corpus) -> None:
+    """Shuffled, not sequential: the first batch of two epochs differ, and the epoch's
+    windows are not in stream order."""
+    first = [epoch_batches(_loader(corpus), e)[0]["input_ids"] for e in (0, 1)]
+    assert not np.array_equal(first[0], first[1])
+    plain = DataLoader(_packed(corpus), batch_size=4, shuffle=False, seed=11)
+    shuffled, ordered = _epoch_tokens(epoch_batches(_loader(corpus)))[0], None
+    ordered = _epoch_tokens(epoch_batches(plain))[0]
+    assert not np.array_equal(shuffled, ordered)
+    assert sorted(map(tuple, shuffled.tolist())) == sorted(map(tuple, ordered.tolist()))
+
+
+def test_same_windows_for_any_workers_depth_and_resume_when_streamed(corpus) -> None:
+    def make(**kw):
+        return _loader(corpus, batch_size=3, **kw)
+
+    settings = ({"num_workers": 0}, {"num_workers": 2, "prefetch": 5},
+                {"num_workers": 2, "worker_mode": "process"})  # fmt: skip
+    assert_same_batches_across_workers(make, settings, epochs=(0, 1))
+    assert_checkpoint_roundtrip(make, stop_after=[1, 7, 20], epoch=1, num_workers=2)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_split_the_streamed_windows(corpus, world_size) -> None:
+    def rows(rank: int, size: int) -> list[tuple[int, ...]]:
+        loader = _loader(corpus, batch_size=2, rank=rank, world_size=size, drop_last=True)
+        return [tuple(r) for b in epoch_batches(loader, 1) for r in b["input_ids"].tolist()]
+
+    whole = rows(0, 1)
+    ranks = [rows(r, world_size) for r in range(world_size)]
+    assert len({len(r) for r in ranks}) == 1  # equal batch counts on every rank
+    merged = [row for step in zip(*[np.array_split(r, len(r) // 2) for r in ranks], strict=True)
+              for part in step for row in map(tuple, part.tolist())]  # fmt: skip
+    assert merged == whole[: len(merged)]
+    resumed = _loader(corpus, batch_size=2, drop_last=True)
+    stopped = _loader(corpus, batch_size=2, rank=1, world_size=world_size, drop_last=True)
+    stopped.set_epoch(1)
+    it = iter(stopped)
+    next(it)
+    resumed.load_state_dict(json.loads(json.dumps(stopped.state_dict())))
+    rest = [tuple(r) for b in resumed for r in b["input_ids"].tolist()]
+    assert rest == whole[len(whole) - len(rest) :]
+
+
+def test_a_budget_below_four_row_groups_is_refused_up_front(corpus) -> None:
+    with pytest.raises(ConfigError, match=r"cache_bytes.*fewer than 4.*Raise `cache_bytes`"):
+        len(_packed(corpus, budget=2_000))
+    with pytest.raises(ConfigError, match="cache_bytes"):
+        _packed(corpus, budget=0)
+
+
+def test_the_index_is_kept_and_a_rewritten_corpus_is_recounted(corpus, tmp_path) -> None:
+    before = len(_packed(corpus, budget=10**6))
+    kept = list(cache_dir().glob("*.npz"))
+    assert len(kept) == 1
+    # Rewrite in place with the same files and row counts, documents twice as long.
+    write_documents(tmp_path / "c", LENGTHS * 2, shards=3, row_group_size=ROWS)
+    assert len(_packed(corpus, budget=10**6)) > 1.8 * before
+    assert len(list(cache_dir().glob("*.npz"))) == 2
+
+
+def test_an_index_beside_the_data_is_used(corpus) -> None:
+    from iolib.text.tokenindex import write_beside
+
+    url, index = write_beside(_packed(corpus).parquet, "tokens")
+    assert url == beside_url(_packed(corpus).parquet, "tokens")
+    assert len(_packed(corpus)) == int(index.stream.sum()) // SEQ
+    assert not list(cache_dir().glob("*.npz"))  # read from beside the data, not counted
+
+
+RSS_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys
+    import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+    from iolib import DataLoader
+    from iolib.text import PackedTokens
+    url, budget = sys.argv[1], int(sys.argv[2])
+    loader = DataLoader(PackedTokens(url, column="t", seq_len=512, eos_id=0,
+                                     cache_bytes=budget), batch_size=8, shuffle=True,
+                        num_workers=2, seed=0)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    windows = sum(len(b["input_ids"]) for b in loader)
+    print(windows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
+    """
+)
+
+
+def _big_corpus(directory, tokens: int) -> str:
+    """Documents of ~700 tokens in row groups of ~0.5 MB."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir()
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(200, 1200, size=tokens // 700)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = rng.integers(1, 50_000, size=int(offsets[-1]), dtype=np.int32)
+    column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    pq.write_table(pa.table({"t": column}), directory / "part.parquet", row_group_size=180)
+    return str(directory)
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_as_the_corpus_grows_past_the_budget(tmp_path) -> None:
+    """Peak RSS while streaming a corpus 2x and 16x the budget (8 MiB): the larger corpus
+    costs less than the difference between the two corpora's sizes."""
+    budget, peaks = 8 * 2**20, []
+    for scale in (2, 16):
+        url = _big_corpus(tmp_path / f"x{scale}", scale * budget // 4)
+        run = subprocess.run(
+            [sys.executable, "-c", RSS_SCRIPT, url, str(budget)],
+            capture_output=True, text=True, timeout=600, check=True,
+        )  # fmt: skip
+        windows, grown_kib = map(int, run.stdout.split())
+        assert windows > 0
+        peaks.append(grown_kib * 1024)
+    assert peaks[1] - peaks[0] < 0.5 * (16 - 2) * budget, peaks
