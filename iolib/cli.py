@@ -25,6 +25,7 @@ _COMMANDS = {
     "tune": ("iolib.tune_command:tune", "Recommend workers and prefetch depth; write a report."),
     "convert": ("iolib.convert:convert", "Convert an image folder to Parquet shards."),
     "inspect": ("iolib.inspect_data:inspect", "Show files, rows, row groups, schema, bytes."),
+    "index": ("iolib.index_command:index", "Write _metadata and token indexes beside the data."),
 }
 
 

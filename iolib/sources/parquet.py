@@ -34,6 +34,7 @@ from iolib.sources.footer import arrow_bytes, column_sizes, exact_size, leaf_val
 from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, Span, coalesce, column_spans
 from iolib.sources.rgcache import EpochUses, PlannedCache
 from iolib.sources.schemas import conform, drifted, null_numbers, unified_schema
+from iolib.sources.summary import SummarizedFile, read_summary, version_of
 from iolib.storage import (
     RetryPolicy,
     call_with_retries,
@@ -76,6 +77,12 @@ class _FileMeta:
     footer: pq.FileMetaData
     spans: tuple[dict[str, tuple[Span, ...]], ...]  # column chunks' byte ranges, per row group
     version: str = ""  # what the store says changes with the content: ETag, else mtime
+    # Row group `local` of this file is row group `first_group + local` of `footer` (a
+    # directory's `_metadata` summary holds every file's row groups in one footer).
+    first_group: int = 0
+
+    def group_meta(self, local: int) -> pq.RowGroupMetaData:
+        return self.footer.row_group(self.first_group + local)
 
 
 def _null_items(column: pa.ChunkedArray) -> bool:
@@ -83,21 +90,16 @@ def _null_items(column: pa.ChunkedArray) -> bool:
     return any(chunk.flatten().null_count for chunk in column.chunks)
 
 
-_VERSION_KEYS = ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "updated")
-
-
 def _version(fs: Any, path: str, handle: Any) -> str:
-    """The store's word for this content: an object store's ETag (from the request that
-    opened the file), a local file's modification time; "" where neither is known."""
+    """What the store says changes with a file's content (`summary.version_of`): from
+    the request that opened it, or a stat for a local file."""
     details = getattr(handle, "details", None)
     if not isinstance(details, dict) and getattr(fs, "protocol", None) in (
         "file",
         ("file", "local"),
     ):
         details = fs.info(path)  # a stat: no request
-    if not isinstance(details, dict):
-        return ""
-    return next((str(details[k]) for k in _VERSION_KEYS if details.get(k) is not None), "")
+    return version_of(details)
 
 
 class _Flight:
@@ -235,14 +237,57 @@ class ParquetSource(Source):
     def files(self) -> list[_FileMeta]:
         """The files, their row groups and schemas (listed and read on first use)."""
         if self._files is None:
-            paths = [p for root, url in enumerate(self.urls) for p in self._expand(root, url)]
-            with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-                files = list(pool.map(self._read_footer, paths))
+            per_root = [self._summarized(root, url) for root, url in enumerate(self.urls)]
+            paths = [
+                p
+                for root, url in enumerate(self.urls)
+                if per_root[root] is None
+                for p in self._expand(root, url)
+            ]
+            # Footers cost a request or two each: many in flight (latency, not bandwidth).
+            with ThreadPoolExecutor(max_workers=max(1, min(64, len(paths)))) as pool:
+                read = iter(pool.map(self._read_footer, paths))
+            files = [
+                f
+                for root, found in enumerate(per_root)
+                for f in (found if found is not None else
+                          [next(read) for p in paths if p[2] == root])
+            ]  # fmt: skip
             self._starts = np.cumsum([0] + [n for f in files for n in f.row_groups])
             self._groups = [(f, i) for f in files for i in range(len(f.row_groups))]
             self._files = files
             self._check_columns()
         return self._files
+
+    def _summarized(self, root: int, url: str) -> list[_FileMeta] | None:
+        """A directory's files from its `_metadata` summary, where it has a valid one."""
+        if any(c in url for c in _GLOB_CHARS) or url.endswith((".parquet", ".pq")):
+            return None
+        fs, path = open_filesystem(url, self.storage_options)
+        protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
+        found = call_with_retries(
+            lambda: read_summary(fs, path) if fs.isdir(path) else None,
+            what=f"reading the _metadata summary of {self._redact(url)!r}",
+            policy=self.retry,
+            redact=self._redact,
+        )
+        if found is None:
+            return None
+        meta, files = found
+        schema = meta.schema.to_arrow_schema()
+        return [self._summarized_file(root, protocol, meta, schema, f) for f in files]
+
+    def _summarized_file(
+        self, root: int, protocol: str, meta: pq.FileMetaData, schema: pa.Schema,
+        f: SummarizedFile,
+    ) -> _FileMeta:  # fmt: skip
+        groups = [meta.row_group(f.first_group + i) for i in range(f.groups)]
+        return _FileMeta(
+            self._redact(protocol + f.path), f.path, tuple(g.num_rows for g in groups),
+            f.size, schema, root, tuple(column_sizes(g, True) for g in groups),
+            tuple(column_sizes(g, False) for g in groups), meta,
+            tuple(column_spans(g) for g in groups), f.version, f.first_group,
+        )  # fmt: skip
 
     def _expand(self, root: int, url: str) -> list[tuple[str, str, int]]:
         fs, path = open_filesystem(url, self.storage_options)
@@ -351,7 +396,7 @@ class ParquetSource(Source):
         sizes, exact = [], True
         for f in self.files:
             for local, rows in enumerate(f.row_groups):
-                counts = leaf_values(f.footer.row_group(local))
+                counts = leaf_values(f.group_meta(local))
                 total = 0
                 for c, raw in f.column_raw_bytes[local].items():
                     if (self.columns is None or c in self.columns) and c in f.schema.names:
@@ -578,7 +623,7 @@ class ParquetSource(Source):
             if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
         ]
         counts = [
-            leaf_values(f.footer.row_group(i)) for f in self.files for i in range(len(f.row_groups))
+            leaf_values(f.group_meta(i)) for f in self.files for i in range(len(f.row_groups))
         ]
         return {name: np.array([c[name] for c in counts], dtype=np.int64) for name in names}
 
@@ -840,7 +885,9 @@ class ParquetSource(Source):
                 ranged = RangedFile(fs, meta.path, meta.size)
                 reader = pq.ParquetFile(ranged, metadata=meta.footer, pre_buffer=False)
             ranged.load(spans)
-            table = reader.read_row_group(local, columns=self.columns, use_threads=False)
+            table = reader.read_row_group(
+                meta.first_group + local, columns=self.columns, use_threads=False
+            )
             handles[meta.path] = (reader, ranged)
             return table
         except Exception as exc:
