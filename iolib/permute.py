@@ -1,18 +1,19 @@
 """A keyed bijection on [0, n): sample k of a shuffled epoch, computed, not looked up.
 
 Why: a stored permutation costs 8 bytes a sample (8 GB at 10^9 samples) and seconds to
-draw before the first batch. A Feistel network over the smallest power of four >= n,
-with "cycle walking" (apply it again while the result is >= n), is a bijection on
-[0, n) whose every value costs a few vectorised integer operations, so a plan holds a
-key, not an array (grain's `index_shuffle` and Mosaic streaming's shuffles make the
-same trade).
+draw before the first batch. A Feistel network is a bijection whatever its round
+function, so a plan holds a key, not an array (grain's `index_shuffle` and Mosaic
+streaming's shuffles make the same trade).
 
-Each element may carry its own domain size and key: a block shuffle permutes samples
+The network here works on [0, a*c) with a = ceil(sqrt(n)), c = ceil(n / a): a value is
+a pair (L < a, R < c); a round maps it to (R, (L + F(R)) mod a), the pair's ranges
+swapping each round, an even number of rounds bringing them back. a*c exceeds n by less
+than sqrt(n), so "cycle walking" (applying the network again to a value >= n) is rare,
+where a power-of-two domain would walk up to three times in four. Only integer
+arithmetic: the same key gives the same permutation on every machine.
+
+Each element may carry its own domain size and tweak: a block shuffle permutes samples
 within windows of different sizes in one vectorised call.
-
-Worked example (pinned in tests): ``feistel(np.arange(5), 5, key)`` is a permutation
-of 0..4; the same key gives the same permutation on every machine and numpy version
-(only integer arithmetic).
 """
 
 from __future__ import annotations
@@ -40,21 +41,25 @@ def round_keys(*words: int) -> np.ndarray:
     return seq.generate_state(ROUNDS, dtype=np.uint64)
 
 
-def _half_bits(n: np.ndarray) -> np.ndarray:
-    """Bits of each half: the smallest h with 4**h >= n (at least 1)."""
-    bits = np.ceil(np.log2(np.maximum(n, 2).astype(np.float64))).astype(np.uint64)
-    # log2 of large integers in float64 can be off by one: correct both ways.
-    bits = np.where((np.uint64(1) << bits) < n, bits + np.uint64(1), bits)
-    return np.maximum((bits + np.uint64(1)) // np.uint64(2), np.uint64(1))
+def _shape(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a, c) with a = ceil(sqrt(n)) and a * c >= n, per element."""
+    a = np.ceil(np.sqrt(n.astype(np.float64))).astype(np.uint64)
+    a = np.maximum(a, np.uint64(1))
+    a = np.where(a * a < n, a + np.uint64(1), a)  # float rounding on large n
+    a = np.where((a - np.uint64(1)) * (a - np.uint64(1)) >= n, a - np.uint64(1), a)
+    a = np.maximum(a, np.uint64(1))
+    c = (n + a - np.uint64(1)) // a
+    return a, np.maximum(c, np.uint64(1))
 
 
-def _encrypt(x: np.ndarray, half: np.ndarray, keys: np.ndarray, tweak: np.ndarray) -> np.ndarray:
-    mask = (np.uint64(1) << half) - np.uint64(1)
-    left, right = x >> half, x & mask
+def _encrypt(x: np.ndarray, a: np.ndarray, c: np.ndarray, keys: np.ndarray, salt: np.ndarray):
+    left, right = x // c, x % c  # left < a, right < c
+    first, second = a, c
     for r in range(ROUNDS):
-        f = _mix(right ^ keys[r] ^ tweak * _GOLDEN) & mask
-        left, right = right, left ^ f
-    return (left << half) | right
+        f = _mix(right ^ keys[r] ^ salt)
+        left, right = right, (left + f % first) % first
+        first, second = second, first
+    return left * second + right  # an even number of rounds: (left < a, right < c) again
 
 
 def feistel(
@@ -68,16 +73,14 @@ def feistel(
     flat = x.reshape(-1).astype(np.uint64)
     sizes = np.broadcast_to(np.asarray(n, dtype=np.int64), shape).reshape(-1).astype(np.uint64)
     tweaks = np.broadcast_to(np.asarray(tweak, dtype=np.int64), shape).reshape(-1)
-    tweaks = tweaks.astype(np.uint64)
-    if flat.size and (np.any(flat >= sizes)):
+    if flat.size and np.any(flat >= sizes):
         raise IndexError("feistel: an input lies outside its domain [0, n)")
-    half = _half_bits(sizes)
+    a, c = _shape(sizes)
     with np.errstate(over="ignore"):
-        out = _encrypt(flat, half, keys, tweaks)
-        # Cycle walking: the domain is at most 4n, so each step lands inside with
-        # probability >= 1/4; few elements need more than a handful of steps.
+        salt = _mix(tweaks.astype(np.uint64) * _GOLDEN)
+        out = _encrypt(flat, a, c, keys, salt)
         outside = np.flatnonzero(out >= sizes)
-        while outside.size:
-            out[outside] = _encrypt(out[outside], half[outside], keys, tweaks[outside])
+        while outside.size:  # cycle walking: each step lands inside with p > 1 - 1/sqrt(n)
+            out[outside] = _encrypt(out[outside], a[outside], c[outside], keys, salt[outside])
             outside = outside[out[outside] >= sizes[outside]]
     return out.astype(np.int64).reshape(shape)

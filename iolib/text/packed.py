@@ -138,7 +138,8 @@ class PackedTokens(SeededSource):
     columnar = True
 
     # Per-process state: a process worker reads again rather than receive it by pipe.
-    _RUNTIME = ("_lock", "_epochs", "_segments", "_flights", "_pool", "_io", "_plans", "_hint")
+    _RUNTIME = ("_lock", "_epochs", "_segments", "_flights", "_pool", "_io", "_plans", "_hint",
+                "_recent")  # fmt: skip
 
     def __init__(
         self,
@@ -187,6 +188,7 @@ class PackedTokens(SeededSource):
         self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
         self._hint = 0
+        self._recent: dict[tuple[int, int], np.ndarray] = {}
         reset_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -409,21 +411,35 @@ class PackedTokens(SeededSource):
                 self._io[1] += retries
                 self._flights.pop(key, None)
 
+    def _planned(self, epoch: int, k: int) -> np.ndarray:
+        """Windows of batch k of the plan (the few recent ones are kept: each costs an
+        order lookup, and read-ahead asks for the same batches several times)."""
+        key = (epoch, k)
+        found = self._recent.get(key)
+        if found is None:
+            found = np.asarray(self._plans[epoch][k], dtype=np.int64)
+            with self._lock:
+                self._recent[key] = found
+                while len(self._recent) > 4 * READAHEAD_BATCHES:
+                    del self._recent[next(iter(self._recent))]
+        return found
+
     def _read_ahead(self, windows: np.ndarray, epoch: int) -> None:
         """Start reading the row groups of the next batches of the plan, where the cache
-        has room; found by the batch's first window near the last one found."""
+        has room; this batch is found by its first window, next to the last one found."""
         batches = self._plans.get(epoch)
         if batches is None or not windows.size:
             return
-        total, first = len(batches), int(windows[0])
-        for k in range(max(0, self._hint - 2), min(total, self._hint + 64)):
-            if batches[k].size and int(batches[k][0]) == first:
-                self._hint = k
-                break
+        total, first, hint = len(batches), int(windows[0]), self._hint
+        for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
+            if 0 <= k < total and self._planned(epoch, k).size:
+                if int(self._planned(epoch, k)[0]) == first:
+                    self._hint = k
+                    break
         else:
             return
         for k in range(self._hint + 1, min(total, self._hint + 1 + READAHEAD_BATCHES)):
-            for position in self._groups_of(np.asarray(batches[k], np.int64), epoch):
+            for position in self._groups_of(self._planned(epoch, k), epoch):
                 if self._fetch(epoch, int(position), ahead=True) is None:
                     return
 

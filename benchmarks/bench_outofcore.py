@@ -1,0 +1,153 @@
+"""Packed windows from local disk on corpora larger than `cache_bytes`, against
+nanoGPT-style memmap random windows of the same tokens in the same process.
+
+For each corpus size (a multiple of the budget) a fresh process runs: the iolib loader
+(`PackedTokens`, shuffled, 2 thread workers) for `--batches` batches, then nanoGPT's
+`get_batch` (`np.stack` of `seq_len` slices at random offsets of a `.bin` memmap, as
+int64 tensors) for as many tokens. Reported: time to the first batch, steady tokens/s
+(median and min-max over `--repeats`), and peak RSS above the process's baseline (after
+imports), sampled every 10 ms.
+
+    python benchmarks/bench_outofcore.py --budget-mb 64 --scales 1 4 16
+
+Writes benchmarks/results/outofcore.md and .json.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+RUN = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    import numpy as np, psutil, torch
+    from iolib import DataLoader
+    from iolib.text import PackedTokens
+
+    url, flat, budget, batches, batch, seq = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+    me = psutil.Process()
+    peak = [0]
+    def watch():
+        while True:
+            peak[0] = max(peak[0], me.memory_info().rss)
+            time.sleep(0.01)
+    base = me.memory_info().rss
+    threading.Thread(target=watch, daemon=True).start()
+    start = time.perf_counter()
+    loader = DataLoader(PackedTokens(url, column="input_ids", seq_len=seq, eos_id=0,
+                                     cache_bytes=budget),
+                        batch_size=batch, shuffle=True, num_workers=2, seed=0)
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    iolib_rate = batches * batch * seq / (time.perf_counter() - start)
+    iolib_peak = peak[0] - base
+    loader.close()
+    data = np.memmap(flat, dtype=np.int32, mode="r")
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    for _ in range(batches):
+        ix = rng.integers(0, data.size - seq - 1, batch)
+        x = torch.from_numpy(np.stack([data[i : i + seq] for i in ix]).astype(np.int64))
+        y = torch.from_numpy(np.stack([data[i + 1 : i + 1 + seq] for i in ix]).astype(np.int64))
+    memmap_rate = batches * batch * seq / (time.perf_counter() - start)
+    print(json.dumps({"first_s": first, "iolib_tok_s": iolib_rate, "memmap_tok_s": memmap_rate,
+                      "iolib_peak_rss": iolib_peak}))
+    """
+)
+
+
+def _corpus(root: Path, tokens: int) -> tuple[str, Path]:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.token_corpus import write_corpus
+
+    return write_corpus(root / f"corpus-{tokens}", tokens, rows_per_group=2048, files=4)
+
+
+@click.command()
+@click.option("--budget-mb", default=64, show_default=True, help="cache_bytes, in MiB.")
+@click.option(
+    "--scales",
+    default="1,4,16",
+    show_default=True,
+    help="Corpus sizes, as multiples of the budget.",
+)
+@click.option("--batches", default=300, show_default=True, help="Batches timed per run.")
+@click.option("--batch-size", default=16, show_default=True)
+@click.option("--seq-len", default=2048, show_default=True)
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--work-dir", type=click.Path(path_type=Path), default=None,
+              help="Where corpora are written (default: a temporary directory).")  # fmt: skip
+def main(budget_mb, scales, batches, batch_size, seq_len, repeats, work_dir) -> None:
+    """Packed windows streamed from local disk vs memmap random windows."""
+    budget = budget_mb * 2**20
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = work_dir or Path(tmp)
+        for scale in tqdm([int(s) for s in scales.split(",")], desc="corpora"):
+            url, flat = _corpus(root, scale * budget // 4)  # int32 tokens: 4 bytes each
+            runs = []
+            for _ in tqdm(range(repeats), desc=f"{scale}x budget", leave=False):
+                args = [url, str(flat), str(budget), str(batches), str(batch_size), str(seq_len)]
+                out = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True,
+                                     text=True, check=True, cwd=ROOT)  # fmt: skip
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows.append({"scale": scale, "corpus_bytes": scale * budget, "runs": runs})
+    _write(rows, budget_mb, batches, batch_size, seq_len)
+
+
+def _span(values: list[float], scale: float, fmt: str) -> str:
+    mid, low, high = (
+        f"{v / scale:{fmt}}" for v in (statistics.median(values), min(values), max(values))
+    )
+    return f"{mid} ({low}-{high})"
+
+
+def _write(rows: list[dict], budget_mb: int, batches: int, batch: int, seq: int) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "outofcore.json").write_text(json.dumps(rows, indent=1))
+    lines = [
+        "# Packed windows larger than cache_bytes, from local disk",
+        "",
+        f"`python benchmarks/bench_outofcore.py --budget-mb {budget_mb}` — cache_bytes "
+        f"{budget_mb} MiB, shuffled, 2 thread workers, batch {batch} x seq_len {seq}, "
+        f"{batches} batches timed; memmap: nanoGPT's get_batch on the same tokens, same "
+        "process. Median (min-max) over repeats; RSS is the peak above the process's "
+        "baseline after imports.",
+        "",
+        "| corpus | first batch (s) | iolib M tokens/s | memmap M tokens/s | ratio "
+        "| peak RSS above baseline (MiB) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        runs = row["runs"]
+        ratio = [r["iolib_tok_s"] / r["memmap_tok_s"] for r in runs]
+        lines.append(
+            f"| {row['scale']}x budget ({row['corpus_bytes'] / 2**20:.0f} MiB) "
+            f"| {_span([r['first_s'] for r in runs], 1, '.2f')} "
+            f"| {_span([r['iolib_tok_s'] for r in runs], 1e6, '.1f')} "
+            f"| {_span([r['memmap_tok_s'] for r in runs], 1e6, '.1f')} "
+            f"| {_span(ratio, 1, '.2f')} "
+            f"| {_span([r['iolib_peak_rss'] for r in runs], 2**20, '.0f')} |"
+        )
+    (RESULTS / "outofcore.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
