@@ -140,6 +140,9 @@ class DataLoader(Generic[T_co]):
             iterable=is_iterable(dataset),
             datapipe=is_datapipe(dataset),
         )
+        # shuffle="global" spelled out keeps a full shuffle where shuffle=True would let a
+        # streaming source shuffle in windows (sampling.EpochPlan.windowed_ok).
+        self._full_shuffle = isinstance(shuffle, str) and shuffle == "global"
         self._build(dataset, options)
 
     def _build(self, dataset: Any, o: LoaderOptions) -> None:
@@ -193,6 +196,7 @@ class DataLoader(Generic[T_co]):
             self.rank,
             o.drop_last,
             RESERVE_BATCHES if skips(o.on_error, o.decode) else 0,
+            windowed_ok=not self.__dict__.get("_full_shuffle", False),
         )
         self.sampler = o.sampler if o.sampler is not None else PlanSampler(self._plan, self._cursor)
         if o.batch_sampler is not None:

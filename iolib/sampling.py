@@ -57,6 +57,9 @@ class EpochPlan:
     # Batches' worth of spare samples each task carries for on_error="skip" (0: none,
     # so the loader's per-batch work and what goes to a process worker stay as small).
     reserve_batches: int = 0
+    # shuffle=True lets a source that streams (more data than its cache) shuffle in
+    # windows; shuffle="global", spelled out, keeps a full shuffle whatever it costs.
+    windowed_ok: bool = True
 
     @property
     def num_samples(self) -> int:
@@ -64,7 +67,9 @@ class EpochPlan:
 
     def order(self, epoch: int) -> EpochOrder:
         """Epoch `epoch`'s order, computed per position (O(blocks) memory)."""
-        shuffle, window = self.source.order_mode(self.shuffle, self.window)
+        shuffle, window = self.shuffle, self.window
+        if self.windowed_ok:
+            shuffle, window = self.source.order_mode(shuffle, window)
         return EpochOrder(
             self.num_samples,
             seed=self.seed,

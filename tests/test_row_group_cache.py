@@ -68,7 +68,9 @@ def test_global_shuffle_below_the_dataset_rereads_only_what_does_not_fit(docs, c
     fit = 10  # of 16 row groups
     budget = fit * _group_bytes(docs)
     source = ParquetSource(docs, cache_bytes=budget)
-    loader = DataLoader(source, batch_size=64, shuffle=True, seed=0)
+    # "global" spelled out: a full shuffle even over more than the cache (shuffle=True
+    # would shuffle in windows of what the cache holds).
+    loader = DataLoader(source, batch_size=64, shuffle="global", seed=0)
     with caplog.at_level(logging.WARNING):
         batches = len(list(loader))
     stats = loader.stats()

@@ -220,3 +220,31 @@ def test_memory_stays_flat_as_the_corpus_grows_past_the_budget(tmp_path) -> None
         assert windows > 0
         peaks.append(grown_kib * 1024)
     assert peaks[1] - peaks[0] < 0.5 * (16 - 2) * budget, peaks
+
+
+def test_a_parquet_source_larger_than_its_cache_shuffles_in_windows(tmp_path, caplog) -> None:
+    """Padded reads: a global shuffle over more data than `cache_bytes` becomes a
+    windowed one (said once), reads each row group once an epoch, and still covers every
+    row once, the same for any workers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iolib.sources import ParquetSource
+
+    directory = tmp_path / "rows"
+    directory.mkdir()
+    table = pa.table({"id": np.arange(4000), "x": np.random.default_rng(0).random(4000)})
+    pq.write_table(table, directory / "a.parquet", row_group_size=100)
+
+    def make(**kw) -> DataLoader:
+        source = ParquetSource(str(directory), cache_bytes=8 * 1700)  # ~8 of 40 row groups
+        return DataLoader(source, batch_size=50, shuffle=True, seed=1, **kw)
+
+    with caplog.at_level(logging.INFO, logger="iolib.sources.parquet"):
+        loader = make(num_workers=2)
+        ids = np.concatenate([np.asarray(b["id"]) for b in loader])
+    assert sorted(ids.tolist()) == list(range(4000))
+    assert not np.array_equal(ids, np.arange(4000))
+    assert loader.stats()["row_group_rereads"] == 0
+    assert any("shuffled within windows" in r.getMessage() for r in caplog.records)
+    assert_same_batches_across_workers(make, ({"num_workers": 0}, {"num_workers": 2}))

@@ -411,6 +411,36 @@ class ParquetSource(Source):
             sizes = [int(size * self._decoded) for size in sizes]
         return sizes
 
+    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
+        """A global shuffle over more decoded data than a given `cache_bytes` would
+        re-read row groups for nearly every batch: it becomes a block shuffle over as many
+        row groups as the cache holds, said once in the log. The window then follows
+        `cache_bytes` (and is part of the fingerprint)."""
+        window_groups = self._cache_window() if shuffle == "global" else None
+        if window_groups is None:
+            return shuffle, window
+        if not self.__dict__.get("_windowed_said"):
+            self.__dict__["_windowed_said"] = True
+            log.info(
+                "%s: the data is larger than cache_bytes (%.0f MiB): shuffled within windows "
+                "of %d row groups, windows in a random order (raise cache_bytes to shuffle "
+                "more widely).",
+                self.describe(),
+                self.cache_bytes / 2**20,
+                window_groups,
+            )
+        return "block", window_groups
+
+    def _cache_window(self) -> int | None:
+        """Row groups a given `cache_bytes` holds, less two in flight; None when no
+        budget was given or the whole dataset fits in it."""
+        if not self._fixed_cache or not self.cache_bytes:
+            return None
+        sizes = self.estimated_bytes(measure=False)
+        if sum(sizes) <= self.cache_bytes or not sizes:
+            return None
+        return max(1, self.cache_bytes // max(max(sizes), 1) - 2)
+
     def fit_cache(self, row_groups: int) -> int:
         """Size the row-group cache to hold `row_groups` of the largest row groups of the
         projected columns, in decoded bytes (unless `cache_bytes` was given). Returns the
@@ -515,6 +545,9 @@ class ParquetSource(Source):
             chunks = ",".join(str(sorted(c.items())) for c in f.column_bytes)
             rows = ",".join(map(str, f.row_groups))
             digest.update(f"{f.path}|{rows}|{f.size}|{f.version}|{chunks}\n".encode())
+        window = self._cache_window()
+        if window is not None:  # a global shuffle runs in windows of this many row groups
+            digest.update(f"window {window}".encode())
         return digest.hexdigest()[:16]
 
     def describe(self) -> str:
