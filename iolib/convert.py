@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iolib._cli_common import storage_options_option
+from iolib._cli_common import Number, storage_options_option
 from iolib.errors import DataError
 from iolib.rng import order_rng
 from iolib.sources.files import SCHEMA, ImageFolderSource
@@ -121,7 +121,7 @@ def _is_inside(path: str, root: str) -> bool:
 @click.argument("dst")
 @click.option(
     "--rows-per-group",
-    type=click.IntRange(min=1),
+    type=Number(int, 1, 10_000_000),
     default=256,
     show_default=True,
     help="Images per Parquet row group: the unit of a read. Larger groups mean fewer "
@@ -129,7 +129,7 @@ def _is_inside(path: str, root: str) -> bool:
 )
 @click.option(
     "--rows-per-shard",
-    type=click.IntRange(min=1),
+    type=Number(int, 1, 1_000_000_000),
     default=8192,
     show_default=True,
     help="Images per Parquet file; keep files around 100 MB-1 GB for object stores. Row "
@@ -146,7 +146,7 @@ def _is_inside(path: str, root: str) -> bool:
 )
 @click.option(
     "--shuffle-seed",
-    type=click.IntRange(min=0),
+    type=Number(int, 0, 2**63 - 1),
     default=None,
     help="Write the images in an order shuffled by this seed (default: class, then file "
     "name). A shuffled layout makes shuffle='block' mix classes within a row group.",

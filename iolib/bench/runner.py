@@ -21,7 +21,7 @@ from typing import Any
 
 from iolib.bench import probes
 from iolib.bench.datasets import Collate, FileSampleDataset, ParquetRowDataset, TokenRangeDataset
-from iolib.bench.measure import measure
+from iolib.bench.measure import BenchTimeout, bounded, measure
 from iolib.bench.profiles import Storage, prepare_storage
 from iolib.bench.records import machine_description, versions
 from iolib.bench.workloads import Workload, inspect_dataset, make_images, make_tokens
@@ -182,6 +182,13 @@ def run_one(cfg: Config, prep: _Prepared, spec: BenchSpec, on_batch=None) -> dic
         lambda: loader, batch_size=cfg.batch_size, step_ms=cfg.step_ms, batches=spec.batches,
         max_seconds=spec.max_seconds, step_mode=spec.step_mode, on_batch=on_batch, stats=stats,
     )  # fmt: skip
+    if m.timed_out:
+        where = f"{cfg.loader} with {cfg.workers} worker(s) on {prep.storage.name}"
+        raise BenchTimeout(
+            f"{where} handed over no batch within --max-seconds {spec.max_seconds:g} (the "
+            f"loader waits on storage); it was left behind and the run stopped. Lower "
+            "--latency-ms or --jitter, or raise --max-seconds."
+        )
     depth, shuffle = effective(cfg)
     features = prep.features[cfg.loader]
     row = {
@@ -212,7 +219,9 @@ def run_bench(
     progress: Callable[[int], Any] | None = None,
     on_row: Callable[[dict], None] | None = None,
 ) -> tuple[list[dict[str, Any]], bool]:
-    """Run `spec`; returns (rows, interrupted). `progress(total)` returns a tqdm-like bar."""
+    """Run `spec`; returns (rows, interrupted). `progress(total)` returns a tqdm-like bar.
+    A wait past `spec.max_seconds` raises BenchTimeout, with the rows measured before it
+    as its `rows`."""
     rows: list[dict[str, Any]] = []
     run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
     meta = {"run_id": run_id, "machine": machine_description(), "versions": versions(),
@@ -249,6 +258,9 @@ def run_bench(
                         return rows, True
         except KeyboardInterrupt:
             return rows, True
+        except BenchTimeout as exc:
+            exc.rows = rows  # what was measured before the wait that ran out
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -270,7 +282,12 @@ def _prepared(spec: BenchSpec, base: str, s3_options: dict | None) -> Iterator[_
             if any(spec.caches):
                 cache_dir = os.path.join(base, f"cache-{uuid.uuid4().hex[:6]}")
             st = _storage_for(spec, profile, root, s3_options, cache_dir)
-            yield _Prepared(wl, st, _features(wl, st, spec))
+            features = bounded(
+                lambda wl=wl, st=st: _features(wl, st, spec),
+                spec.max_seconds,
+                f"Probing the {profile} storage (latency, bandwidth, decode cost)",
+            )
+            yield _Prepared(wl, st, features)
 
 
 def _storage_for(spec, profile, root, s3_options, cache_dir) -> Storage:
