@@ -96,7 +96,7 @@ def test_dataset_url_workload(tmp_path, capsys):
     code, _, err = run_cli(
         [*TINY, "--profile", "local", "--data", str(images), "-w", "images"], capsys
     )
-    assert code == 2 and "no a binary (image bytes) column" in err
+    assert code == 2 and "has no binary (image bytes) column" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
@@ -179,3 +179,44 @@ def test_plot_of_one_depth_is_bars_with_linear_axes(tmp_path):
     rows += [_row("torch", 450 + i, 0.5, i) for i in range(3)]
     (path,) = plot(rows, str(tmp_path))
     assert os.path.getsize(path) > 0
+
+
+@pytest.mark.parametrize("loader", ["iolib", "torch"])
+def test_data_whose_binary_column_is_not_images_names_file_column_and_row(tmp_path, capsys, loader):
+    """`bench --data` on a binary column of something else: one line naming the file, the
+    column and the row, before any loader runs (not Pillow's message about a BytesIO)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    blobs = [f"not an image {i}".encode() for i in range(64)]
+    pq.write_table(pa.table({"blob": blobs}), data / "a.parquet", row_group_size=16)
+    code, _, err = run_cli(
+        [*TINY, "--profile", "local", "--data", str(data), "-w", "images", "--loaders", loader],
+        capsys,
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Row 0 of " in err and f"{data}/a.parquet, column 'blob', is not an image" in err
+    assert "BytesIO" not in err and "Traceback" not in err
+    # Reads alone (--no-decode) measure such a column as it is.
+    code, _, err = run_cli(
+        [*TINY, "--profile", "local", "--data", str(data), "-w", "images", "--no-decode"], capsys
+    )
+    assert code == 0, err
+
+
+def test_a_bad_image_past_the_probe_names_the_column_and_value():
+    from iolib.bench.datasets import Collate
+    from iolib.errors import DataError
+
+    with pytest.raises(DataError, match=r"Value 1 of the batch in column 'image' is not an"):
+        Collate("image", decode=True, size=8)([{"image": _tiny_jpeg()}, {"image": b"text"}])
+
+
+def _tiny_jpeg() -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(out, format="JPEG")
+    return out.getvalue()

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from iolib.errors import DataError
 from iolib.storage import open_filesystem
 
 
@@ -150,9 +151,7 @@ class Collate:
         out: dict[str, Any] = {}
         if isinstance(values[0], (bytes, bytearray, memoryview)):
             if self.decode:
-                out[self.column] = torch.from_numpy(
-                    np.stack([decode_jpeg(v, self.size) for v in values])
-                )
+                out[self.column] = torch.from_numpy(np.stack(self._decode_all(values)))
             else:
                 out[self.column] = [bytes(v) for v in values]
         else:
@@ -160,6 +159,20 @@ class Collate:
         if "label" in rows[0]:
             out["label"] = torch.tensor([int(r["label"]) for r in rows])
         return out
+
+    def _decode_all(self, values: list[Any]) -> list[np.ndarray]:
+        images = []
+        for k, value in enumerate(values):
+            try:
+                images.append(decode_jpeg(value, self.size))
+            except Exception as exc:  # Pillow raises several types: say which value failed
+                head = bytes(value[:8]).hex(" ")
+                raise DataError(
+                    f"Value {k} of the batch in column {self.column!r} is not an image Pillow "
+                    f"can decode ({type(exc).__name__}; first bytes: {head}). Use --no-decode, "
+                    "or a column of encoded images."
+                ) from None
+        return images
 
 
 def batch_nbytes(batch: Any) -> int:

@@ -104,6 +104,9 @@ def _features(wl: Workload, st: Storage, spec: BenchSpec) -> dict[str, dict[str,
     first = f"{st.raw_root}/{wl.parquet[0]}"
     storage = probes.probe_storage(first, st.raw_options)
     values = probes.first_samples(first, st.raw_options, wl.column)
+    if wl.kind == "images" and spec.decode:
+        # The file as the user named it: without the throttle's "throttled::" prefix.
+        probes.check_images(values, wl.column, first.split("::")[-1])
     decode_ms = probes.probe_decode(values, wl.kind, spec.decode)
     parquet_bytes = _total_size(st.raw_root, st.raw_options, wl.parquet) / wl.num_samples
     if wl.samples:
