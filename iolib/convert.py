@@ -117,8 +117,9 @@ def _write_atomically(fs: Any, directory: str, name: str, write: Any) -> None:
 
 
 def _check_image(value: bytes) -> None:
-    """Raise BadImage unless `value` decodes: its header first (cheap), then a decode, at
-    1/8 scale where the format allows (JPEG: about a tenth of a full decode's CPU)."""
+    """Raise BadImage unless `value` decodes: its header first (cheap), then a decode at
+    1/8 scale where the format allows (a 500x500 JPEG: 0.8 ms of CPU against 1.1 ms for a
+    full decode; entropy decoding, which finds truncation, cannot be skipped)."""
     probe(value, DEFAULT_MAX_IMAGE_PIXELS)
     try:
         with Image.open(io.BytesIO(value)) as img:
