@@ -1,9 +1,12 @@
-"""Small helpers shared by every `iolib` command: one way to pass storage options."""
+"""Small helpers shared by every `iolib` command: one way to pass storage options, one
+way to read numbers (finite, in range, checked before any work)."""
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -96,3 +99,120 @@ def storage_options_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 # The decorator under its earlier name (convert and inspect used it).
 STORAGE_OPTION = storage_options_option
+
+
+# -- numbers ---------------------------------------------------------------------------------
+# Every numeric option of every command goes through `Number` or `NumberList`: NaN,
+# infinity and values outside the option's range are refused while the command line is
+# parsed, before any data is made or read (tests/test_cli_numbers.py checks every option).
+
+
+class Number(click.ParamType):
+    """A finite int or float in [low, high] (`low_open`, `high_open`: that end excluded).
+
+    Example: ``type=Number(float, 0, 60_000, unit="ms")`` refuses ``nan``, ``inf``,
+    ``-1`` and ``1e12`` with the option's name, the rule and the value found.
+    """
+
+    def __init__(
+        self,
+        kind: type = float,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+        high_open: bool = False,
+        unit: str = "",
+    ) -> None:
+        self.kind, self.low, self.high, self.unit = kind, low, high, unit
+        self.low_open, self.high_open = low_open, high_open
+        self.name = "integer" if kind is int else "number"
+
+    def rule(self) -> str:
+        """The accepted range in words, e.g. 'a number > 0 and <= 60000 (ms)'."""
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self._show(self.low)}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self._show(self.high)}")
+        unit = f" ({self.unit})" if self.unit else ""
+        kind = "an integer" if self.kind is int else "a finite number"
+        return f"{kind} {' and '.join(parts)}{unit}".rstrip()
+
+    def _show(self, bound: float) -> str:
+        return str(int(bound)) if self.kind is int else f"{bound:g}"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, bool):
+            self.fail(f"{value!r} is not {self.rule()}.", param, ctx)
+        try:
+            number = self.kind(value) if self.kind is float else _integer(value)
+        except (TypeError, ValueError, OverflowError):
+            self.fail(f"{value!r} is not {self.rule()}.", param, ctx)
+        if self.kind is float and not math.isfinite(number):
+            self.fail(f"{value!r} is not {self.rule()}.", param, ctx)
+        below = self.low is not None and (
+            number <= self.low if self.low_open else number < self.low
+        )
+        above = self.high is not None and (
+            number >= self.high if self.high_open else number > self.high
+        )
+        if below or above:
+            self.fail(f"must be {self.rule()}. Found: {value!r}.", param, ctx)
+        return number
+
+    def __repr__(self) -> str:
+        return f"Number({self.rule()})"
+
+
+def _integer(value: Any) -> int:
+    """An int from an int or its decimal text ('8', ' 8 '); '8.5', '1e3' and 'nan' are not."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if not text.lstrip("+-").isdigit():
+        raise ValueError(text)
+    return int(text)
+
+
+class NumberList(click.ParamType):
+    """A comma-separated list of `Number`s (a grid of values to compare: ``1,2,4``)."""
+
+    def __init__(self, item: Number) -> None:
+        self.item = item
+        self.name = f"{item.name}[,{item.name}]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        items = [v.strip() for v in str(value).split(",") if v.strip()]
+        if not items:
+            self.fail("give at least one value, e.g. 1,2,4.", param, ctx)
+        out = []
+        for item in items:
+            try:
+                out.append(self.item.convert(item, param, ctx))
+            except click.BadParameter as exc:
+                self.fail(f"{exc.message} (in the comma-separated list {value!r})", param, ctx)
+        return tuple(out)
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: '2GiB', '512MB', '1.5 GB' or a plain positive number of bytes."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from iolib.tuning import parse_bytes
+
+        text = str(value).strip()
+        try:
+            number = float(re.sub(r"[a-zA-Z\s]+$", "", text))
+            size = parse_bytes(text) if math.isfinite(number) else None
+        except (ValueError, OverflowError):
+            size = None
+        if not size:
+            self.fail(
+                f"must be a positive size like 2GiB, 512MB or 1.5GB. Found: {value!r}.", param, ctx
+            )
+        return size

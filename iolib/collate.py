@@ -10,6 +10,8 @@ jagged one) as its `ListFormat` says (docs/tokens.md). Row sources go through to
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -45,6 +47,9 @@ class ListFormat:
       kernels (``cu_seqlens``) and embedding bags take.
 
     A null row counts as an empty one (length 0). A null item inside a row is an error.
+    `pad_id` must be finite and fit the column's type (an integer in range for integer
+    columns): a pad that would change on the way in (0.5 -> 0, NaN -> -2**31) is refused.
+    A column named like a key a list column adds (``x_mask`` beside ``x``) is refused.
 
     Example::
 
@@ -63,8 +68,45 @@ class ListFormat:
         multiple = self.pad_to_multiple
         if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
             raise ConfigError(f"`pad_to_multiple` must be an integer >= 1. Found: {multiple!r}.")
-        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, float)):
-            raise ConfigError(f"`pad_id` must be a number. Found: {self.pad_id!r}.")
+        pad = self.pad_id
+        if isinstance(pad, bool) or not isinstance(pad, numbers.Real):
+            raise ConfigError(
+                f"`pad_id` must be a number (a token id, e.g. tokenizer.pad_token_id). "
+                f"Found: {pad!r}."
+            )
+        if not isinstance(pad, numbers.Integral) and not math.isfinite(pad):
+            raise ConfigError(
+                f"`pad_id` must be a finite number: NaN or infinity cannot pad an integer "
+                f"column, and the mask already marks padding. Found: {pad!r}."
+            )
+        # numpy scalars (a tokenizer's id) become Python numbers: the format travels as JSON.
+        object.__setattr__(
+            self, "pad_id", int(pad) if isinstance(pad, numbers.Integral) else float(pad)
+        )
+        if not isinstance(self.mask, bool):
+            raise ConfigError(f"`mask` must be True or False. Found: {self.mask!r}.")
+
+    def check_column(self, name: str, kind: pa.DataType) -> None:
+        """Refuse a `pad_id` that list column `name` of type `kind` cannot hold (0.5 or
+        2**40 in an int32 column, -1 in a uint16 one), naming the column and its range."""
+        if self.layout != "padded" or not is_numeric_list(kind):
+            return
+        dtype = np.dtype(kind.value_type.to_pandas_dtype())
+        pad = self.pad_id
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            if (isinstance(pad, int) or pad.is_integer()) and info.min <= pad <= info.max:
+                return
+            rule = f"an integer in {info.min}..{info.max}"
+        else:
+            if abs(pad) <= float(np.finfo(dtype).max):
+                return
+            rule = f"a number within +-{float(np.finfo(dtype).max):g}"
+        raise ConfigError(
+            f"`pad_id` cannot pad list column {name!r} of {kind.value_type}: it must be "
+            f"{rule}. Found: {pad!r}. Pick a token id the model ignores (e.g. "
+            "tokenizer.pad_token_id) in ListFormat(pad_id=...)."
+        )
 
     def tag(self, table: pa.Table) -> pa.Table:
         """`table` carrying this format in its schema metadata (no copy of the data)."""
@@ -93,6 +135,23 @@ def list_companions(name: str) -> tuple[str, ...]:
     return (f"{name}_mask", f"{name}_lengths", f"{name}_offsets")
 
 
+def check_companions(schema: pa.Schema) -> None:
+    """Refuse a column named like a key a list column brings (``x_mask``, ``x_lengths``,
+    ``x_offsets`` for list column ``x``): one would silently replace the other."""
+    names = set(schema.names)
+    for field in schema:
+        if not is_numeric_list(field.type):
+            continue
+        taken = [key for key in list_companions(field.name) if key in names]
+        if taken:
+            raise DataError(
+                f"Column {taken[0]!r} has the name of a key iolib adds for list column "
+                f"{field.name!r} ({', '.join(list_companions(field.name))}), and one would "
+                f"replace the other in the batch. Rename {taken[0]!r} when writing the data, "
+                "or leave it out of the source's `columns`."
+            )
+
+
 def _list_values(name: str, column: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     """(values, lengths) of a list column: null rows are empty; no Python per item."""
     array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
@@ -111,6 +170,7 @@ def _list_values(name: str, column: pa.ChunkedArray) -> tuple[pa.Array, np.ndarr
 
 def _collate_list(name: str, column: pa.ChunkedArray, fmt: ListFormat) -> dict[str, Any]:
     """The tensors of one variable-length numeric list column (see ListFormat)."""
+    fmt.check_column(name, column.type)
     values, lengths = _list_values(name, column)
     out: dict[str, Any] = {}
     if fmt.layout != "padded":
@@ -160,6 +220,7 @@ def collate_table(table: pa.Table) -> dict[str, Any]:
     ``_lengths``/``_mask``/``_offsets`` keys), or list (anything else)."""
     batch: dict[str, Any] = {}
     fmt: ListFormat | None = None
+    check_companions(table.schema)
     for name in table.column_names:
         column = table.column(name)
         if is_numeric_list(column.type):

@@ -12,6 +12,8 @@ no file or directory name found under SRC can make it write outside DST.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import posixpath
 from collections.abc import Iterator
@@ -21,8 +23,10 @@ import click
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image
 
-from iolib._cli_common import storage_options_option
+from iolib._cli_common import Number, storage_options_option
+from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS, BadImage, probe
 from iolib.errors import DataError
 from iolib.rng import order_rng
 from iolib.sources.files import SCHEMA, ImageFolderSource
@@ -112,6 +116,32 @@ def _write_atomically(fs: Any, directory: str, name: str, write: Any) -> None:
         raise
 
 
+def _check_image(value: bytes) -> None:
+    """Raise BadImage unless `value` decodes: its header first (cheap), then a decode at
+    1/8 scale where the format allows (a 500x500 JPEG: 0.8 ms of CPU against 1.1 ms for a
+    full decode; entropy decoding, which finds truncation, cannot be skipped)."""
+    probe(value, DEFAULT_MAX_IMAGE_PIXELS)
+    try:
+        with Image.open(io.BytesIO(value)) as img:
+            img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
+            img.load()
+    except Exception as exc:  # Pillow raises several types for broken image data
+        raise BadImage(f"its image data is broken ({type(exc).__name__}: {exc})") from None
+
+
+@contextlib.contextmanager
+def _removed_on_failure(fs: Any, written: list[str]) -> Iterator[None]:
+    """Remove this run's shards if it fails (a bad image): DST is left as it was found,
+    never half a dataset that a loader would read as whole."""
+    try:
+        yield
+    except BaseException:
+        for path in written:
+            if fs.exists(path):
+                fs.rm(path)
+        raise
+
+
 def _is_inside(path: str, root: str) -> bool:
     return path.rstrip("/") == root.rstrip("/") or path.startswith(root.rstrip("/") + "/")
 
@@ -121,7 +151,7 @@ def _is_inside(path: str, root: str) -> bool:
 @click.argument("dst")
 @click.option(
     "--rows-per-group",
-    type=click.IntRange(min=1),
+    type=Number(int, 1, 10_000_000),
     default=256,
     show_default=True,
     help="Images per Parquet row group: the unit of a read. Larger groups mean fewer "
@@ -129,7 +159,7 @@ def _is_inside(path: str, root: str) -> bool:
 )
 @click.option(
     "--rows-per-shard",
-    type=click.IntRange(min=1),
+    type=Number(int, 1, 1_000_000_000),
     default=8192,
     show_default=True,
     help="Images per Parquet file; keep files around 100 MB-1 GB for object stores. Row "
@@ -146,7 +176,7 @@ def _is_inside(path: str, root: str) -> bool:
 )
 @click.option(
     "--shuffle-seed",
-    type=click.IntRange(min=0),
+    type=Number(int, 0, 2**63 - 1),
     default=None,
     help="Write the images in an order shuffled by this seed (default: class, then file "
     "name). A shuffled layout makes shuffle='block' mix classes within a row group.",
@@ -195,7 +225,11 @@ def convert(
     )
     sizes = list(shard_plan(total, rows_per_group, rows_per_shard))
     done = 0
-    with tqdm(total=total, unit="img", desc="convert", disable=None) as bar:
+    written: list[str] = []
+    with (
+        _removed_on_failure(dst_fs, written),
+        tqdm(total=total, unit="img", desc="convert", disable=None) as bar,
+    ):
         for number, groups in enumerate(sizes):
 
             def write(handle: Any, groups: list[int] = groups, first: int = done) -> None:
@@ -213,6 +247,7 @@ def convert(
                         bar.update(rows)
 
             _write_atomically(dst_fs, dst_root, SHARD_NAME.format(number), write)
+            written.append(posixpath.join(dst_root, SHARD_NAME.format(number)))
             done += sum(groups)
 
     classes = json.dumps(source.classes, indent=1).encode()
@@ -230,7 +265,18 @@ def convert(
 
 
 def _read_group(source: ImageFolderSource, indices: np.ndarray, root: str) -> pa.Table:
-    """One row group's rows, read in one batched request, with safe relative paths."""
+    """One row group's rows, read in one batched request, with safe relative paths; every
+    value checked to decode (a text file named a.jpg, or a truncated JPEG, never reaches
+    the shards)."""
     table = source.read(indices)
     paths = [relative_path(p, root) for p in table.column("path").to_pylist()]
+    for value, path in zip(table.column("image").to_pylist(), paths, strict=True):
+        try:
+            _check_image(value)
+        except BadImage as exc:
+            raise DataError(
+                f"{posixpath.join(root, path)} is not an image a loader can decode: {exc}. "
+                "Remove it from SRC (or replace it), then run convert again; no shard of "
+                "this run was kept."
+            ) from None
     return table.set_column(2, "path", pa.array(paths, pa.string()))

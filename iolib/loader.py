@@ -186,6 +186,9 @@ class DataLoader(Generic[T_co]):
         self.source = as_source(
             dataset, seed=o.seed, seed_globals=private, restore_globals=o.num_workers == 0
         ).with_seed(o.seed)  # a source whose samples depend on the seed (packed windows)
+        check = getattr(self.source, "check_loader", None)
+        if check is not None:  # a source whose samples are batches refuses batching them
+            check(o)
         self._plan = EpochPlan(
             self.source,
             o.seed,

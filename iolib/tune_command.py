@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from iolib._cli_common import storage_options_option
+from iolib._cli_common import ByteSize, Number, storage_options_option
 from iolib.errors import ConfigError
 
 DEFAULT_OBSERVATIONS = Path(__file__).parent.parent / "predictors" / "data" / "sweep"
@@ -135,29 +135,46 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
     return paths
 
 
+def _model_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse a model path the writer would refuse, before any training."""
+    if value is not None and Path(value).suffix != ".npz":
+        raise click.BadParameter(
+            f"a model file must end in .npz (arrays only: the tuner never loads a pickle). "
+            f"Found: {Path(value).name!r}. Rename it, e.g. {Path(value).stem}.npz.",
+            ctx=ctx,
+            param=param,
+        )
+    return value
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("data", required=False)
 @click.option(
     "--step-ms",
-    type=click.FloatRange(0, min_open=True),
+    type=Number(float, 0, 60_000, low_open=True, unit="ms"),
     default=50.0,
     show_default=True,
     help="Your training step per batch (GPU time), in ms.",
 )
 @click.option(
     "--target",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=Number(float, 0, 1, low_open=True, high_open=True),
     default=0.9,
     show_default=True,
     help="Utilization to reach: step/(step+stall).",
 )
 @click.option(
     "--memory-budget",
+    type=ByteSize(),
     default=None,
     help="Most memory for batches in flight or ready, e.g. 2GiB or 512MB. Default: no bound.",
 )
 @click.option(
-    "--batch-size", type=click.IntRange(1), default=64, show_default=True, help="Samples per batch."
+    "--batch-size",
+    type=Number(int, 1, 1_000_000),
+    default=64,
+    show_default=True,
+    help="Samples per batch.",
 )
 @click.option(
     "--shuffle",
@@ -168,7 +185,7 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
 )
 @click.option(
     "--max-workers",
-    type=click.IntRange(1),
+    type=Number(int, 1, 256),
     default=8,
     show_default=True,
     help="The most workers the tuner may use.",
@@ -181,21 +198,21 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
 )
 @click.option(
     "--image-size",
-    type=click.IntRange(1),
+    type=Number(int, 1, 4096, unit="pixels"),
     default=224,
     show_default=True,
     help="Side in pixels images are cropped and resized to when decoded.",
 )
 @click.option(
     "--batches",
-    type=click.IntRange(10),
+    type=Number(int, 10, 1_000_000),
     default=80,
     show_default=True,
     help="Batches the tuner measures and decides over (across epochs if need be).",
 )
 @click.option(
     "--verify-batches",
-    type=click.IntRange(5),
+    type=Number(int, 5, 1_000_000),
     default=40,
     show_default=True,
     help="Batches per verification run (across epochs if need be).",
@@ -224,6 +241,7 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
     "--model-out",
     type=click.Path(dir_okay=False),
     default=None,
+    callback=_model_path,
     help="With --retrain: where to write the model (.npz); default: the user data directory.",
 )
 @click.argument("more", nargs=-1)

@@ -96,7 +96,7 @@ def test_dataset_url_workload(tmp_path, capsys):
     code, _, err = run_cli(
         [*TINY, "--profile", "local", "--data", str(images), "-w", "images"], capsys
     )
-    assert code == 2 and "no a binary (image bytes) column" in err
+    assert code == 2 and "has no binary (image bytes) column" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
@@ -179,3 +179,86 @@ def test_plot_of_one_depth_is_bars_with_linear_axes(tmp_path):
     rows += [_row("torch", 450 + i, 0.5, i) for i in range(3)]
     (path,) = plot(rows, str(tmp_path))
     assert os.path.getsize(path) > 0
+
+
+@pytest.mark.parametrize("loader", ["iolib", "torch"])
+def test_data_whose_binary_column_is_not_images_names_file_column_and_row(tmp_path, capsys, loader):
+    """`bench --data` on a binary column of something else: one line naming the file, the
+    column and the row, before any loader runs (not Pillow's message about a BytesIO)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    blobs = [f"not an image {i}".encode() for i in range(64)]
+    pq.write_table(pa.table({"blob": blobs}), data / "a.parquet", row_group_size=16)
+    code, _, err = run_cli(
+        [*TINY, "--profile", "local", "--data", str(data), "-w", "images", "--loaders", loader],
+        capsys,
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Row 0 of " in err and f"{data}/a.parquet, column 'blob', is not an image" in err
+    assert "BytesIO" not in err and "Traceback" not in err
+    # Reads alone (--no-decode) measure such a column as it is.
+    code, _, err = run_cli(
+        [*TINY, "--profile", "local", "--data", str(data), "-w", "images", "--no-decode"], capsys
+    )
+    assert code == 0, err
+
+
+def test_a_bad_image_past_the_probe_names_the_column_and_value():
+    from iolib.bench.datasets import Collate
+    from iolib.errors import DataError
+
+    with pytest.raises(DataError, match=r"Value 1 of the batch in column 'image' is not an"):
+        Collate("image", decode=True, size=8)([{"image": _tiny_jpeg()}, {"image": b"text"}])
+
+
+def _tiny_jpeg() -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("reads, rows_per_read", [("row-groups", 16), ("samples", 1)])
+def test_the_torch_baseline_is_named_and_reads_what_it_says(tmp_path, capsys, reads, rows_per_read):
+    """By default torch reads the same Parquet shards a row group at a time (what a user
+    would otherwise run), and the verdict names that baseline before any ratio."""
+    args = [*TINY, "--profile", "object-store", "--workload", "images", "--image-size", "32",
+            "--out", str(tmp_path), "--torch-reads", reads]  # fmt: skip
+    if reads == "row-groups":
+        args = args[:-2]  # the default
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    df = read_observations(str(tmp_path / "observations.parquet"))
+    assert df.set_index("loader").loc["torch", "rows_per_read"] == rows_per_read
+    verdict = " ".join(out[out.index("Verdict:") :].split())
+    named = {"row-groups": "reads whole Parquet row groups and keeps the last one",
+             "samples": "makes one request per sample"}[reads]  # fmt: skip
+    assert verdict.startswith(
+        f"Verdict: Baseline: torch's DataLoader over a map-style Dataset that {named}"
+    )
+    assert verdict.index("Baseline") < verdict.index("iolib delivered")
+
+
+def test_both_loaders_read_the_same_samples_in_order(tmp_path):
+    """The row-group baseline and iolib hand over the same images and labels (no shuffle)."""
+    import torch
+
+    from iolib.bench.profiles import prepare_storage
+    from iolib.bench.runner import BenchSpec, Config, make_loader
+    from iolib.bench.workloads import make_images
+
+    wl = make_images(str(tmp_path / "d"), 48, size=16, rows_per_group=16, seed=2)
+    st = prepare_storage("local", str(tmp_path / "d"), overrides={})
+    spec = BenchSpec(image_size=16, seed=2)
+    batches = {}
+    for loader in ("iolib", "torch"):
+        cfg = Config(loader, workers=0, depth=1, shuffle="none", batch_size=8, step_ms=0,
+                     cache=False)  # fmt: skip
+        batches[loader] = list(make_loader(cfg, wl, st, spec))
+    assert len(batches["torch"]) == len(batches["iolib"]) == 6
+    for a, b in zip(batches["iolib"], batches["torch"], strict=True):
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])

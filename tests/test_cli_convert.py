@@ -243,3 +243,28 @@ def test_outputs_and_options_are_checked_before_any_work(image_folder, tmp_path,
     assert code == 2 and len(err.strip().split("\n")) == 1, err
     assert "Traceback" not in err, err
     assert "iolib bench:" not in err and "tuning" not in err, "no work before the check"
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (b"just some text, named like a JPEG\n", "not a recognized image format"),
+        (b"", "empty"),
+        ("truncated", "truncated"),
+    ],
+)
+def test_convert_refuses_a_file_that_is_not_an_image_naming_it(
+    image_folder: Path, tmp_path: Path, capsys, bad, why
+) -> None:
+    """A text file named a.jpg (or an empty or cut-off JPEG) stops convert with its path,
+    and no shard of the run is left in DST."""
+    data = _jpeg(99)[: len(_jpeg(99)) // 2] if bad == "truncated" else bad
+    (image_folder / "dog" / "a.jpg").write_bytes(data)
+    dst = tmp_path / "out"
+    code, _, err = run(capsys, "convert", str(image_folder), str(dst), "--rows-per-shard", "4")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{image_folder}/dog/a.jpg is not an image" in err and why in err.lower()
+    assert not dst.exists() or not [p for p in dst.iterdir() if p.suffix == ".parquet"]
+    (image_folder / "dog" / "a.jpg").unlink()  # the fix the message names works
+    code, _, err = run(capsys, "convert", str(image_folder), str(dst))
+    assert code == 0, err

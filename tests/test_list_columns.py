@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from iolib import DataLoader
 from iolib.collate import ListFormat, collate_table
@@ -114,3 +117,92 @@ def test_stages_get_a_list_column_with_its_mask_and_lengths(tmp_path) -> None:
     assert [sorted(m) for m in first] == [["tokens", "tokens_lengths", "tokens_mask"]] * 2
     for key in ("tokens", "tokens_mask", "tokens_lengths"):
         assert torch.equal(torch.cat([m[key] for m in first]), whole[key])
+
+
+_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16()]
+_TYPES += [pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64()]
+
+
+def _fits(pad: float, kind: pa.DataType) -> bool:
+    """Whether `pad` is a value of `kind` (what the check must accept, and only that)."""
+    dtype = np.dtype(kind.to_pandas_dtype())
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return float(pad).is_integer() and info.min <= pad <= info.max
+    return abs(pad) <= float(np.finfo(dtype).max)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(_TYPES),
+    pad=st.one_of(
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.sampled_from([0.5, -1, 255, 256, 2**31, 2**63, -(2**63) - 1, 65504.0, 70000.0]),
+    ),
+)
+def test_a_pad_id_either_pads_exactly_or_is_refused_naming_the_column(kind, pad) -> None:
+    """No pad changes on its way into the tensor: NaN, 0.5 in an int column, values out of
+    the column's range are refused (naming the column and its range), never cast."""
+    if isinstance(pad, float) and not np.isfinite(pad):
+        with pytest.raises(ConfigError, match=r"`pad_id` must be a finite number"):
+            ListFormat(pad_id=pad)
+        return
+    fmt = ListFormat(pad_id=pad)
+    table = fmt.tag(pa.table({"ids": pa.array([[1], [1, 2, 3]], pa.list_(kind))}))
+    if not _fits(pad, kind):
+        with pytest.raises(ConfigError, match=rf"list column 'ids' of {kind}.*Found: "):
+            collate_table(table)
+        return
+    padded = collate_table(table)["ids"].numpy()
+    assert padded[0, 1:].tolist() == np.full(2, pad, dtype=padded.dtype).tolist()
+    if padded.dtype.kind in "iu":
+        assert padded[0, 1] == pad  # exactly the id asked for
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pad_id_the_column_cannot_hold_fails_before_any_batch(tmp_path, workers) -> None:
+    url = write_documents(tmp_path / "d", LENGTHS[:20])
+    for pad in (0.5, 2**40, -(2**31) - 1):
+        loader = DataLoader(ParquetSource(url, lists=ListFormat(pad_id=pad)), batch_size=4,
+                            num_workers=workers)  # fmt: skip
+        with pytest.raises(ConfigError, match=r"'tokens' of int32: it must be an integer in"):
+            next(iter(loader))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"mask": "no"}, {"mask": 1}, {"pad_id": None}, {"pad_id": True}, {"pad_id": [0]}],
+)
+def test_list_format_refuses_mask_and_pad_id_of_the_wrong_kind(bad) -> None:
+    with pytest.raises(ConfigError, match=rf"`{next(iter(bad))}` must be"):
+        ListFormat(**bad)
+
+
+def test_a_numpy_pad_id_is_taken_as_its_number(tmp_path) -> None:
+    fmt = ListFormat(pad_id=np.int64(7))
+    assert fmt.pad_id == 7 and type(fmt.pad_id) is int  # travels in the schema as JSON
+    table = fmt.tag(pa.table({"ids": pa.array([[1], [1, 2]], pa.list_(pa.int32()))}))
+    assert ListFormat.of(table) == fmt
+
+
+@pytest.mark.parametrize("suffix", ["mask", "lengths", "offsets"])
+@pytest.mark.parametrize("layout", ["padded", "jagged", "offsets"])
+@pytest.mark.parametrize("first", [True, False])
+def test_a_user_column_named_like_a_list_key_is_refused_with_its_name(
+    tmp_path, suffix, layout, first
+) -> None:
+    """`tokens_mask` beside `tokens` would replace (or be replaced by) the computed key,
+    whichever column comes first: refused, naming the column to rename."""
+    tokens = pa.array([[1, 2], [3]], pa.list_(pa.int32()))
+    user = pa.array([9, 9], pa.int64())
+    columns = {"tokens": tokens, f"tokens_{suffix}": user}
+    if not first:
+        columns = dict(reversed(columns.items()))
+    pq.write_table(pa.table(columns), tmp_path / "c.parquet")
+    source = ParquetSource(str(tmp_path / "c.parquet"), lists=ListFormat(layout=layout))
+    with pytest.raises(DataError, match=rf"Rename 'tokens_{suffix}'"):
+        next(iter(DataLoader(source, batch_size=2)))
+    # Leaving the column out reads the list as before.
+    kept = ParquetSource(str(tmp_path / "c.parquet"), ["tokens"], lists=ListFormat(layout=layout))
+    assert next(iter(DataLoader(kept, batch_size=2)))["tokens_lengths"].tolist() == [2, 1]

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import BatchSampler, SequentialSampler
 
 from iolib import DataLoader
-from iolib.errors import DataError
+from iolib.errors import ConfigError, DataError
 from iolib.testing import (
     assert_checkpoint_roundtrip,
     assert_same_batches_across_workers,
     epoch_batches,
 )
 from iolib.text import TokenBudgetBatches
-from iolib.text.budget import budget_cuts
+from iolib.text.budget import batch_count, budget_cuts
 from tests.token_data import doc_lengths, write_documents
 
 LENGTHS = doc_lengths(90, low=1, high=60)
@@ -67,6 +70,60 @@ def test_cuts_split_at_token_quantiles() -> None:
     assert budget_cuts(np.array([4, 4, 4, 4]), 2).tolist() == [0, 2, 4]
     cuts = budget_cuts(np.array([50, 1, 1, 1]), 3)  # a long row: no batch left empty
     assert cuts.tolist() == [0, 1, 2, 4] and (np.diff(cuts) > 0).all()
+    # A row longer than a quantile step once left two cuts equal (an empty batch).
+    lengths = np.array([1, 3, 1, 1])
+    assert budget_cuts(lengths, batch_count(lengths, 5)).tolist() == [0, 2, 3, 4]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.integers(1, 4096).flatmap(
+        lambda budget: st.tuples(
+            st.just(budget), st.lists(st.integers(0, budget), min_size=1, max_size=300)
+        )
+    )
+)
+def test_cuts_strictly_increase_and_keep_every_batch_within_budget(case) -> None:
+    """Any lengths in any order, any budget: every batch holds >= 1 row and <= max_tokens."""
+    budget, lengths = case
+    lengths = np.array(lengths, dtype=np.int64)
+    batches = batch_count(lengths, budget)
+    cuts = budget_cuts(lengths, batches)
+    assert cuts[0] == 0 and cuts[-1] == lengths.size and cuts.size == batches + 1
+    assert (np.diff(cuts) >= 1).all(), cuts
+    sums = np.add.reduceat(lengths, cuts[:-1])
+    assert (sums <= budget).all(), (sums, budget)
+
+
+def test_no_epoch_yields_an_empty_batch_on_log_normal_rows(tmp_path) -> None:
+    """Log-normal lengths (as real fine-tuning data): every batch of every epoch has rows."""
+    lengths = np.clip(np.random.default_rng(5).lognormal(4, 1.2, 600).astype(int), 1, 900)
+    url = write_documents(tmp_path / "r", lengths, row_group_size=64)
+    source = TokenBudgetBatches(url, column="tokens", max_tokens=1024)
+    loader = DataLoader(source, batch_size=1, shuffle=True, seed=1)
+    for epoch in range(4):
+        batches = epoch_batches(loader, epoch)
+        sizes = [len(b["id"]) for b in batches]
+        assert min(sizes) >= 1, f"epoch {epoch}: an empty batch"
+        assert sum(sizes) == lengths.size
+        assert all(int(b["tokens_lengths"].sum()) <= 1024 for b in batches)
+
+
+@pytest.mark.parametrize(
+    ("options", "found"),
+    [
+        ({"batch_size": 2}, "batch_size=2"),
+        ({"batch_size": 8, "drop_last": True}, "batch_size=8"),
+        ({"batch_size": None}, "batch_size=None"),
+        ({"batch_sampler": BatchSampler(SequentialSampler(range(4)), 2, False)}, "batch_sampler"),
+    ],
+)
+def test_the_loader_refuses_to_group_budget_batches(rows, options, found) -> None:
+    """Grouping budget batches breaks the budget: refused when the loader is built."""
+    source = TokenBudgetBatches(rows, column="tokens", max_tokens=BUDGET)
+    with pytest.raises(ConfigError, match=rf"`batch_size` must be 1.*Found: .*{found}"):
+        DataLoader(source, **options)
+    assert len(DataLoader(source, batch_size=1)) == len(source)  # the documented use stays
 
 
 def test_a_row_over_budget_is_an_error_naming_its_file(tmp_path) -> None:

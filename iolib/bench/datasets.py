@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from iolib.errors import DataError
 from iolib.storage import open_filesystem
 
 
@@ -71,12 +72,17 @@ class TokenRangeDataset(_Lazy):
 
 class ParquetRowDataset(_Lazy):
     """A per-sample Parquet reader as torch users write it: find the row group of
-    sample i, read it (keeping the last one), return the row."""
+    sample i, read it (keeping the last one), return the row. What a user runs without
+    iolib on Parquet shards, and the benchmark's torch baseline (`--torch-reads
+    row-groups`): one request per row group read, not per sample, while the order visits
+    a row group's rows together (shuffle none); a global shuffle re-reads a row group for
+    almost every sample, as it would for that user."""
 
-    def __init__(self, root, storage_options, files, column) -> None:
+    def __init__(self, root, storage_options, files, column, labels: bool = False) -> None:
         super().__init__(root, storage_options)
         self.files = list(files)
         self.column = column
+        self.columns = [column, "label"] if labels else [column]
         self._index: list[tuple[int, int, int]] | None = None  # (start, file, group)
         self._last: tuple[tuple[int, int], Any] | None = None
 
@@ -112,10 +118,12 @@ class ParquetRowDataset(_Lazy):
             # pre_buffer=False as in ParquetSource: pyarrow's IO threads must not hold
             # the Python file (an abort at interpreter exit), and it is no slower.
             with fs.open(f"{base}/{self.files[k]}", "rb") as f:
-                table = pq.ParquetFile(f, pre_buffer=False).read_row_group(g, columns=[self.column])
-            self._last = ((k, g), table.column(0))
-        value = self._last[1][i - start].as_py()
-        return {self.column: np.asarray(value, np.int32) if isinstance(value, list) else value}
+                table = pq.ParquetFile(f, pre_buffer=False).read_row_group(g, columns=self.columns)
+            self._last = ((k, g), table)
+        row = {name: self._last[1].column(name)[i - start].as_py() for name in self.columns}
+        value = row[self.column]
+        row[self.column] = np.asarray(value, np.int32) if isinstance(value, list) else value
+        return row
 
 
 def decode_jpeg(data: bytes, size: int | None = None) -> np.ndarray:
@@ -150,9 +158,7 @@ class Collate:
         out: dict[str, Any] = {}
         if isinstance(values[0], (bytes, bytearray, memoryview)):
             if self.decode:
-                out[self.column] = torch.from_numpy(
-                    np.stack([decode_jpeg(v, self.size) for v in values])
-                )
+                out[self.column] = torch.from_numpy(np.stack(self._decode_all(values)))
             else:
                 out[self.column] = [bytes(v) for v in values]
         else:
@@ -160,6 +166,20 @@ class Collate:
         if "label" in rows[0]:
             out["label"] = torch.tensor([int(r["label"]) for r in rows])
         return out
+
+    def _decode_all(self, values: list[Any]) -> list[np.ndarray]:
+        images = []
+        for k, value in enumerate(values):
+            try:
+                images.append(decode_jpeg(value, self.size))
+            except Exception as exc:  # Pillow raises several types: say which value failed
+                head = bytes(value[:8]).hex(" ")
+                raise DataError(
+                    f"Value {k} of the batch in column {self.column!r} is not an image Pillow "
+                    f"can decode ({type(exc).__name__}; first bytes: {head}). Use --no-decode, "
+                    "or a column of encoded images."
+                ) from None
+        return images
 
 
 def batch_nbytes(batch: Any) -> int:

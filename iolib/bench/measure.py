@@ -4,6 +4,11 @@ A simulated training step: after each batch the consumer sleeps (or spins) `step
 Stall is the time spent waiting inside `next()`. The first batch is reported apart
 (`first_batch_s`, it includes worker start-up); every other outcome covers batches
 2..n, so start-up does not blur the steady state.
+
+Every wait is bounded by the run's time limit: the loop runs on a helper thread, and a
+loader that hands over no batch for `max_seconds` (a request stuck in storage, which no
+signal interrupts) is left behind with `timed_out=True`; `bounded` does the same for any
+other wait (the storage probes).
 """
 
 from __future__ import annotations
@@ -12,12 +17,44 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psutil
 
 from iolib.bench.datasets import batch_nbytes
+from iolib.errors import IolibError
+
+T = TypeVar("T")
+
+
+class BenchTimeout(IolibError):
+    """A wait of the benchmark passed the run's time limit (--max-seconds)."""
+
+
+def bounded(fn: Callable[[], T], limit_s: float, what: str) -> T:
+    """`fn()`, or BenchTimeout once `limit_s` has passed: it runs on a daemon thread,
+    left behind if stuck (a storage request cannot be interrupted, only abandoned)."""
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # handed to the caller
+            box.append((False, exc))
+
+    thread = threading.Thread(target=run, name="bench-bounded", daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if not box:
+        raise BenchTimeout(
+            f"{what} took longer than the run's limit, --max-seconds {limit_s:g}: the "
+            "storage answers too slowly. Lower --latency-ms or --jitter, or raise --max-seconds."
+        )
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
 
 
 class ResourceMonitor:
@@ -93,6 +130,7 @@ class Measurement:
     first_batch_s: float = float("nan")
     elapsed_s: float = 0.0  # from the first batch's hand-over to the end
     interrupted: bool = False
+    timed_out: bool = False  # no batch within max_seconds: the loader was left behind
     peak_rss_bytes: int = 0
     cpu_percent: float = 0.0
     loader_stats: dict[str, Any] = field(default_factory=dict)
@@ -138,47 +176,104 @@ def measure(
     """Run the consumer loop over up to `batches` batches (or `max_seconds` after the first).
 
     Ctrl-C ends the loop early: the result has `interrupted=True` and what was measured.
+    A loader that hands over no batch for `max_seconds` (after start or after the last
+    batch's step) is abandoned: `timed_out=True`, and the run took about `max_seconds`.
     """
     m = Measurement(batch_size=batch_size, step_ms=step_ms)
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            _consume(m, make_iterable, batches, max_seconds, step_mode, on_batch, stats, stop)
+        except BaseException as exc:  # a loader's error: raised again by the caller's thread
+            failed.append(exc)
+
     with ResourceMonitor() as monitor:
         t_start = time.perf_counter()
-        iterator = iter(make_iterable())
-        t_first = None
+        consumer = threading.Thread(target=consume, name="bench-consumer", daemon=True)
+        consumer.start()
         try:
-            for k in range(batches):
-                t0 = time.perf_counter()
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    break
-                t1 = time.perf_counter()
-                if k == 0:
-                    t_first = t1
-                    m.first_batch_s = t1 - t_start
-                m.stalls.append(t1 - t0)
-                m.batch_bytes.append(batch_nbytes(batch))
-                del batch
-                if on_batch is not None:
-                    on_batch()
-                simulate_step(step_ms, step_mode)
-                if t_first is not None and time.perf_counter() - t_first > max_seconds:
-                    break
+            _watch(consumer, m, t_start, max_seconds)
         except KeyboardInterrupt:
             m.interrupted = True
-        t_end = time.perf_counter()
-        # The step after the last batch is not part of the measured span: the consumer
-        # was not waiting for anything.
-        m.elapsed_s = (t_end - t_first - step_ms / 1000.0) if t_first is not None else 0.0
+            stop.set()  # the consumer ends after the batch it waits for
+            consumer.join(max_seconds if max_seconds < float("inf") else None)
+        if m.timed_out:
+            stop.set()
         monitor.sample()
-        if stats is not None:
-            try:
-                m.loader_stats = dict(stats())
-            except Exception:  # a loader without stats, or one that failed mid-run
-                m.loader_stats = {}
-        shutdown = getattr(iterator, "_shutdown_workers", None) or getattr(iterator, "close", None)
-        if shutdown is not None:
-            shutdown()
-        del iterator
+    if failed and not m.timed_out:
+        raise failed[0]
     m.peak_rss_bytes = monitor.peak_rss
     m.cpu_percent = 100.0 * monitor.cpu_seconds() / max(monitor.wall_s, 1e-9)
     return m
+
+
+def _watch(consumer: threading.Thread, m: Measurement, t_start: float, limit: float) -> None:
+    """Wait for the consumer; mark `m` timed out when no batch came for `limit` seconds
+    (a batch's step is the consumer's own time, not a wait)."""
+    step_s = m.step_ms / 1000.0
+    seen, since = 0, t_start
+    while consumer.is_alive():
+        consumer.join(min(0.05, limit))
+        now = time.perf_counter()
+        if len(m.stalls) != seen:
+            seen, since = len(m.stalls), now
+        elif now - since > limit + (step_s if seen else 0.0):
+            m.timed_out = True
+            return
+
+
+def _consume(
+    m: Measurement,
+    make_iterable: Callable[[], Iterable],
+    batches: int,
+    max_seconds: float,
+    step_mode: str,
+    on_batch: Callable[[], None] | None,
+    stats: Callable[[], dict] | None,
+    stop: threading.Event,
+) -> None:
+    """The training loop (on the consumer thread): batches into `m`, then shutdown."""
+    step_ms = m.step_ms
+    t_start = time.perf_counter()
+    iterator = iter(make_iterable())
+    t_first = None
+    try:
+        for k in range(batches):
+            if stop.is_set():
+                break
+            t0 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            if k == 0:
+                t_first = t1
+                m.first_batch_s = t1 - t_start
+            m.stalls.append(t1 - t0)
+            m.batch_bytes.append(batch_nbytes(batch))
+            del batch
+            if on_batch is not None:
+                on_batch()
+            simulate_step(step_ms, step_mode)
+            if t_first is not None and time.perf_counter() - t_first > max_seconds:
+                break
+    except KeyboardInterrupt:
+        m.interrupted = True
+    t_end = time.perf_counter()
+    # The step after the last batch is not part of the measured span: the consumer
+    # was not waiting for anything.
+    m.elapsed_s = (t_end - t_first - step_ms / 1000.0) if t_first is not None else 0.0
+    if stop.is_set() and m.timed_out:
+        return  # left behind: nobody reads its statistics
+    if stats is not None:
+        try:
+            m.loader_stats = dict(stats())
+        except Exception:  # a loader without stats, or one that failed mid-run
+            m.loader_stats = {}
+    shutdown = getattr(iterator, "_shutdown_workers", None) or getattr(iterator, "close", None)
+    if shutdown is not None:
+        shutdown()
+    del iterator

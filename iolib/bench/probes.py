@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from iolib.bench.datasets import decode_jpeg
+from iolib.errors import DataError
 from iolib.storage import open_filesystem
 
 
@@ -45,6 +46,22 @@ def probe_storage(
         "storage_latency_ms": latency * 1000.0,
         "storage_bandwidth_mbps": nbytes / max(transfer, 1e-9) / 1e6,
     }
+
+
+def check_images(samples: list[Any], column: str, where: str) -> None:
+    """Refuse a column whose first values are not encoded images (a binary column of
+    something else), naming the file, the column and the sample, before any loader runs."""
+    from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS, BadImage, probe
+
+    for row, value in enumerate(samples):
+        try:
+            probe(value, DEFAULT_MAX_IMAGE_PIXELS)
+        except BadImage as exc:
+            raise DataError(
+                f"Row {row} of {where}, column {column!r}, is not an image: {exc}. The images "
+                "workload decodes that column (JPEG, PNG, ...): pick --workload tokens, "
+                "--no-decode (reads only), or a dataset of encoded images."
+            ) from None
 
 
 def probe_decode(samples: list[Any], kind: str, decode: bool) -> float:

@@ -89,10 +89,11 @@ def _num(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def verdict(rows: list[dict[str, Any]]) -> str:
+def verdict(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
     """A paragraph a first-time reader can act on: per workload and storage, iolib's
     throughput against torch's with the spread over repeats, what a GPU step would see,
-    and a warning where the spread makes the ratio unreliable."""
+    and a warning where the spread makes the ratio unreliable. `baseline` says what
+    torch's Dataset read (runner.TORCH_READS), so no ratio stands without its baseline."""
     sentences = []
 
     def key(r: dict[str, Any]) -> tuple:
@@ -138,6 +139,11 @@ def verdict(rows: list[dict[str, Any]]) -> str:
         sentences.append(text)
     if not sentences:
         return ""
+    if baseline:
+        sentences.insert(
+            0, f"Baseline: torch's DataLoader over {baseline}; shard-streaming loaders "
+            "(MosaicML streaming, litdata, WebDataset) are not measured here."
+        )  # fmt: skip
     return "Verdict: " + " ".join(sentences)
 
 

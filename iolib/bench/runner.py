@@ -21,7 +21,7 @@ from typing import Any
 
 from iolib.bench import probes
 from iolib.bench.datasets import Collate, FileSampleDataset, ParquetRowDataset, TokenRangeDataset
-from iolib.bench.measure import measure
+from iolib.bench.measure import BenchTimeout, bounded, measure
 from iolib.bench.profiles import Storage, prepare_storage
 from iolib.bench.records import machine_description, versions
 from iolib.bench.workloads import Workload, inspect_dataset, make_images, make_tokens
@@ -29,6 +29,13 @@ from iolib.redact import redact_text, secrets_in
 
 LOADERS = ("iolib", "torch")
 SHUFFLES = ("none", "block", "global")
+# What torch's Dataset reads (`--torch-reads`), and the words the verdict names it with.
+TORCH_READS = {
+    "row-groups": "a map-style Dataset that reads whole Parquet row groups and keeps the last "
+    "one (what a user would otherwise write for these shards)",
+    "samples": "a map-style Dataset that makes one request per sample (one JPEG file per "
+    "image, one byte range of a flat token file per sequence)",
+}
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class BenchSpec:
     data_dir: str | None = None
     command: str = ""
     sweep_minutes: float | None = None  # time-bounded; the grid runs in a seeded random order
+    torch_reads: str = "row-groups"  # a key of TORCH_READS; --data always reads row groups
 
     def __post_init__(self) -> None:
         # The command line lands in observations, run.json and reports: never a credential
@@ -104,19 +112,28 @@ def _features(wl: Workload, st: Storage, spec: BenchSpec) -> dict[str, dict[str,
     first = f"{st.raw_root}/{wl.parquet[0]}"
     storage = probes.probe_storage(first, st.raw_options)
     values = probes.first_samples(first, st.raw_options, wl.column)
+    if wl.kind == "images" and spec.decode:
+        # The file as the user named it: without the throttle's "throttled::" prefix.
+        probes.check_images(values, wl.column, first.split("::")[-1])
     decode_ms = probes.probe_decode(values, wl.kind, spec.decode)
     parquet_bytes = _total_size(st.raw_root, st.raw_options, wl.parquet) / wl.num_samples
-    if wl.samples:
+    torch_rows = 1
+    if _torch_reads(wl, spec) == "row-groups":
+        torch_bytes, torch_rows = parquet_bytes, wl.rows_per_group
+    elif wl.samples:
         torch_bytes = sum(len(v) for v in values) / max(len(values), 1)
-    elif wl.token_file:
-        torch_bytes = wl.seq_len * 4
     else:
-        torch_bytes = parquet_bytes
+        torch_bytes = wl.seq_len * 4
     common = {**storage, "decode_ms_per_sample": decode_ms, "cpu_count": os.cpu_count() or 1}
     return {
         "iolib": {**common, "bytes_per_sample": parquet_bytes, "rows_per_read": wl.rows_per_group},
-        "torch": {**common, "bytes_per_sample": torch_bytes, "rows_per_read": 1},
+        "torch": {**common, "bytes_per_sample": torch_bytes, "rows_per_read": torch_rows},
     }
+
+
+def _torch_reads(wl: Workload, spec: BenchSpec) -> str:
+    """What torch's Dataset reads: per-sample objects exist for synthetic data only."""
+    return spec.torch_reads if wl.synthetic else "row-groups"
 
 
 def _total_size(root: str, options: dict | None, rel: tuple[str, ...]) -> int:
@@ -147,12 +164,12 @@ def make_loader(cfg: Config, wl: Workload, st: Storage, spec: BenchSpec) -> Any:
         )  # fmt: skip
     import torch
 
-    if wl.samples:
-        ds: Any = FileSampleDataset(root, options, wl.samples, wl.labels)
-    elif wl.token_file:
-        ds = TokenRangeDataset(root, options, wl.token_file, wl.seq_len, wl.num_samples)
+    if _torch_reads(wl, spec) == "row-groups":
+        ds: Any = ParquetRowDataset(root, options, wl.parquet, wl.column, bool(wl.labels))
+    elif wl.samples:
+        ds = FileSampleDataset(root, options, wl.samples, wl.labels)
     else:
-        ds = ParquetRowDataset(root, options, wl.parquet, wl.column)
+        ds = TokenRangeDataset(root, options, wl.token_file, wl.seq_len, wl.num_samples)
     workers = cfg.workers
     return torch.utils.data.DataLoader(
         ds, batch_size=cfg.batch_size, shuffle=cfg.shuffle != "none",
@@ -182,6 +199,13 @@ def run_one(cfg: Config, prep: _Prepared, spec: BenchSpec, on_batch=None) -> dic
         lambda: loader, batch_size=cfg.batch_size, step_ms=cfg.step_ms, batches=spec.batches,
         max_seconds=spec.max_seconds, step_mode=spec.step_mode, on_batch=on_batch, stats=stats,
     )  # fmt: skip
+    if m.timed_out:
+        where = f"{cfg.loader} with {cfg.workers} worker(s) on {prep.storage.name}"
+        raise BenchTimeout(
+            f"{where} handed over no batch within --max-seconds {spec.max_seconds:g} (the "
+            f"loader waits on storage); it was left behind and the run stopped. Lower "
+            "--latency-ms or --jitter, or raise --max-seconds."
+        )
     depth, shuffle = effective(cfg)
     features = prep.features[cfg.loader]
     row = {
@@ -212,7 +236,9 @@ def run_bench(
     progress: Callable[[int], Any] | None = None,
     on_row: Callable[[dict], None] | None = None,
 ) -> tuple[list[dict[str, Any]], bool]:
-    """Run `spec`; returns (rows, interrupted). `progress(total)` returns a tqdm-like bar."""
+    """Run `spec`; returns (rows, interrupted). `progress(total)` returns a tqdm-like bar.
+    A wait past `spec.max_seconds` raises BenchTimeout, with the rows measured before it
+    as its `rows`."""
     rows: list[dict[str, Any]] = []
     run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
     meta = {"run_id": run_id, "machine": machine_description(), "versions": versions(),
@@ -249,6 +275,9 @@ def run_bench(
                         return rows, True
         except KeyboardInterrupt:
             return rows, True
+        except BenchTimeout as exc:
+            exc.rows = rows  # what was measured before the wait that ran out
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -270,7 +299,12 @@ def _prepared(spec: BenchSpec, base: str, s3_options: dict | None) -> Iterator[_
             if any(spec.caches):
                 cache_dir = os.path.join(base, f"cache-{uuid.uuid4().hex[:6]}")
             st = _storage_for(spec, profile, root, s3_options, cache_dir)
-            yield _Prepared(wl, st, _features(wl, st, spec))
+            features = bounded(
+                lambda wl=wl, st=st: _features(wl, st, spec),
+                spec.max_seconds,
+                f"Probing the {profile} storage (latency, bandwidth, decode cost)",
+            )
+            yield _Prepared(wl, st, features)
 
 
 def _storage_for(spec, profile, root, s3_options, cache_dir) -> Storage:

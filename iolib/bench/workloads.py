@@ -177,7 +177,7 @@ def inspect_dataset(
             column = cols[0]
             break
     else:
-        want = "a binary (image bytes)" if kind == "images" else "an integer list (tokens)"
+        want = "binary (image bytes)" if kind == "images" else "integer list (tokens)"
         raise ConfigError(
             f"Dataset {url!r} has no {want if kind else 'image or token'} column "
             f"(columns: {', '.join(schema.names)}). Fix: choose --workload "

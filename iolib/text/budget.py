@@ -52,15 +52,28 @@ def row_lengths(source: ParquetSource, column: str) -> np.ndarray:
 
 def budget_cuts(lengths: np.ndarray, batches: int) -> np.ndarray:
     """`batches + 1` cut positions splitting rows (in order) at equal token quantiles,
-    every batch non-empty. Example: lengths [4, 4, 4, 4], 2 batches -> [0, 2, 4]."""
+    strictly increasing (every batch holds a row; `batches` <= rows). Example: lengths
+    [4, 4, 4, 4], 2 batches -> [0, 2, 4]; [1, 3, 1, 1], 3 batches -> [0, 2, 3, 4]."""
     cum = np.concatenate([[0], np.cumsum(lengths)])
     targets = np.arange(batches + 1) * (cum[-1] / batches)
     cuts = np.searchsorted(cum, targets, side="left")
     cuts[-1] = lengths.size
-    # A row longer than a quantile step leaves two cuts equal: move them apart.
-    cuts = np.maximum(cuts, np.arange(batches + 1))
-    cuts = np.minimum(cuts, lengths.size - np.arange(batches, -1, -1))
-    return cuts
+    # A row longer than a quantile step leaves two cuts equal: push each cut at least one
+    # row past the one before (a running maximum of cut - k), then pull the last ones back
+    # so that every later batch keeps a row. Both passes keep a step of >= 1 row, and a
+    # moved cut only shortens a batch or leaves it one row long: the budget still holds.
+    step = np.arange(batches + 1)
+    cuts = np.maximum.accumulate(cuts - step) + step
+    return np.minimum(cuts, lengths.size - batches + step)
+
+
+def batch_count(lengths: np.ndarray, max_tokens: int) -> int:
+    """Budget batches an epoch of rows with `lengths` makes: ceil(total / (max_tokens -
+    longest)), at most one per row (the same every epoch: it ignores the order)."""
+    if lengths.size == 0:
+        return 0
+    room = max(max_tokens - int(lengths.max()), 1)
+    return min(lengths.size, max(1, math.ceil(int(lengths.sum()) / room)))
 
 
 class TokenBudgetBatches(SeededSource):
@@ -79,7 +92,8 @@ class TokenBudgetBatches(SeededSource):
         loader = DataLoader(batches, batch_size=1, shuffle=True, seed=0)  # 1 = one batch
         for batch in loader:   # input_ids [rows, longest], input_ids_mask, ...
 
-    `batch_size` must be 1 (each sample already is a batch). Every row appears once per
+    `batch_size` must be 1 (each sample already is a batch; the loader refuses any other
+    value, None and a batch_sampler). Every row appears once per
     epoch; batches differ per epoch; every rank gets the same number of batches (the
     plan's rule: the last step is padded with the epoch's first batches, or dropped with
     drop_last). A row longer than `max_tokens` is an error naming its file.
@@ -131,11 +145,24 @@ class TokenBudgetBatches(SeededSource):
         return self._lengths
 
     def __len__(self) -> int:
-        lengths = self.lengths
-        if lengths.size == 0:
-            return 0
-        room = max(self.max_tokens - int(lengths.max()), 1)
-        return min(lengths.size, max(1, math.ceil(int(lengths.sum()) / room)))
+        return batch_count(self.lengths, self.max_tokens)
+
+    def check_loader(self, options: Any) -> None:
+        """Refuse loader options that group budget batches (each sample already is one):
+        `batch_size=4` would put 4 budget batches, up to 4 x max_tokens, in one step."""
+        if options.batch_size == 1:
+            return
+        found = (
+            "a batch_sampler"
+            if options.batch_sampler is not None
+            else f"batch_size={options.batch_size!r}"
+        )
+        raise ConfigError(
+            "`batch_size` must be 1 with TokenBudgetBatches: each sample already is a batch "
+            f"of at most max_tokens={self.max_tokens} tokens, and grouping them would break "
+            f"that budget. Found: {found}. Use DataLoader(batches, batch_size=1), and raise "
+            "max_tokens for larger batches."
+        )
 
     def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows in batch order, cut positions) for `epoch`."""
