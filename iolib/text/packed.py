@@ -432,10 +432,10 @@ class PackedTokens(SeededSource):
             return
         total, first, hint = len(batches), int(windows[0]), self._hint
         for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
-            if 0 <= k < total and self._planned(epoch, k).size:
-                if int(self._planned(epoch, k)[0]) == first:
-                    self._hint = k
-                    break
+            planned = self._planned(epoch, k) if 0 <= k < total else None
+            if planned is not None and planned.size and int(planned[0]) == first:
+                self._hint = k
+                break
         else:
             return
         for k in range(self._hint + 1, min(total, self._hint + 1 + READAHEAD_BATCHES)):
