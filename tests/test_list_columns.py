@@ -206,3 +206,19 @@ def test_a_user_column_named_like_a_list_key_is_refused_with_its_name(
     # Leaving the column out reads the list as before.
     kept = ParquetSource(str(tmp_path / "c.parquet"), ["tokens"], lists=ListFormat(layout=layout))
     assert next(iter(DataLoader(kept, batch_size=2)))["tokens_lengths"].tolist() == [2, 1]
+
+
+def test_a_pad_id_the_column_cannot_hold_is_refused_before_any_batch(tmp_path) -> None:
+    """At the first look at the files (len()), not in a worker's first batch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iolib.collate import ListFormat
+    from iolib.errors import ConfigError
+    from iolib.sources import ParquetSource
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], [3]], pa.list_(pa.int16()))}), path)
+    source = ParquetSource(str(path), lists=ListFormat(pad_id=2**20))
+    with pytest.raises(ConfigError, match="ids"):
+        len(source)

@@ -374,10 +374,15 @@ class ParquetSource(Source):
 
     def _check_columns(self) -> None:
         """A requested column no file has is a mistake in `columns`; one that only some
-        files lack is schema drift (see `drifted_files`)."""
+        files lack is schema drift (see `drifted_files`). A `pad_id` the list columns
+        cannot hold is refused here, before any batch."""
+        files = self._files or []
+        if self.lists is not None and files:
+            for field in files[0].schema:
+                if self.columns is None or field.name in self.columns:
+                    self.lists.check_column(field.name, field.type)
         if self.columns is None:
             return
-        files = self._files or []
         present = {name for meta in files for name in meta.schema.names}
         missing = [c for c in self.columns if c not in present]
         if missing and files:
