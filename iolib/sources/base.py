@@ -48,6 +48,10 @@ class Source(ABC):
         """Contiguous blocks (row groups) in sample order, for block shuffling; () if none."""
         return ()
 
+    def close(self) -> None:
+        """Let go of threads and caches now (a later read starts them again)."""
+        return None
+
     def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
         """The shuffle mode and window the loader's plan runs over this source: the
         loader's own, unless the source streams (packed windows of a large corpus)."""

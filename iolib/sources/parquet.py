@@ -204,6 +204,17 @@ class ParquetSource(Source):
         if self._dense is not None:
             self._dense.after_fork()
 
+    def close(self) -> None:
+        """Stop the read-ahead thread and drop the decoded row groups now; the
+        description stays, and a later read starts again."""
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+            self._cache = PlannedCache(self.cache_bytes, lambda t: t.nbytes)
+            self._dense, self._ahead_sent = None, set()
+        if ahead is not None:
+            ahead.shutdown(wait=False, cancel_futures=True)
+        pa.default_memory_pool().release_unused()
+
     def __getstate__(self) -> dict[str, Any]:
         keep = ("urls", "columns", "storage_options", "cache_bytes", "_fixed_cache", "_files")
         keep += ("_dense_wanted",)

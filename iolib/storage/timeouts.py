@@ -59,6 +59,9 @@ class _Helper:
                 with _BUSY_LOCK:
                     _BUSY.discard(self)
             done.set()
+            # An idle helper must not keep the last call alive: its closure holds the
+            # caller's source, whose caches would outlive the loader that dropped it.
+            del fn, box, done
 
     def alive(self) -> bool:
         return self.pid == os.getpid() and not self.retired and self.thread.is_alive()

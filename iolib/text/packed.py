@@ -203,6 +203,7 @@ class PackedTokens(SeededSource):
             pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             self._segments.clear()
+        self.parquet.close()
 
     # -- metadata ------------------------------------------------------------------------
     @property
