@@ -20,7 +20,10 @@ from iolib.errors import DataError
 from iolib.fetcher import BatchTask
 from iolib.plan import EpochOrder, RankSchedule
 
-RESERVE_BATCHES = 4  # batches' worth of spare samples a task carries under skip
+# Batches' worth of spare samples a task carries under skip: the next batch's, then
+# batches spread over the epoch, so a run of bad data shorter than 7/8 of the epoch
+# (a long bad row group in a sequential read) still leaves good spares.
+RESERVE_BATCHES = 8
 
 
 @dataclass
@@ -118,12 +121,17 @@ class EpochTasks:
         return BatchTask(k, self.order[positions], self.epoch, self._reserve(positions))
 
     def _reserve(self, positions: np.ndarray) -> np.ndarray | None:
-        """The samples after this batch in the epoch's order (wrapping): a pure function
-        of the plan, so a refilled batch is the same on every run."""
+        """Spare samples, a batch's worth at a time: the batch after this one, then
+        batches an eighth of the epoch apart (wrapping), a pure function of the plan, so
+        a refilled batch is the same on every run and a long run of bad samples right
+        after this batch does not take every spare with it."""
         if not self.reserve_batches:
             return None
-        after = int(positions[-1]) + 1 + np.arange(self.reserve_batches * len(positions))
-        return self.order[after % len(self.order)]
+        total, size = len(self.order), len(positions)
+        after = int(positions[-1]) + 1
+        starts = after + (np.arange(self.reserve_batches) * total) // self.reserve_batches
+        spare = (starts[:, None] + np.arange(size)[None, :]).reshape(-1) % total
+        return self.order[spare]
 
     def position_after(self, delivered: int) -> int:
         return self.schedule.position_after(delivered)

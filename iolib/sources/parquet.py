@@ -422,8 +422,7 @@ class ParquetSource(Source):
                 sizes.append(total)
         if not exact and sizes and (measure or self._decoded is not None):
             if self._decoded is None:  # measure once: the table read is cached for use
-                table = self.row_group(0)
-                self._decoded = max(1.0, table.nbytes / max(sizes[0], 1))
+                self._decoded = self._measured_ratio(sizes)
             sizes = [int(size * self._decoded) for size in sizes]
         return sizes
 
@@ -456,6 +455,20 @@ class ParquetSource(Source):
         if sum(sizes) <= self.cache_bytes or not sizes:
             return None
         return max(1, self.cache_bytes // max(max(sizes), 1) - 2)
+
+    def _measured_ratio(self, sizes: list[int]) -> float:
+        """Arrow bytes over the footer's estimate, from the first of a few row groups that
+        reads: planning must not fail on a bad row group that on_error="skip" would
+        leave out (the batch that needs it reports or skips it). 1.0 if none reads."""
+        for group in range(min(4, len(sizes))):
+            try:
+                table = self.row_group(group)
+            except DataError as exc:
+                log.info("%s: sizing the cache without row group %d: %s", self.describe(),
+                         group, exc)  # fmt: skip
+                continue
+            return max(1.0, table.nbytes / max(sizes[group], 1))
+        return 1.0
 
     def fit_cache(self, row_groups: int) -> int:
         """Size the row-group cache to hold `row_groups` of the largest row groups of the
