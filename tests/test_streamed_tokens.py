@@ -248,3 +248,13 @@ def test_a_parquet_source_larger_than_its_cache_shuffles_in_windows(tmp_path, ca
     assert loader.stats()["row_group_rereads"] == 0
     assert any("shuffled within windows" in r.getMessage() for r in caplog.records)
     assert_same_batches_across_workers(make, ({"num_workers": 0}, {"num_workers": 2}))
+
+
+def test_a_bad_row_group_says_what_to_do_instead_of_skip(tmp_path) -> None:
+    """Item 13 of issue 33: packed windows cannot skip a row group; the error says so and
+    names the file and row group."""
+    from iolib.errors import DataError
+
+    bad = write_documents(tmp_path / "b", LENGTHS[:40] + 1, null_items=True, row_group_size=ROWS)
+    with pytest.raises(DataError, match=r"part-1\.parquet.*row group.*cannot leave a row group"):
+        len(_packed(bad))

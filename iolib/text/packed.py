@@ -397,7 +397,7 @@ class PackedTokens(SeededSource):
     def _load(self, key: tuple[int, int]) -> Segment:
         epoch, group = key
         try:
-            table = self.parquet.fetch_row_group(group)
+            table = tokenindex.unskippable(lambda: self.parquet.fetch_row_group(group))
             first_row = int(self.parquet.row_starts()[group])
             order = _generator(self.seed, epoch, group) if self.shuffle_documents else None
             segment = Segment.build(table.column(self.column), first_row, self.eos_id, order)

@@ -14,17 +14,21 @@ from __future__ import annotations
 import io
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow.compute as pc
 
+from iolib.errors import DataError
 from iolib.sources.parquet import ParquetSource
 from iolib.storage import open_filesystem
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 INDEX_VERSION = 1
 INDEX_THREADS = 8  # row groups read at once when building: requests in flight fill a link
 
@@ -81,6 +85,22 @@ class TokenIndex:
             return cls(str(z["fingerprint"]), str(z["column"]), z["tokens"], z["documents"])
 
 
+NO_SKIP = (
+    " PackedTokens cannot leave a row group out (on_error='skip' does not apply: the "
+    "stream's layout counts every row group's tokens): rewrite the file, or leave it "
+    "out of the URLs."
+)
+
+
+def unskippable(read: Callable[[], T]) -> T:
+    """Run a row-group read; a data error says what to do instead of skipping."""
+    try:
+        return read()
+    except DataError as exc:
+        message = str(exc).replace(", or pass on_error='skip' to leave its rows out (counted)", "")
+        raise DataError(message.rstrip() + NO_SKIP) from exc
+
+
 def _fingerprint(source: ParquetSource, column: str) -> str:
     return f"{source.fingerprint()}-{column}"
 
@@ -91,7 +111,7 @@ def compute(source: ParquetSource, column: str) -> TokenIndex:
     groups = len(source.blocks())
 
     def count(group: int) -> tuple[int, int]:
-        array = source.fetch_row_group(group).column(column)
+        array = unskippable(lambda: source.fetch_row_group(group)).column(column)
         lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
         return int(lengths.sum()), int(np.count_nonzero(lengths))
 
