@@ -243,3 +243,67 @@ def batches_per_epoch(
 ) -> int:
     """Batches each rank gets in a full epoch (what ``len(loader)`` returns)."""
     return len(RankSchedule(num_samples, 0, batch_size, world_size, 0, drop_last))
+
+
+class LaneOrder:
+    """Samples dealt to `lanes` lanes, a granule (one rank's batch) at a time, each lane a
+    contiguous 1/lanes of the samples with its own order (`lane_orders`).
+
+    Why: at world size == lanes, each global step takes one granule of every lane, and
+    rank r's slice is a granule of lane r: rank r reads only lane r's share of a
+    streamed corpus (about 1/world of its bytes), where one shared order would make
+    every rank read every row group. The order depends on `lanes`, not on the world size,
+    so a run resumed at another world size with the same lanes continues exactly (as
+    Mosaic streaming's "canonical nodes").
+
+    Worked example: 10 samples, 2 lanes ([0..4], [5..9]), granule 2, identity within
+    lanes: positions 0-7 are granules of lanes 0, 1, 0, 1: 0 1 5 6 2 3 7 8; what is
+    left of each lane follows, lane by lane: 4 9.
+    """
+
+    def __init__(self, lane_orders: list[EpochOrder], granule: int) -> None:
+        require_positive_int("granule", granule)
+        self.lanes, self.granule = lane_orders, granule
+        sizes = np.array([len(o) for o in lane_orders], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.rounds = (int(sizes.min()) if sizes.size else 0) // granule
+        self.regular = len(lane_orders) * granule * self.rounds
+        left = sizes - self.rounds * granule
+        self.tail_starts = self.regular + np.concatenate([[0], np.cumsum(left)]).astype(np.int64)
+        self.num_samples = int(sizes.sum())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, positions: int | slice | np.ndarray) -> np.ndarray:
+        if isinstance(positions, slice):
+            positions = np.arange(self.num_samples)[positions]
+        scalar = np.ndim(positions) == 0
+        p = np.atleast_1d(np.asarray(positions, dtype=np.int64))
+        if p.size and (p.min() < 0 or p.max() >= self.num_samples):
+            raise IndexError(f"positions outside 0..{self.num_samples - 1}")
+        count, g = len(self.lanes), p // self.granule
+        lane = np.where(p < self.regular, g % count, 0)
+        within = (g // count) * self.granule + p % self.granule
+        tail = p >= self.regular
+        if tail.any():
+            lane[tail] = np.searchsorted(self.tail_starts, p[tail], side="right") - 1
+            within[tail] = self.rounds * self.granule + p[tail] - self.tail_starts[lane[tail]]
+        out = np.empty_like(p)
+        for number in np.unique(lane).tolist():
+            at = lane == number
+            out[at] = self.starts[number] + self.lanes[number][within[at]]
+        return out[0] if scalar else out
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        whole = self[np.arange(self.num_samples, dtype=np.int64)]
+        return whole if dtype is None else whole.astype(dtype)
+
+    def tolist(self) -> list[int]:
+        return np.asarray(self).tolist()
+
+
+def lane_sizes(num_samples: int, lanes: int) -> np.ndarray:
+    """Samples in each of `lanes` contiguous lanes: equal, the first ones one more."""
+    base, extra = divmod(num_samples, lanes)
+    return np.array([base + (lane < extra) for lane in range(lanes)], dtype=np.int64)

@@ -18,7 +18,7 @@ from torch.utils.data import BatchSampler, Sampler
 
 from iolib.errors import DataError
 from iolib.fetcher import BatchTask
-from iolib.plan import EpochOrder, RankSchedule
+from iolib.plan import EpochOrder, LaneOrder, RankSchedule
 
 # Batches' worth of spare samples a task carries under skip: the next batch's, then
 # batches spread over the epoch, so a run of bad data shorter than 7/8 of the epoch
@@ -68,11 +68,18 @@ class EpochPlan:
     def num_samples(self) -> int:
         return len(self.source)
 
-    def order(self, epoch: int) -> EpochOrder:
+    def __post_init__(self) -> None:
+        # A source that deals its samples to lanes (one per rank) learns the world size.
+        self.source.bind_plan(self.batch_size or 1, self.world_size)
+
+    def order(self, epoch: int) -> EpochOrder | LaneOrder:
         """Epoch `epoch`'s order, computed per position (O(blocks) memory)."""
         shuffle, window = self.shuffle, self.window
         if self.windowed_ok:
             shuffle, window = self.source.order_mode(shuffle, window)
+        own = self.source.lane_order(self.seed, epoch, shuffle)
+        if own is not None:
+            return own
         return EpochOrder(
             self.num_samples,
             seed=self.seed,

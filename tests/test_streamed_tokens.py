@@ -44,9 +44,9 @@ def _packed(url: str, budget: int = BUDGET, **kw) -> PackedTokens:
                         cache_bytes=budget, **kw)  # fmt: skip
 
 
-def _loader(url: str, **kw) -> DataLoader:
+def _loader(url: str, lanes: int | str = "auto", **kw) -> DataLoader:
     kw.setdefault("batch_size", 4)
-    return DataLoader(_packed(url), shuffle=True, seed=11, **kw)
+    return DataLoader(_packed(url, lanes=lanes), shuffle=True, seed=11, **kw)
 
 
 def _epoch_tokens(batches) -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +128,8 @@ def test_same_windows_for_any_workers_depth_and_resume_when_streamed(corpus) -> 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_split_the_streamed_windows(corpus, world_size) -> None:
     def rows(rank: int, size: int) -> list[tuple[int, ...]]:
-        loader = _loader(corpus, batch_size=2, rank=rank, world_size=size, drop_last=True)
+        loader = _loader(corpus, lanes=world_size, batch_size=2, rank=rank, world_size=size,
+                         drop_last=True)  # fmt: skip
         return [tuple(r) for b in epoch_batches(loader, 1) for r in b["input_ids"].tolist()]
 
     whole = rows(0, 1)
@@ -137,14 +138,39 @@ def test_ranks_split_the_streamed_windows(corpus, world_size) -> None:
     merged = [row for step in zip(*[np.array_split(r, len(r) // 2) for r in ranks], strict=True)
               for part in step for row in map(tuple, part.tolist())]  # fmt: skip
     assert merged == whole[: len(merged)]
-    resumed = _loader(corpus, batch_size=2, drop_last=True)
-    stopped = _loader(corpus, batch_size=2, rank=1, world_size=world_size, drop_last=True)
+    resumed = _loader(corpus, lanes=world_size, batch_size=2, drop_last=True)
+    stopped = _loader(corpus, lanes=world_size, batch_size=2, rank=1, world_size=world_size,
+                      drop_last=True)  # fmt: skip
     stopped.set_epoch(1)
     it = iter(stopped)
     next(it)
     resumed.load_state_dict(json.loads(json.dumps(stopped.state_dict())))
     rest = [tuple(r) for b in resumed for r in b["input_ids"].tolist()]
     assert rest == whole[len(whole) - len(rest) :]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_each_rank_reads_its_share_of_the_corpus(corpus, world_size) -> None:
+    """lanes="auto" (the world size): rank r's windows come from lane r, a contiguous
+    share of the stream, so the ranks' row groups barely overlap and each reads about
+    1/world of the bytes; together they still cover every window once."""
+    whole = _packed(corpus)
+    total = len(whole.parquet.blocks())
+    starts = whole.parquet.row_starts()
+    read, groups, windows = [], [], []
+    for rank in range(world_size):
+        loader = _loader(corpus, batch_size=2, rank=rank, world_size=world_size, drop_last=True)
+        batches = epoch_batches(loader, 1)
+        read.append(loader.stats()["bytes_read"])
+        docs = np.concatenate([np.asarray(b["document_ids"]).reshape(-1) for b in batches])
+        groups.append(set(np.searchsorted(starts, docs, side="right").tolist()))
+        windows += [tuple(r) for b in batches for r in np.asarray(b["input_ids"]).tolist()]
+    assert len(windows) == len(set(windows))  # no window twice across ranks
+    assert len(windows) >= len(whole) - 2 * world_size  # drop_last's tail only
+    for mine in groups:
+        assert len(mine) <= total / world_size + 3, (len(mine), total)
+    everyone = sum(read)
+    assert max(read) <= 1.5 * everyone / world_size, read
 
 
 def test_a_budget_below_four_row_groups_is_refused_up_front(corpus) -> None:

@@ -52,6 +52,16 @@ class Source(ABC):
         """Let go of threads and caches now (a later read starts them again)."""
         return None
 
+    def bind_plan(self, batch_size: int, world_size: int) -> None:
+        """The loader's batch size and world size, for sources whose order deals samples
+        to ranks (packed windows streamed from a corpus). Default: ignored."""
+        return None
+
+    def lane_order(self, seed: int, epoch: int, shuffle: str) -> Any:
+        """The source's own order for the epoch (a `plan.LaneOrder`), or None for the
+        loader's."""
+        return None
+
     def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
         """The shuffle mode and window the loader's plan runs over this source: the
         loader's own, unless the source streams (packed windows of a large corpus)."""

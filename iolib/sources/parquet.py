@@ -447,14 +447,16 @@ class ParquetSource(Source):
         return "block", window_groups
 
     def _cache_window(self) -> int | None:
-        """Row groups a given `cache_bytes` holds, less two in flight; None when no
-        budget was given or the whole dataset fits in it."""
+        """Half the row groups a given `cache_bytes` holds; None when no budget was given
+        or the whole dataset fits in it."""
         if not self._fixed_cache or not self.cache_bytes:
             return None
         sizes = self.estimated_bytes(measure=False)
         if sum(sizes) <= self.cache_bytes or not sizes:
             return None
-        return max(1, self.cache_bytes // max(max(sizes), 1) - 2)
+        # Half the cache for the window, half for the next one's read-ahead and the row
+        # groups of batches in flight on other workers.
+        return max(1, self.cache_bytes // max(max(sizes), 1) // 2)
 
     def _measured_ratio(self, sizes: list[int]) -> float:
         """Arrow bytes over the footer's estimate, from the first of a few row groups that

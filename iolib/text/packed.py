@@ -37,7 +37,7 @@ import torch
 
 from iolib.errors import ConfigError, DataError
 from iolib.forks import reset_after_fork
-from iolib.plan import default_blocks
+from iolib.plan import EpochOrder, LaneOrder, default_blocks, lane_sizes
 from iolib.sources.parquet import ParquetSource
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
@@ -45,6 +45,7 @@ from iolib.text import tokenindex
 from iolib.text.seeded import SeededSource
 
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
+_LANE_STREAM = 0x4C414E45  # "LANE": each lane's window order
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
 FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is far below its total
@@ -132,6 +133,11 @@ class PackedTokens(SeededSource):
         the loader's shuffle mixes windows within as many row groups as it holds, less
         three, so raising it mixes more widely and costs memory; a corpus that fits is
         shuffled as a whole. It must hold four of the largest row groups.
+    lanes: how many contiguous shares of the stream the windows are dealt from, one
+        batch of each in turn ("auto", the default: the loader's world size). At world
+        size == lanes, rank r reads only share r: about 1/world of the corpus's bytes.
+        The order depends on it: to resume at another world size, pass the first run's
+        world size (as Mosaic streaming's `num_canonical_nodes`).
     seed: only for use outside a loader; a DataLoader sets its own `seed`.
     """
 
@@ -154,6 +160,7 @@ class PackedTokens(SeededSource):
         storage_options: dict[str, Any] | None = None,
         seed: int = 0,
         cache_bytes: int | None = None,
+        lanes: int | str = "auto",
     ) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
@@ -174,6 +181,10 @@ class PackedTokens(SeededSource):
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        if lanes != "auto" and (isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1):
+            raise ConfigError(f"`lanes` must be 'auto' or an integer >= 1. Found: {lanes!r}.")
+        self.lanes = lanes
+        self._lanes = lanes if isinstance(lanes, int) else 1  # "auto": the loader's world size
         self._index: tokenindex.TokenIndex | None = None
         self._windowed_said = False
         self._init_runtime()
@@ -301,13 +312,34 @@ class PackedTokens(SeededSource):
     def fit_cache(self, row_groups: int) -> int:
         return self.cache_bytes  # the budget is the user's, not the loader's estimate
 
+    def bind_plan(self, batch_size: int, world_size: int) -> None:
+        """Lanes "auto" become the loader's world size; the batch is the lanes' granule."""
+        self._lanes = self.lanes if isinstance(self.lanes, int) else int(world_size)
+        self._granule = int(batch_size)
+
+    def lane_order(self, seed: int, epoch: int, shuffle: str) -> LaneOrder | None:
+        """Windows dealt to lanes, a batch at a time, each lane a contiguous share of the
+        stream ordered as the whole would be (chunks shuffled within, in a random order)."""
+        if self._lanes == 1:
+            return None
+        sizes = lane_sizes(len(self), self._lanes)
+        per_chunk = int(self.blocks()[0]) if len(self.blocks()) else 1
+        orders = []
+        for lane, size in enumerate(sizes.tolist()):
+            words = [_LANE_STREAM, seed, lane]
+            lane_seed = int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
+            blocks = default_blocks(size, per_chunk) if shuffle == "block" else ()
+            orders.append(EpochOrder(size, seed=lane_seed, epoch=epoch, shuffle=shuffle,
+                                     blocks=blocks, window=1))  # fmt: skip
+        return LaneOrder(orders, getattr(self, "_granule", 1))
+
     def __len__(self) -> int:
         """Windows per epoch: the same every epoch (the stream's length does not change)."""
         return int(self.index.stream.sum()) // self.seq_len
 
     def fingerprint(self) -> str:
         words = f"{self.parquet.fingerprint()}|{self.column}|{self.seq_len}|{self.eos_id}"
-        words += f"|{self.shuffle_documents}|{len(self.blocks())}"
+        words += f"|{self.shuffle_documents}|{len(self.blocks())}|lanes {self._lanes}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
