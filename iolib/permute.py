@@ -62,6 +62,11 @@ def _encrypt(x: np.ndarray, a: np.ndarray, c: np.ndarray, keys: np.ndarray, salt
     return left * second + right  # an even number of rounds: (left < a, right < c) again
 
 
+def _at(values: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Per-element values at `where`, or the one shared value."""
+    return values if values.size == 1 else values[where]
+
+
 def feistel(
     x: np.ndarray, n: int | np.ndarray, keys: np.ndarray, tweak: int | np.ndarray = 0
 ) -> np.ndarray:
@@ -75,12 +80,17 @@ def feistel(
     tweaks = np.broadcast_to(np.asarray(tweak, dtype=np.int64), shape).reshape(-1)
     if flat.size and np.any(flat >= sizes):
         raise IndexError("feistel: an input lies outside its domain [0, n)")
+    if sizes.size and (sizes == sizes[0]).all():  # one domain (the common case): scalars
+        sizes = sizes[:1]
+        if (tweaks == tweaks[0]).all():
+            tweaks = tweaks[:1]
     a, c = _shape(sizes)
     with np.errstate(over="ignore"):
         salt = _mix(tweaks.astype(np.uint64) * _GOLDEN)
         out = _encrypt(flat, a, c, keys, salt)
         outside = np.flatnonzero(out >= sizes)
         while outside.size:  # cycle walking: each step lands inside with p > 1 - 1/sqrt(n)
-            out[outside] = _encrypt(out[outside], a[outside], c[outside], keys, salt[outside])
-            outside = outside[out[outside] >= sizes[outside]]
+            out[outside] = _encrypt(out[outside], _at(a, outside), _at(c, outside), keys,
+                                    _at(salt, outside))  # fmt: skip
+            outside = outside[out[outside] >= _at(sizes, outside)]
     return out.astype(np.int64).reshape(shape)

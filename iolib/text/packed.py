@@ -145,7 +145,7 @@ class PackedTokens(SeededSource):
 
     # Per-process state: a process worker reads again rather than receive it by pipe.
     _RUNTIME = ("_lock", "_epochs", "_segments", "_flights", "_pool", "_io", "_plans", "_hint",
-                "_recent")  # fmt: skip
+                "_recent", "_ahead")  # fmt: skip
 
     def __init__(
         self,
@@ -199,6 +199,7 @@ class PackedTokens(SeededSource):
         self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
         self._hint = 0
+        self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
         self._recent: dict[tuple[int, int], np.ndarray] = {}
         reset_after_fork(self)
 
@@ -393,18 +394,16 @@ class PackedTokens(SeededSource):
         return np.unique(spans)
 
     # -- reads ---------------------------------------------------------------------------
-    def _fetch(self, epoch: int, position: int, ahead: bool = False) -> Future | None:
-        """The read of the segment at `position` of the epoch's row-group order: done if
-        held, shared if in flight (one read however many threads want it), else started;
+    def _fetch(self, epoch: int, position: int, ahead: bool = False) -> Segment | Future | None:
+        """The segment at `position` of the epoch's row-group order if held, else its
+        read: shared if in flight (one read however many threads want it), else started;
         None when reading ahead finds no room."""
         order, _ = self._epoch(epoch)
         key = (epoch, int(order[position]))
         with self._lock:
             held = self._segments.get(key)
             if held is not None:
-                done: Future = Future()
-                done.set_result(held)
-                return done
+                return held
             flight = self._flights.get(key)
             if flight is not None:
                 return flight
@@ -471,10 +470,14 @@ class PackedTokens(SeededSource):
                 break
         else:
             return
-        for k in range(self._hint + 1, min(total, self._hint + 1 + READAHEAD_BATCHES)):
+        # Batches up to `_ahead` were looked at already: only the newest one is new.
+        done_epoch, done = self._ahead
+        start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
+        for k in range(start, min(total, self._hint + 1 + READAHEAD_BATCHES)):
             for position in self._groups_of(self._planned(epoch, k), epoch):
                 if self._fetch(epoch, int(position), ahead=True) is None:
-                    return
+                    return  # no room: this batch is looked at again next time
+            self._ahead = (epoch, k)
 
     def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
@@ -483,9 +486,9 @@ class PackedTokens(SeededSource):
         if windows.size and (windows.min() < 0 or windows.max() >= len(self)):
             raise IndexError(f"window indices outside 0..{len(self) - 1}")
         positions = self._groups_of(windows, epoch)
-        futures = {int(p): self._fetch(epoch, int(p)) for p in positions}  # all at once
+        found = {int(p): self._fetch(epoch, int(p)) for p in positions}  # reads all at once
         self._read_ahead(windows, epoch)
-        segments = {p: f.result() for p, f in futures.items()}
+        segments = {p: f if isinstance(f, Segment) else f.result() for p, f in found.items()}
         with self._lock:
             (read, retries), self._io = self._io, [0, 0]
         count_bytes(read)  # helper threads' reads count in the batch that needed them
