@@ -28,7 +28,7 @@ def shard(tmp_path) -> str:
 
 
 def _our_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(("iolib-readahead",
+    return [t.name for t in threading.enumerate() if t.name.startswith(("iolib-readahead", "iolib-fetch",
             "iolib-tokens"))]  # fmt: skip
 
 

@@ -59,6 +59,7 @@ def _is_corrupt(exc: BaseException) -> bool:
 
 
 MIN_CACHE_BYTES = 64 * 2**20
+FETCH_THREADS = 8  # a batch's row-group reads in flight at once
 log = logging.getLogger(__name__)
 
 
@@ -185,6 +186,7 @@ class ParquetSource(Source):
         self._cache = PlannedCache(self.cache_bytes, lambda t: t.nbytes)
         self._rereads_warned = False
         self._ahead: ThreadPoolExecutor | None = None  # the read-ahead thread, made on use
+        self._fetchers: ThreadPoolExecutor | None = None  # a batch's reads in parallel
         self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
         self._ahead_io = (0, 0)  # bytes and retries read ahead, not yet in a batch's count
         self._local = threading.local()
@@ -199,6 +201,7 @@ class ParquetSource(Source):
         self._lock = threading.Lock()
         self._cache = PlannedCache(self.cache_bytes, lambda t: t.nbytes)
         self._ahead, self._ahead_sent, self._ahead_io = None, set(), (0, 0)
+        self._fetchers = None
         self._local = threading.local()
         self._in_flight = {}
         if self._dense is not None:
@@ -208,11 +211,13 @@ class ParquetSource(Source):
         """Stop the read-ahead thread and drop the decoded row groups now; the
         description stays, and a later read starts again."""
         with self._lock:
-            ahead, self._ahead = self._ahead, None
+            pools = [self._ahead, self._fetchers]
+            self._ahead = self._fetchers = None
             self._cache = PlannedCache(self.cache_bytes, lambda t: t.nbytes)
             self._dense, self._ahead_sent = None, set()
-        if ahead is not None:
-            ahead.shutdown(wait=False, cancel_futures=True)
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         pa.default_memory_pool().release_unused()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -656,6 +661,7 @@ class ParquetSource(Source):
             return dense.take(indices)
         groups = np.searchsorted(starts, indices, side="right") - 1
         self._local.wanted = set(groups.tolist())
+        self._read_in_parallel(sorted(self._local.wanted), None)
         order = np.argsort(groups, kind="stable")
         pieces, boundaries = [], np.flatnonzero(np.diff(groups[order])) + 1
         for chunk in np.split(order, boundaries) if indices.size else []:
@@ -699,6 +705,7 @@ class ParquetSource(Source):
         groups = np.searchsorted(self._rg_starts, indices, side="right") - 1
         missing = list(dense.missing(groups))
         self._local.wanted = set(missing)
+        self._read_in_parallel(missing, dense)
         for group in missing:
             table = self._row_group(group, dense=dense)
             if not dense.filled[group] and not dense.fill(group, table):
@@ -803,6 +810,31 @@ class ParquetSource(Source):
                 self._ahead = ThreadPoolExecutor(1, thread_name_prefix="iolib-readahead")
         for group in reversed(wanted):
             self._ahead.submit(self._read_one_ahead, epoch, group, dense)
+
+    def _read_in_parallel(self, groups: list[int], dense: DenseColumns | None) -> None:
+        """Start reading all but the first of a batch's row groups that are neither held
+        nor being read, FETCH_THREADS at a time: on object storage a request's latency,
+        not the link, bounds one reader, and a batch of a global shuffle over many files
+        needs dozens of them. The batch's own thread reads the first and then takes the
+        others over (shared reads: `_row_group`)."""
+        with self._lock:
+            missing = [g for g in groups if g not in self._cache and g not in self._in_flight]
+            if dense is not None:
+                missing = [g for g in missing if not dense.filled[g]]
+            elif self._sizes is not None:  # only what the cache has room for: no evictions
+                room = self._cache.budget - self._cache.held
+                fits = np.cumsum([self._sizes[g] for g in missing]) <= room
+                missing = [g for g, fit in zip(missing, fits, strict=True) if fit]
+            else:
+                missing = []
+            if len(missing) < 2:
+                return
+            if self._fetchers is None:
+                self._fetchers = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="iolib-fetch")
+            pool = self._fetchers
+        epoch = getattr(self._local, "epoch", 0)
+        for group in missing[1:]:
+            pool.submit(self._read_one_ahead, epoch, group, dense)
 
     def _read_one_ahead(self, epoch: int, group: int, dense: DenseColumns | None) -> None:
         """One read ahead of need. A failure is left to the batch that needs the row
