@@ -27,9 +27,11 @@ def shard(tmp_path) -> str:
     return str(path)
 
 
+OURS = ("iolib-readahead", "iolib-fetch", "iolib-tokens")
+
+
 def _our_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(("iolib-readahead", "iolib-fetch",
-            "iolib-tokens"))]  # fmt: skip
+    return [t.name for t in threading.enumerate() if t.name.startswith(OURS)]
 
 
 def _settle(condition, seconds: float = 5.0) -> bool:
