@@ -97,10 +97,6 @@ def storage_options_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(wrapper)
 
 
-# The decorator under its earlier name (convert and inspect used it).
-STORAGE_OPTION = storage_options_option
-
-
 # -- numbers ---------------------------------------------------------------------------------
 # Every numeric option of every command goes through `Number` or `NumberList`: NaN,
 # infinity and values outside the option's range are refused while the command line is

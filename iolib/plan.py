@@ -34,17 +34,6 @@ DEFAULT_BLOCK_ROWS = 1024  # block size for sources that have no row groups
 MAX_DEFAULT_BLOCKS = 2**16  # beyond 2^26 samples blocks grow, so a plan stays O(65,536)
 
 
-def normalize_shuffle(shuffle: object) -> ShuffleMode:
-    """Map torch-style booleans and iolib's mode names to a mode name."""
-    if shuffle is None or shuffle is False:
-        return "none"
-    if shuffle is True:
-        return "global"
-    if isinstance(shuffle, str) and shuffle in SHUFFLE_MODES:
-        return shuffle  # type: ignore[return-value]
-    raise ConfigError(f"`shuffle` must be False, True, 'global' or 'block'. Found: {shuffle!r}.")
-
-
 def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> np.ndarray:
     """Contiguous blocks of `block_rows` samples (the last one shorter), as an array; at
     most MAX_DEFAULT_BLOCKS of them (larger blocks for larger datasets)."""

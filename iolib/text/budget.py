@@ -38,12 +38,12 @@ def row_lengths(source: ParquetSource, column: str) -> np.ndarray:
     kind = source.schema.field(column).type
     if not is_numeric_list(kind):
         raise DataError(
-            f"Column {column!r} of {source.files[0].url!r} is {kind}: token-budget batches "
+            f"Column {column!r} of {source.describe()} is {kind}: token-budget batches "
             "need a list of numbers (token ids)."
         )
     lengths = []
     for group in range(len(source.blocks())):
-        array = source.row_group(group).column(column).combine_chunks()
+        array = source.fetch_row_group(group).column(column).combine_chunks()
         counts = np.diff(array.offsets.to_numpy()).astype(np.int64)
         counts[array.is_null().to_numpy(zero_copy_only=False)] = 0
         lengths.append(counts)
@@ -130,8 +130,8 @@ class TokenBudgetBatches(SeededSource):
         """Tokens per row (read once: the column alone, kept in no cache)."""
         if self._lengths is None:
             projected = ParquetSource(
-                self.rows.urls, [self.column], self.rows.storage_options, cache_bytes=1,
-                retry=self.rows.retry,
+                self.rows.urls, [self.column], self.rows.storage_options, cache_bytes=0,
+                retry=self.rows.retry, readahead=0,
             )  # fmt: skip
             lengths = row_lengths(projected, self.column)
             if lengths.size and lengths.max() > self.max_tokens:

@@ -236,12 +236,12 @@ class PackedTokens(SeededSource):
         is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
         if not (is_list and pa.types.is_integer(kind.value_type)):
             raise DataError(
-                f"Column {self.column!r} of {self.parquet.files[0].url!r} is {kind}: "
+                f"Column {self.column!r} of {self.parquet.describe()} is {kind}: "
                 "PackedTokens needs a list of integer token ids (list<int32>, list<int64>...)."
             )
         if pa.types.is_uint64(kind.value_type):
             raise DataError(
-                f"Column {self.column!r} of {self.parquet.files[0].url!r} holds uint64 token "
+                f"Column {self.column!r} of {self.parquet.describe()} holds uint64 token "
                 "ids, which int64 tensors cannot hold above 2^63 - 1. Write the ids as int64 "
                 "or int32 (every tokenizer's vocabulary fits)."
             )
