@@ -56,17 +56,19 @@ def read_summary(fs: Any, directory: str) -> tuple[pq.FileMetaData, list[Summari
         if e.get("type") == "file" and e["name"].endswith((".parquet", ".pq"))
     }
     files: list[SummarizedFile] = []
+    seen: set[str] = set()
     for group in range(meta.num_row_groups):
         name = meta.row_group(group).column(0).file_path if meta.num_columns else ""
-        if files and files[-1].path.endswith("/" + name):
+        if files and name in seen and files[-1].path.endswith("/" + name):
             last = files[-1]
             files[-1] = SummarizedFile(last.path, last.size, last.version, last.first_group,
                                        last.groups + 1)  # fmt: skip
             continue
         entry = listed.get(name)
-        if entry is None or any(f.path.endswith("/" + name) for f in files):
+        if entry is None or name in seen:  # unknown, or its row groups are not together
             log.warning("%s does not match the directory (%r): reading every footer.", where, name)
             return None
+        seen.add(name)
         path = posixpath.join(directory.rstrip("/"), name)
         files.append(SummarizedFile(path, int(entry["size"]), version_of(entry), group, 1))
     if sorted(posixpath.basename(f.path) for f in files) != sorted(listed):
