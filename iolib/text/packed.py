@@ -226,8 +226,9 @@ class PackedTokens(SeededSource):
             with self._lock:
                 if self._index is None:
                     self._check_column()
-                    self._index = tokenindex.load_or_compute(self.parquet, self.column)
-                    self._check_budget()
+                    index = tokenindex.load_or_compute(self.parquet, self.column)
+                    self._check_budget(index)  # refused every time, not only the first
+                    self._index = index
         return self._index
 
     def _check_column(self) -> None:
@@ -262,8 +263,8 @@ class PackedTokens(SeededSource):
         """Memory of each row group's segment: its stream tokens, 16 bytes a document."""
         return index.stream * self._itemsize + 16 * index.documents + 8
 
-    def _check_budget(self) -> None:
-        largest = int(self._segment_bytes(self._index).max(initial=0))
+    def _check_budget(self, index: tokenindex.TokenIndex) -> None:
+        largest = int(self._segment_bytes(index).max(initial=0))
         if MIN_GROUPS_HELD * largest > self.cache_bytes:
             raise ConfigError(
                 f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds fewer than "
