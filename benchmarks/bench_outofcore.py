@@ -49,7 +49,13 @@ RUN = textwrap.dedent(
     loader = DataLoader(PackedTokens(url, column="input_ids", seq_len=seq, eos_id=0,
                                      cache_bytes=budget),
                         batch_size=batch, shuffle=True, num_workers=2, seed=0)
-    it = iter(loader)
+    def forever():
+        epoch = 0
+        while True:  # a small corpus has fewer batches than are timed: go on to the next epoch
+            loader.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+    it = forever()
     next(it)
     first = time.perf_counter() - start
     start = time.perf_counter()
@@ -105,7 +111,9 @@ def main(budget_mb, scales, batches, batch_size, seq_len, repeats, work_dir) -> 
             for _ in tqdm(range(repeats), desc=f"{scale}x budget", leave=False):
                 args = [url, str(flat), str(budget), str(batches), str(batch_size), str(seq_len)]
                 out = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True,
-                                     text=True, check=True, cwd=ROOT)  # fmt: skip
+                                     text=True, cwd=ROOT)  # fmt: skip
+                if out.returncode:
+                    raise click.ClickException(f"the run failed:\n{out.stderr[-3000:]}")
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             rows.append({"scale": scale, "corpus_bytes": scale * budget, "runs": runs})
     _write(rows, budget_mb, batches, batch_size, seq_len)
