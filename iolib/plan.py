@@ -31,6 +31,8 @@ from iolib.rng import order_rng
 ShuffleMode = Literal["none", "global", "block"]
 SHUFFLE_MODES: tuple[str, ...] = ("none", "global", "block")
 DEFAULT_BLOCK_ROWS = 1024  # block size for sources that have no row groups
+KEPT_WINDOW = 2**16  # a window this small is materialised when looked up (512 KiB)
+KEPT_WINDOWS = 4  # ... and this many are kept: consecutive batches share a window
 MAX_DEFAULT_BLOCKS = 2**16  # beyond 2^26 samples blocks grow, so a plan stays O(65,536)
 
 
@@ -112,13 +114,32 @@ class EpochOrder:
         if self.shuffle == "none":
             return p
         if self.shuffle == "global":
+            if self.num_samples <= KEPT_WINDOW:
+                return self._window(0, self.num_samples, None)[p]
             return feistel(p, self.num_samples, self._keys)
         w = np.searchsorted(self._wstarts, p, side="right") - 1
         first = self._wstarts[w]
-        local = feistel(p - first, self._wstarts[w + 1] - first, self._keys, tweak=w)
+        if (w == w[0]).all() and self._wstarts[w[0] + 1] - first[0] <= KEPT_WINDOW:
+            # One window, as consecutive batches mostly are: its permutation, kept.
+            size = int(self._wstarts[w[0] + 1] - first[0])
+            local = self._window(int(w[0]), size, int(w[0]))[p - first]
+        else:
+            local = feistel(p - first, self._wstarts[w + 1] - first, self._keys, tweak=w)
         target = first + local
         j = np.searchsorted(self._pstarts, target, side="right") - 1
         return self._starts[self._block_order[j]] + (target - self._pstarts[j])
+
+    def _window(self, number: int, size: int, tweak: int | None) -> np.ndarray:
+        """The bijection over one window, materialised once and kept (a few windows of at
+        most KEPT_WINDOW samples: bounded memory; the values are the bijection's own)."""
+        kept = self.__dict__.setdefault("_kept", {})
+        found = kept.get(number)
+        if found is None:
+            found = feistel(np.arange(size), size, self._keys, 0 if tweak is None else tweak)
+            kept[number] = found
+            while len(kept) > KEPT_WINDOWS:
+                kept.pop(next(iter(kept)), None)
+        return found
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         """The whole order (O(samples): for tests and small datasets)."""
