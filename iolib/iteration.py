@@ -9,7 +9,6 @@ freed at once, and its workers with it, without waiting for the cycle collector.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import warnings
@@ -270,7 +269,10 @@ class LoaderIterator:
 
     def __del__(self) -> None:
         # A pass abandoned mid-epoch (break, an exception in the training loop) frees
-        # its workers now, unless they persist across epochs.
-        with contextlib.suppress(Exception):
+        # its workers now, unless they persist across epochs. No module globals here: at
+        # interpreter exit they may already be None (the exit hook stopped the workers).
+        try:
             if not self._done:
                 self._stop(force=False)
+        except Exception:  # nothing to report from a finalizer
+            pass

@@ -335,9 +335,14 @@ class DataLoader(Generic[T_co]):
             self._pipeline.close()
 
     def __del__(self) -> None:
-        pipeline = self.__dict__.get("_pipeline")
-        if pipeline is not None:
-            pipeline.release(force=True)
+        # At interpreter exit module globals may already be None; the exit hook has
+        # stopped the workers by then, so there is nothing left to report.
+        try:
+            pipeline = self.__dict__.get("_pipeline")
+            if pipeline is not None:
+                pipeline.release(force=True)
+        except Exception:
+            pass
 
     # -- state ---------------------------------------------------------------------------
     def _fingerprint(self) -> str:

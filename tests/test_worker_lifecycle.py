@@ -628,3 +628,47 @@ def test_a_dropped_persistent_loader_is_freed_without_the_cycle_collector() -> N
         assert alive() is None, "a reference cycle keeps the dropped loader alive"
     finally:
         gc.enable()
+
+
+# What interpreter exit does once the atexit hooks ran: module globals become None
+# (CPython's _PyModule_ClearDict), then the script's own globals are dropped. The hook is
+# registered before torch and iolib are imported, so it runs after multiprocessing's.
+_AT_EXIT = """
+import atexit, sys
+
+def teardown():
+    for name, module in list(sys.modules.items()):
+        if module is not None and name.split(".")[0] == "iolib":
+            for key in list(vars(module)):
+                if not key.startswith("__"):
+                    vars(module)[key] = None
+    for key in ("iterator", "loader"):
+        vars(sys.modules["__main__"]).pop(key, None)
+
+atexit.register(teardown)
+
+import torch
+from torch.utils.data import TensorDataset
+from {module} import DataLoader
+
+loader = DataLoader(TensorDataset(torch.arange(100)), batch_size=4, shuffle=True, {options})
+iterator = iter(loader)  # nanoGPT's get_batch keeps one in module globals
+next(iterator)
+print("trained")
+"""
+
+
+@pytest.mark.parametrize("kind", ["torch", "iolib"])
+@pytest.mark.parametrize(
+    "options",
+    ["num_workers=0", "num_workers=2", "num_workers=2, persistent_workers=True"],
+    ids=["inline", "processes", "persistent"],
+)
+def test_a_loader_and_iterator_in_module_globals_print_nothing_at_exit(
+    kind: str, options: str
+) -> None:
+    module = "torch.utils.data" if kind == "torch" else "iolib"
+    done = _run(_AT_EXIT.format(module=module, options=options), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "trained"
+    assert done.stderr == "", f"{kind} printed at exit:\n{done.stderr}"
