@@ -203,6 +203,11 @@ class BatchFetcher:
         meta.nbytes = batch_nbytes(batch)
         return Fetched(batch, meta)
 
+    def unsendable(self, text: str) -> Failure:
+        """The result of a batch its process worker could not send (see workers.py); the
+        consumer fills in the samples from its own copy of the task."""
+        return Failure("send", text, "", [], None, WorkerError)
+
     def _failure(self, stage: str, samples: list[Any], exc: BaseException) -> Failure:
         where = self.source.locate(samples[0]) if len(samples) == 1 else self.source.describe()
         raw = f"{type(exc).__name__}: {exc} [{where}]"

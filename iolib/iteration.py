@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from iolib.engine import Engine
-from iolib.fetcher import BatchFetcher, Failure, Fetched
+from iolib.fetcher import BatchFetcher, Failure, Fetched, key_list
 from iolib.sampling import Cursor, EpochTasks
 from iolib.telemetry import Telemetry
 from iolib.tuning import AutoPrefetch
@@ -244,6 +244,8 @@ class LoaderIterator:
         self._cursor.position = self._tasks.position_after(self._delivered)  # type: ignore[attr-defined]
         if isinstance(result, Failure):
             task = self._tasks[k]
+            if not result.samples:  # a batch its worker could not send names none
+                result.samples = key_list(task.indices)
             return None, result.to_exception(task.number, task.epoch)
         pipeline.telemetry.on_memory(engine.bytes_in_flight() + result.nbytes)
         pipeline.tune(engine, result.meta, time.perf_counter() - requested, epoch_start=k == 0)
