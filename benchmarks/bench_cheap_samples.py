@@ -2,6 +2,9 @@
 
 Issue 33, items 16 and 20. Two map-style Datasets whose samples cost almost nothing:
   int: ``__getitem__`` returns an int (tabular rows, feature stores).
+  int, draws: the same plus a draw from torch's or Python's global generator: iolib
+    seeds that generator per sample (the price of its determinism contract, paid only
+    where a sample draws: ~1 µs for torch's, ~6-12 µs for ``random``'s).
   getitems: a Hugging Face ``datasets``-style table, ``__getitem__`` and a batched
     ``__getitems__`` (numpy columns sliced once per batch, split into row dicts of
     tensors, as ``set_format("torch")`` does); torch's fetcher calls the batched one.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
 import statistics
 import time
 from datetime import datetime, timezone
@@ -44,6 +48,22 @@ class Ints(Dataset):
 
     def __getitem__(self, index: int) -> int:
         return index * 3
+
+
+class DrawingInts(Ints):
+    """Sample i is i * 3 plus a draw from Python's global `random`: the case iolib seeds
+    per sample (its determinism contract), so it shows what that costs."""
+
+    def __getitem__(self, index: int) -> float:
+        return index * 3 + random.random()
+
+
+class TorchDrawingInts(Ints):
+    """Sample i is i * 3 plus a draw from torch's global generator (torchvision's
+    random transforms draw there): iolib seeds only that generator per sample."""
+
+    def __getitem__(self, index: int) -> float:
+        return index * 3 + float(torch.rand(()))
 
 
 class Table(Dataset):
@@ -97,7 +117,8 @@ def measure(name: str, dataset: Dataset, batch_size: int, workers: int, repeats:
         return statistics.median(r[k] for r in rows[who])
 
     def ratio(k: int) -> float:
-        return statistics.median(i[k] / t[k] for i, t in zip(rows["iolib"], rows["torch"]))
+        pairs = zip(rows["iolib"], rows["torch"], strict=True)
+        return statistics.median(i[k] / t[k] for i, t in pairs)
 
     return {
         "dataset": name,
@@ -121,7 +142,12 @@ def main() -> None:
     size = args.batch_size * args.batches
     results = [
         measure(name, dataset, args.batch_size, workers, args.repeats)
-        for name, dataset in (("int", Ints(size)), ("getitems", Table(size)))
+        for name, dataset in (
+            ("int", Ints(size)),
+            ("getitems", Table(size)),
+            ("int, draws from torch", TorchDrawingInts(size)),
+            ("int, draws from random", DrawingInts(size)),
+        )
         for workers in (0, 1)
     ]
     lines = [

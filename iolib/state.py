@@ -77,7 +77,7 @@ _NOT_THE_STREAM = frozenset(
         "seed_globals",
         "restore_globals",
         "getitems",
-        "draws",
+        "drawn",
         "notes",
     )
 )

@@ -149,17 +149,14 @@ def test_in_order_false_warns_once_that_batches_stay_in_order() -> None:
 
 
 class SeedsFromTorch(Dataset):
-    """Seeds numpy from torch.initial_seed() per sample and draws: it relies on torch's
-    worker seed, which per-sample seeding replaces."""
+    """Draws from torch's global generator and reads torch.initial_seed(): under torch it
+    is the worker's seed; iolib seeds torch per sample here, so it is the sample's."""
 
     def __len__(self) -> int:
         return 40
 
     def __getitem__(self, index: int):
-        import numpy as np
-
-        np.random.seed((torch.initial_seed() + index) % 2**32)
-        return torch.tensor(np.random.rand())
+        return torch.rand(()) + torch.initial_seed() % 1000
 
 
 @pytest.mark.parametrize("workers", [0, 2])

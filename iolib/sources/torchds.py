@@ -8,15 +8,16 @@ worker reads it. Inline, the caller's state is saved before a batch and restored
 it. Thread workers share the global state, so with ``worker_mode="thread"`` global-state
 transforms are not deterministic: use ``transform(sample, rng)`` instead.
 
-Seeding costs about 6-18 µs a sample (torch's CPU generator, numpy's legacy generator
-and ``random``, from a 64-bit mix of the key): 20-38x torch's whole cost for a Dataset
+Seeding costs about 6-18 µs a sample for the three generators (torch's CPU generator
+1 µs, numpy's legacy one 5 µs, ``random`` 12 µs): 20-38x torch's whole cost for a Dataset
 whose sample is an int. So a batch is first read without seeding, between two snapshots
-of the three generators (~0.1 ms a batch, about what seeding 8 samples costs, and less
-than the loader's own cost per batch); if none moved, no sample drew from them and
-the batch is what per-sample seeding would have made. If one moved, the batch is read
-again with per-sample seeds, and so is every later batch of this reader (the Dataset
-draws): its first drawing batch is read twice, once per worker. torch.manual_seed would
-add 70 µs a sample (it also seeds every accelerator), so it is not used per sample.
+of the generators (~0.1 ms a batch, less than the loader's own cost per batch); if none
+moved, no sample drew, and the batch is what per-sample seeding would have made. A
+generator that moved is seeded per sample from then on in this reader (the inline
+loader, or one process worker), and the batch is read again: a drawing Dataset has one
+batch per worker and generator read twice. The generators no sample drew from stay
+watched, never seeded. torch.manual_seed would add 70 µs a sample (it also seeds every
+accelerator), so it is not used per sample.
 
 A Dataset with ``__getitems__`` (Hugging Face ``datasets``, or any batched Dataset) is
 read with one ``__getitems__(keys)`` call per batch, as torch's fetcher does.
@@ -28,7 +29,7 @@ import hashlib
 import random
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -51,25 +52,41 @@ def global_seed(seed: int, epoch: int, key: Any) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
-def _snapshot() -> tuple[Any, ...]:
-    return (torch.default_generator.get_state(), np.random.get_state(), random.getstate())
+class _Generator:
+    """One global generator: read its state, give it back, seed it from a 63-bit int."""
+
+    def __init__(self, get: Any, put: Any, seed: Any, same: Any) -> None:
+        self.get, self.put, self.seed, self.same = get, put, seed, same
 
 
-def _unchanged(before: tuple[Any, ...]) -> bool:
-    """Did no global generator move since `before` (no sample drew from one)?"""
-    legacy = np.random.get_state()
-    return (
-        random.getstate() == before[2]
-        and legacy[2:] == before[1][2:]
-        and np.array_equal(legacy[1], before[1][1])
-        and torch.equal(torch.default_generator.get_state(), before[0])
-    )
+def _same_numpy(a: Any, b: Any) -> bool:
+    return a[2:] == b[2:] and np.array_equal(a[1], b[1])
 
 
-def _restore(state: tuple[Any, ...]) -> None:
-    torch.default_generator.set_state(state[0])
-    np.random.set_state(state[1])
-    random.setstate(state[2])
+GENERATORS = {
+    "torch": _Generator(
+        torch.default_generator.get_state,
+        torch.default_generator.set_state,
+        torch.default_generator.manual_seed,
+        torch.equal,
+    ),
+    "numpy": _Generator(
+        np.random.get_state,
+        np.random.set_state,
+        lambda seed: np.random.seed(seed & 0xFFFFFFFF),
+        _same_numpy,
+    ),
+    "random": _Generator(random.getstate, random.setstate, random.seed, lambda a, b: a == b),
+}
+
+
+def _states(names: Any) -> dict[str, Any]:
+    return {name: GENERATORS[name].get() for name in names}
+
+
+def _moved(before: dict[str, Any]) -> set[str]:
+    """The generators whose state is no longer `before`'s: a sample drew from them."""
+    return {n for n, state in before.items() if not GENERATORS[n].same(GENERATORS[n].get(), state)}
 
 
 @contextmanager
@@ -90,10 +107,9 @@ def watch_initial_seed(notes: set[str]) -> Iterator[None]:
         torch.initial_seed = torch.random.initial_seed = original
 
 
-def _seed_globals(seed: int) -> None:
-    torch.default_generator.manual_seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
-    random.seed(seed)
+def _seed_globals(seed: int, names: Any = GENERATORS) -> None:
+    for name in names:
+        GENERATORS[name].seed(seed)
 
 
 @contextmanager
@@ -138,7 +154,7 @@ class TorchDatasetSource(Source):
         self.seed, self.seed_globals, self.restore_globals = seed, seed_globals, restore_globals
         # torch's fetcher calls __getitems__ where it is defined and truthy, for batches only.
         self.getitems = batched and bool(getattr(dataset, "__getitems__", None))
-        self.draws = False  # a sample drew from a global generator: seed every sample
+        self.drawn: set[str] = set()  # generators samples drew from: seeded per sample
         self.notes: set[str] = set()  # differences from torch met while reading
 
     def __len__(self) -> int:
@@ -161,16 +177,22 @@ class TorchDatasetSource(Source):
         keys = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         if not self.seed_globals:
             return self._fetch(keys)
-        if self.draws:
-            return self._read_seeded(keys, epoch)
-        before = _snapshot()
-        data = self._fetch(keys)
-        if _unchanged(before):  # no sample drew: as if each had been seeded
-            return data
-        self.draws = True
-        if self.restore_globals:
-            _restore(before)  # the caller's state, which the seeded read gives back
-        return self._read_seeded(keys, epoch)
+        # Inline, the caller's generators are given back after the batch.
+        saved = _states(GENERATORS) if self.restore_globals else None
+        try:
+            while True:
+                # Seed per sample the generators samples were seen drawing from; watch
+                # the others. One that moved joins them and the batch is read again.
+                before = _states(n for n in GENERATORS if n not in self.drawn)
+                data = self._read_seeded(keys, epoch) if self.drawn else self._fetch(keys)
+                moved = _moved(before)
+                if not moved:
+                    return data
+                self.drawn |= moved
+        finally:
+            if saved is not None:
+                for name, state in saved.items():
+                    GENERATORS[name].put(state)
 
     def take_notes(self) -> list[str]:
         """Differences from torch met since the last call (see watch_initial_seed)."""
@@ -178,19 +200,18 @@ class TorchDatasetSource(Source):
         return notes
 
     def _read_seeded(self, keys: list[Any], epoch: int) -> list[Any]:
-        with watch_initial_seed(self.notes):
-            if not self.restore_globals:
-                return [self._seeded(key, epoch) for key in keys]
-            with saved_globals():
-                return [self._seeded(key, epoch) for key in keys]
+        drawn = [name for name in GENERATORS if name in self.drawn]
+        watch = watch_initial_seed(self.notes) if "torch" in drawn else nullcontext()
+        with watch:
+            return [self._seeded(key, epoch, drawn) for key in keys]
 
     def _fetch(self, keys: list[Any]) -> Any:
         if self.getitems:
             return self.dataset.__getitems__(keys)
         return [self._get(key) for key in keys]
 
-    def _seeded(self, key: Any, epoch: int) -> Any:
-        _seed_globals(global_seed(self.seed, epoch, key))
+    def _seeded(self, key: Any, epoch: int, drawn: list[str]) -> Any:
+        _seed_globals(global_seed(self.seed, epoch, key), drawn)
         return self._get(key)  # one sample: __getitem__, as __getitems__ promises to match
 
     def _get(self, key: Any) -> Any:
