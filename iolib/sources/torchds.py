@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -89,22 +90,39 @@ def _moved(before: dict[str, Any]) -> set[str]:
     return {n for n, state in before.items() if not GENERATORS[n].same(GENERATORS[n].get(), state)}
 
 
+_TORCH_INITIAL_SEED = (torch.initial_seed, torch.random.initial_seed)
+_watch = threading.local()  # .notes: where this thread's seeded read notes a call
+_watch_lock = threading.Lock()
+_watchers = 0  # seeded reads in progress, over all threads
+
+
+def _watched_initial_seed() -> int:
+    notes = getattr(_watch, "notes", None)
+    if notes is not None:
+        notes.add("initial_seed")
+    return _TORCH_INITIAL_SEED[1]()
+
+
 @contextmanager
 def watch_initial_seed(notes: set[str]) -> Iterator[None]:
     """Note a call of torch.initial_seed() while samples are seeded one by one: it then
     returns the sample's seed, where torch's loader returns the worker's (a difference
-    by design that the loader warns about once)."""
-    original = torch.initial_seed
-
-    def initial_seed() -> int:
-        notes.add("initial_seed")
-        return original()
-
-    torch.initial_seed = torch.random.initial_seed = initial_seed
+    by design that the loader warns about once). torch's function is replaced only while
+    some thread reads seeded samples; other threads' calls pass through unnoted."""
+    global _watchers
+    with _watch_lock:
+        if _watchers == 0:
+            torch.initial_seed = torch.random.initial_seed = _watched_initial_seed
+        _watchers += 1
+    _watch.notes = notes
     try:
         yield
     finally:
-        torch.initial_seed = torch.random.initial_seed = original
+        _watch.notes = None
+        with _watch_lock:
+            _watchers -= 1
+            if _watchers == 0:
+                torch.initial_seed, torch.random.initial_seed = _TORCH_INITIAL_SEED
 
 
 def _seed_globals(seed: int, names: Any = GENERATORS) -> None:
