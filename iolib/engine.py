@@ -184,6 +184,11 @@ class Engine:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    @property
+    def consumed(self) -> bool:
+        """Every result of the current sequence was taken (`advance` may follow)."""
+        return self._next >= self._base + len(self._tasks)
+
     def _task(self, number: int) -> Any:
         """The task numbered `number`: of this sequence, else of the followed one."""
         k = number - self._base

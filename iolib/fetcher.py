@@ -58,6 +58,7 @@ class BatchMeta:
     skipped: list[int] = field(default_factory=list)
     samples: int = 0
     refilled: int = 0  # samples taken from the task's reserve
+    notes: list[str] = field(default_factory=list)  # differences from torch met (warned once)
 
 
 @dataclass
@@ -201,7 +202,15 @@ class BatchFetcher:
             return self._failure("fetch", key_list(task.indices), exc)
         meta.bytes_read, meta.retries = take_counters()
         meta.nbytes = batch_nbytes(batch)
+        take_notes = getattr(self.source, "take_notes", None)
+        if take_notes is not None:
+            meta.notes = take_notes()
         return Fetched(batch, meta)
+
+    def unsendable(self, text: str) -> Failure:
+        """The result of a batch its process worker could not send (see workers.py); the
+        consumer fills in the samples from its own copy of the task."""
+        return Failure("send", text, "", [], None, WorkerError)
 
     def _failure(self, stage: str, samples: list[Any], exc: BaseException) -> Failure:
         where = self.source.locate(samples[0]) if len(samples) == 1 else self.source.describe()

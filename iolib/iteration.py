@@ -9,7 +9,6 @@ freed at once, and its workers with it, without waiting for the cycle collector.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import warnings
@@ -20,12 +19,24 @@ import numpy as np
 import torch
 
 from iolib.engine import Engine
-from iolib.fetcher import BatchFetcher, Failure, Fetched
+from iolib.fetcher import BatchFetcher, Failure, Fetched, key_list
 from iolib.sampling import Cursor, EpochTasks
 from iolib.telemetry import Telemetry
 from iolib.tuning import AutoPrefetch
 
 TaskMaker = Callable[[int, int], Sequence[Any]]  # (epoch, position) -> tasks
+
+# Where a script meets a difference from torch's DataLoader that iolib keeps by design.
+NOTES = {
+    "initial_seed": (
+        "torch.initial_seed() was called while iolib seeded the global generators for one "
+        "sample (inline or in a process worker, where __getitem__ draws from them): it "
+        "returned that sample's seed, where torch's DataLoader returns the worker's seed. "
+        "Use torch.utils.data.get_worker_info().seed for the worker's seed, or "
+        "DataLoader(transform=fn(sample, rng)) for per-sample randomness "
+        "(docs/migrating-from-dataloader.md)."
+    ),
+}
 
 
 class Pipeline:
@@ -56,6 +67,7 @@ class Pipeline:
         self.followed: tuple[int, int] | None = None  # (epoch, position) read ahead
         self.iteration = 0  # identifies the live iterator; older ones are superseded
         self._pin_warned = False
+        self._noted: set[str] = set()
 
     # -- starting ------------------------------------------------------------------------
     def begin(
@@ -67,7 +79,9 @@ class Pipeline:
         self.iteration += 1
         epoch, position = cursor.epoch, cursor.position
         engine = self._engine()
-        if self.followed == (epoch, position):
+        # A pass that stopped early moves to the next epoch too: only a consumed one
+        # continues into what was read ahead.
+        if self.followed == (epoch, position) and engine.consumed:
             tasks = engine.advance()
         else:
             tasks = make_tasks(epoch, position)
@@ -141,6 +155,13 @@ class Pipeline:
         from torch.utils.data._utils.pin_memory import pin_memory
 
         return pin_memory(batch, self.pin_memory_device or None)
+
+    def note(self, notes: list[str]) -> None:
+        """Warn once per loader about each difference from torch a batch met."""
+        for note in notes:
+            if note not in self._noted:
+                self._noted.add(note)
+                warnings.warn(NOTES.get(note, note), stacklevel=4)
 
     # -- knobs and shutdown --------------------------------------------------------------
     def set_prefetch(self, depth: int | None, workers: int | None) -> None:
@@ -245,7 +266,11 @@ class LoaderIterator:
         self._cursor.position = self._tasks.position_after(self._delivered)  # type: ignore[attr-defined]
         if isinstance(result, Failure):
             task = self._tasks[k]
+            if not result.samples:  # a batch its worker could not send names none
+                result.samples = key_list(task.indices)
             return None, result.to_exception(task.number, task.epoch)
+        if result.meta.notes:
+            pipeline.note(result.meta.notes)
         pipeline.telemetry.on_memory(engine.bytes_in_flight() + result.nbytes)
         pipeline.tune(engine, result.meta, time.perf_counter() - requested, epoch_start=k == 0)
         batch = pipeline.pin(result.batch)
@@ -270,7 +295,10 @@ class LoaderIterator:
 
     def __del__(self) -> None:
         # A pass abandoned mid-epoch (break, an exception in the training loop) frees
-        # its workers now, unless they persist across epochs.
-        with contextlib.suppress(Exception):
+        # its workers now, unless they persist across epochs. No module globals here: at
+        # interpreter exit they may already be None (the exit hook stopped the workers).
+        try:
             if not self._done:
                 self._stop(force=False)
+        except Exception:  # nothing to report from a finalizer
+            pass

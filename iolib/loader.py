@@ -7,6 +7,8 @@ The loader itself holds only a cursor: (epoch, global samples consumed).
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -32,7 +34,7 @@ from iolib.sampling import (
 )
 from iolib.sources.base import Source
 from iolib.sources.torchds import as_source
-from iolib.state import LoaderState, check_state
+from iolib.state import LoaderState, check_state, dataset_fields
 from iolib.workers import worker_base_seed
 
 T_co = TypeVar("T_co", covariant=True)
@@ -70,7 +72,8 @@ class DataLoader(Generic[T_co]):
     and ``world_size``; never of ``num_workers``, the prefetch depth or timing
     (docs/determinism.md). A user's ``sampler``/``batch_sampler`` (e.g. DistributedSampler)
     decides order and sharding itself, as in torch. Arguments beyond torch's: ``seed``
-    (default: the generator's initial seed, else 0), ``rank``/``world_size`` (default:
+    (default: the generator's initial seed, else ``torch.initial_seed()`` at construction,
+    so ``torch.manual_seed`` moves the shuffle as under torch), ``rank``/``world_size`` (default:
     torch.distributed or torchrun), ``shuffle="block"`` with ``shuffle_window`` row groups,
     ``transform(sample, rng)``, ``decode`` (e.g. ``iolib.images.ImagePipeline``),
     ``worker_mode`` ("auto", "thread", "process"), ``prefetch`` (batches in flight or
@@ -160,6 +163,7 @@ class DataLoader(Generic[T_co]):
         self.collate_fn = o.collate_fn or (default_collate if batched else default_convert)
         self._cursor = Cursor()
         self._resume_pending = False
+        self._epoch_chosen = False  # set_epoch/load_state_dict chose what iter() starts
         if o.iterable:
             self._feed: IterableFeed | None = IterableFeed(dataset, o)
             self.rank, self.world_size, self.worker_mode = 0, 1, "process"
@@ -172,6 +176,14 @@ class DataLoader(Generic[T_co]):
             self._initialized = True
             return
         self._feed = None
+        if not o.in_order and o.num_workers > 0:
+            warnings.warn(
+                "in_order=False is ignored: iolib always delivers batches in the plan's order "
+                "(its reorder buffer keeps fast workers' batches while a slow one catches up, "
+                "so a slow batch costs little), where torch's loader may hand out a later "
+                "batch first. Drop in_order=False to silence this.",
+                stacklevel=3,
+            )
         self._user_sampling = o.sampler is not None or o.batch_sampler is not None
         self.rank, self.world_size = self._ranks(o)
         torch_dataset = not isinstance(dataset, Source)
@@ -184,7 +196,11 @@ class DataLoader(Generic[T_co]):
         # Global RNG state is private inline and in process workers: seed it per sample.
         private = o.num_workers == 0 or self.worker_mode == "process"
         self.source = as_source(
-            dataset, seed=o.seed, seed_globals=private, restore_globals=o.num_workers == 0
+            dataset,
+            seed=o.seed,
+            seed_globals=private,
+            restore_globals=o.num_workers == 0,
+            batched=batched,
         ).with_seed(o.seed)  # a source whose samples depend on the seed (packed windows)
         check = getattr(self.source, "check_loader", None)
         if check is not None:  # a source whose samples are batches refuses batching them
@@ -304,6 +320,7 @@ class DataLoader(Generic[T_co]):
         if epoch != self._cursor.epoch:
             self._cursor.epoch, self._cursor.position = int(epoch), 0
             self._resume_pending = False
+        self._epoch_chosen = True
 
     @property
     def epoch(self) -> int:
@@ -311,8 +328,12 @@ class DataLoader(Generic[T_co]):
 
     def __iter__(self) -> Iterator[T_co]:
         if not self._resume_pending:
-            self._cursor.position = 0  # a new pass over the current epoch (torch semantics)
-        self._resume_pending = False
+            if self._cursor.position > 0 and not self._epoch_chosen:
+                # The last pass stopped early: a new iter() starts the next epoch (a fresh
+                # order, as torch draws one per iter()), never a replay of this one.
+                self._cursor.epoch += 1
+            self._cursor.position = 0
+        self._resume_pending = self._epoch_chosen = False
         if self._feed is not None:
             return self._feed.begin(self._cursor, owner=self)
         self.source.fit_cache(self._cache_row_groups())
@@ -342,9 +363,14 @@ class DataLoader(Generic[T_co]):
             self._pipeline.close()
 
     def __del__(self) -> None:
-        pipeline = self.__dict__.get("_pipeline")
-        if pipeline is not None:
-            pipeline.release(force=True)
+        # At interpreter exit module globals may already be None; the exit hook has
+        # stopped the workers by then, so there is nothing left to report.
+        try:
+            pipeline = self.__dict__.get("_pipeline")
+            if pipeline is not None:
+                pipeline.release(force=True)
+        except Exception:
+            pass
 
     # -- state ---------------------------------------------------------------------------
     def _fingerprint(self) -> str:
@@ -368,6 +394,7 @@ class DataLoader(Generic[T_co]):
             dataset=self._fingerprint(),
             num_samples=len(self.source) if self._feed is None else 0,
             world_size=self.world_size,
+            dataset_fields=dataset_fields(self.source) if self._feed is None else {},
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -377,9 +404,32 @@ class DataLoader(Generic[T_co]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state` on the next iter(); raises StateError naming what differs."""
-        restored = check_state(state, self._describe_state())
+        current = self._describe_state()
+        seed = self._seed_to_adopt(state)
+        if seed is not None:
+            current = dataclasses.replace(current, seed=seed)
+        restored = check_state(state, current)
+        if seed is not None:
+            self._rebuild_with_seed(seed)
         self._cursor.epoch, self._cursor.position = restored.epoch, restored.position
-        self._resume_pending = True
+        self._resume_pending = self._epoch_chosen = True
+
+    def _seed_to_adopt(self, state: Any) -> int | None:
+        """A seed taken from torch.initial_seed() yields to the state's: the resumed run
+        goes on in the saved order even if this process's torch seed differs."""
+        seed = state.get("seed") if isinstance(state, dict) else None
+        if not self.options.seed_from_torch or seed == self.seed:
+            return None
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            return None  # check_state names the bad value
+        return seed
+
+    def _rebuild_with_seed(self, seed: int) -> None:
+        o = self.options
+        self.close()
+        arguments = {**o.arguments(), "seed": seed, "iterable": o.iterable, "datapipe": o.datapipe}
+        self.__dict__["_initialized"] = False  # _build sets the frozen attributes again
+        self._build(self.dataset, LoaderOptions(**arguments, seed_from_torch=True))
 
     def replace(self, **changes: Any) -> DataLoader:
         """A new loader with the same arguments except `changes` (e.g. another source
@@ -388,6 +438,7 @@ class DataLoader(Generic[T_co]):
         clone = type(self)(**arguments)
         clone._cursor.epoch, clone._cursor.position = self._cursor.epoch, self._cursor.position
         clone._resume_pending = self._resume_pending
+        clone._epoch_chosen = True  # the clone starts the cursor's epoch, as given
         return clone
 
     def for_stage(self, stage: int, num_stages: int, microbatches: int = 1, **options: Any) -> Any:

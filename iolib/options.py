@@ -92,6 +92,9 @@ class LoaderOptions:
     on_error: str = "raise"
     iterable: bool = False  # the dataset is an IterableDataset (set by the loader)
     datapipe: bool = False  # ... and an IterDataPipe, which takes `shuffle` (as in torch)
+    # `seed` was not given: it came from torch.initial_seed() (set here); a loaded state's
+    # seed then replaces it, so a resume is exact whatever the new process's torch seed.
+    seed_from_torch: bool = False
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -112,8 +115,12 @@ class LoaderOptions:
             raise ConfigError(
                 f"`generator` must be a torch.Generator or None. Found: {self.generator!r}."
             )
-        if self.seed is None:
-            put("seed", self.generator.initial_seed() if self.generator is not None else 0)
+        if self.seed is None and self.generator is not None:
+            put("seed", self.generator.initial_seed())
+        elif self.seed is None:
+            # What torch.manual_seed(args.seed) sets moves the shuffle, as under torch.
+            put("seed", torch.initial_seed())
+            put("seed_from_torch", True)
         put("seed", _count("seed", self.seed, minimum=0))
         self._check_iolib()
 
@@ -226,7 +233,7 @@ class LoaderOptions:
 
     def arguments(self) -> dict[str, Any]:
         """The constructor's keyword arguments that rebuild an equal loader."""
-        derived = ("iterable", "datapipe")
+        derived = ("iterable", "datapipe", "seed_from_torch")
         kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in derived}
         if self.batch_sampler is not None:
             kwargs["batch_size"] = 1  # normalized to None above; torch wants it left at 1

@@ -7,7 +7,8 @@ may change on restore (elastic resume): the cursor counts global samples.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import hashlib
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from iolib.errors import StateError
@@ -38,6 +39,9 @@ class LoaderState:
     num_samples: int
     world_size: int  # informational: restoring at another world size is allowed
     version: int = STATE_VERSION
+    # What the fingerprint is made of (name -> short text), to say what differs when the
+    # fingerprints do; optional on restore (states from before it lack it).
+    dataset_fields: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,7 +60,76 @@ _TYPES = {
     "num_samples": "int",
     "world_size": "int",
     "version": "int",
+    "dataset_fields": "dict",
 }
+_OPTIONAL = {"dataset_fields": {}}
+# Attributes of a source that never change its stream (tuning, credentials, caching).
+_NOT_THE_STREAM = frozenset(
+    (
+        "seed",
+        "retry",
+        "readahead",
+        "cache_bytes",
+        "storage_options",
+        "url",
+        "urls",
+        "lists",
+        "seed_globals",
+        "restore_globals",
+        "getitems",
+        "drawn",
+        "notes",
+    )
+)
+
+
+def _digest(parts: list[str]) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def dataset_fields(source: Any, prefix: str = "", depth: int = 0) -> dict[str, str]:
+    """What a source's fingerprint is made of, as name -> short text, so a refused resume
+    can say which differ (``seq_len: state has 128, loader has 256``). A source may
+    supply its own with ``fingerprint_fields()``; otherwise its public settings (numbers,
+    strings, short lists), its files (count and digest of paths, then of row counts) and
+    those of the sources it wraps."""
+    own = getattr(source, "fingerprint_fields", None)
+    if callable(own):
+        return {f"{prefix}{k}": str(v) for k, v in own().items()}
+    fields: dict[str, str] = {}
+    files = getattr(source, "files", None) if hasattr(type(source), "files") else None
+    if isinstance(files, (list, tuple)) and all(hasattr(f, "path") for f in files):
+        fields[f"{prefix}files"] = f"{len(files)} file(s) #{_digest([f.path for f in files])}"
+        counts = [",".join(map(str, getattr(f, "row_groups", ()))) for f in files]
+        fields[f"{prefix}row_groups"] = f"#{_digest(counts)}"
+    for name, value in sorted(vars(source).items()):
+        if name.startswith("_") or name in _NOT_THE_STREAM:
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            fields[f"{prefix}{name}"] = repr(value)
+        elif isinstance(value, (list, tuple)) and len(value) <= 16:
+            if all(isinstance(v, (bool, int, float, str)) for v in value):
+                fields[f"{prefix}{name}"] = repr(list(value))
+        elif depth < 2 and hasattr(value, "fingerprint") and hasattr(value, "read"):
+            fields.update(dataset_fields(value, f"{prefix}{name}.", depth + 1))
+    return fields
+
+
+def _dataset_differences(state: dict[str, Any], current: LoaderState) -> str:
+    """'dataset: ...' naming the fields that differ, where both sides recorded them."""
+    saved, now = state.get("dataset_fields") or {}, current.dataset_fields
+    head = f"dataset: state has {state['dataset']!r}, loader has {current.dataset!r}"
+    if not saved or not now:
+        return head
+    names = sorted(set(saved) | set(now))
+    differ = [
+        f"{name} (state has {saved.get(name, 'nothing')}, loader has {now.get(name, 'nothing')})"
+        for name in names
+        if saved.get(name) != now.get(name)
+    ]
+    if not differ:
+        return head + " (the same settings and files: their content changed)"
+    return f"{head}, which differ in " + ", ".join(differ)
 
 
 def _is(value: Any, kind: str) -> bool:
@@ -64,6 +137,10 @@ def _is(value: Any, kind: str) -> bool:
         return True
     if kind.startswith("int"):
         return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "dict":
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
     return isinstance(value, {"bool": bool, "str": str}[kind])
 
 
@@ -71,6 +148,7 @@ def check_state(state: dict[str, Any], current: LoaderState) -> LoaderState:
     """Validate a saved state against the loader's configuration; name every difference."""
     if not isinstance(state, dict):
         raise StateError(f"A loader state must be a dict from state_dict(). Found: {type(state)}.")
+    state = {**_OPTIONAL, **state}
     expected = set(current.to_dict())
     missing = sorted(expected - set(state))
     if missing:
@@ -94,7 +172,9 @@ def check_state(state: dict[str, Any], current: LoaderState) -> LoaderState:
             f"{STATE_VERSION})."
         )
     differ = [
-        f"{key}: state has {state[key]!r}, loader has {getattr(current, key)!r}"
+        _dataset_differences(state, current)
+        if key == "dataset"
+        else f"{key}: state has {state[key]!r}, loader has {getattr(current, key)!r}"
         for key in _MUST_MATCH
         if state[key] != getattr(current, key)
     ]

@@ -305,6 +305,7 @@ def process_worker(
 
     # First, before any torch op: one intra-op thread, as in torch's worker loop.
     torch.set_num_threads(1)
+    report_unsendable(done, fn, setup.wid)
     stage = "worker_init_fn"
     try:
         _setup_process(setup)
@@ -331,6 +332,61 @@ def process_worker(
         done.put(Fatal(setup.wid, RemoteError(exc, _where("process", setup.wid, stage))))
         _linger(todo, stopping, parent)
         sys.exit(1)  # an exit code, and no traceback printed by multiprocessing
+
+
+def unpicklable_part(value: Any, path: str = "batch", depth: int = 0) -> tuple[str, type]:
+    """Where in `value` pickling fails: the deepest container path and the type there
+    (e.g. ("batch['meta'][0]", _thread.lock)), or (`path`, type(value)) at the top."""
+    from multiprocessing.reduction import ForkingPickler
+
+    if depth < 8:
+        if isinstance(value, dict):
+            items: Any = ((f"{path}[{k!r}]", v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+        else:
+            items = ()
+        for where, item in items:
+            try:
+                ForkingPickler.dumps(item)
+            except Exception:
+                return unpicklable_part(item, where, depth + 1)
+    return path, type(value)
+
+
+def unsendable_text(exc: BaseException, result: Any) -> str:
+    """Why a worker's result could not be sent, naming the type that cannot be pickled."""
+    where, kind = unpicklable_part(getattr(result, "batch", result))  # a fetcher's Fetched
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    return (
+        f"The batch could not be sent from the process worker to the main process: "
+        f"{where} is a {name}, which cannot be pickled ({type(exc).__name__}: {exc}). "
+        "Make collate_fn (or the Dataset) return tensors, numpy arrays or other picklable "
+        "values, or use worker_mode='thread' (threads send nothing)."
+    )
+
+
+def report_unsendable(done: Any, fn: Callable[[Any], Any], wid: int) -> None:
+    """A result the queue cannot pickle is reported, not dropped: multiprocessing's
+    feeder thread would print the error and send nothing, and the consumer would wait
+    for that batch forever (torch's loader hangs so). `fn.unsendable(text)` makes the
+    error result where it can (a fetcher's Failure); otherwise the worker reports a
+    WorkerError as its death. Uses the queue's hook for this (the one concurrent.futures
+    overrides), so a result that pickles costs nothing more."""
+
+    def on_error(exc: BaseException, message: Any) -> None:
+        if not (isinstance(message, tuple) and len(message) == 3):
+            return  # not a result (Fatal, Retired): nothing more to send
+        generation, number, result = message
+        text = unsendable_text(exc, result)
+        make = getattr(fn, "unsendable", None)
+        if make is not None:
+            done.put((generation, number, make(text)))
+        else:
+            error = WorkerError(text, stage="send", batch=number)
+            done.put(Fatal(wid, RemoteError(error, _where("process", wid, "sending"))))
+
+    done._on_queue_feeder_error = on_error
 
 
 def _linger(todo: Any, stopping: Any, parent: int) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
 from iolib import DataLoader
@@ -226,3 +228,151 @@ def test_persistent_workers_start_the_next_epoch_before_it_is_asked_for() -> Non
         first, epoch_batches(DataLoader(Recording(), batch_size=3, shuffle=True), 0)
     )
     loader.close()
+
+
+# -- global generators drawn from only where a sample draws (issue 33, item 20) ---------
+class SometimesDraws(Dataset):
+    """Sample i draws from torch, numpy and random only when i is in `drawing`."""
+
+    def __init__(self, n: int, drawing: frozenset[int]) -> None:
+        self.n, self.drawing = n, drawing
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index not in self.drawing:
+            return torch.tensor([float(index), 0.0, 0.0])
+        import random as stdlib_random
+
+        noise = torch.rand(()).item() + np.random.rand() + stdlib_random.random()
+        return torch.tensor([float(index), noise, torch.randint(0, 1000, ()).item()])
+
+
+def _by_index(loader: DataLoader) -> dict[int, list[float]]:
+    rows = torch.cat(list(loader)).tolist()
+    return {int(row[0]): row for row in rows}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 90),
+    drawing=st.frozensets(st.integers(0, 89), max_size=6),
+    batch_size=st.sampled_from([1, 7, 16, 40, 90]),
+    shuffle=st.booleans(),
+)
+def test_a_sample_draws_the_same_whatever_batch_holds_it(n, drawing, batch_size, shuffle):
+    """A sample's global draws are a pure function of (seed, epoch, index): the same in a
+    batch of one (seeded up front) as in a batch read first without seeding."""
+    dataset = SometimesDraws(n, drawing)
+    expected = _by_index(DataLoader(dataset, batch_size=1, seed=3))
+    got = _by_index(DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, seed=3))
+    assert got == expected
+
+
+def test_a_drawing_sample_is_the_same_in_process_workers() -> None:
+    dataset = SometimesDraws(120, frozenset({5, 60, 61, 119}))
+    inline = _by_index(DataLoader(dataset, batch_size=20, shuffle=True, seed=4))
+    workers = DataLoader(dataset, batch_size=20, shuffle=True, seed=4, num_workers=2)
+    assert _by_index(workers) == inline
+    assert inline[60][1] != 0.0 and inline[59][1] == 0.0
+
+
+# -- the default seed and the epoch of a new iter() (issue 33, items 17 and 18) ---------
+def test_the_default_seed_is_torchs_and_a_resume_keeps_it() -> None:
+    dataset = list(range(50))
+    torch.manual_seed(5)
+    loader = DataLoader(dataset, batch_size=4, shuffle=True)
+    assert loader.seed == torch.initial_seed() == 5
+    iterator = iter(loader)
+    head = [next(iterator).tolist() for _ in range(3)]
+    state, rest = loader.state_dict(), [b.tolist() for b in iterator]
+    assert state["seed"] == 5 and json.loads(json.dumps(state)) == state
+
+    torch.manual_seed(9)  # the resumed process seeds torch otherwise
+    resumed = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2)
+    resumed.load_state_dict(state)
+    assert resumed.seed == 5
+    assert [b.tolist() for b in resumed] == rest and head
+
+
+def test_an_explicit_seed_still_refuses_another_states_seed() -> None:
+    from iolib.errors import StateError
+
+    torch.manual_seed(5)
+    state = DataLoader(list(range(50)), batch_size=4, shuffle=True).state_dict()
+    with pytest.raises(StateError, match="seed: state has 5, loader has 6"):
+        DataLoader(list(range(50)), batch_size=4, shuffle=True, seed=6).load_state_dict(state)
+
+
+def _passes(loader: DataLoader, steps: int, epochs: int, set_epoch: bool) -> list:
+    taken = []
+    for epoch in range(epochs):
+        if set_epoch:
+            loader.set_epoch(epoch)
+        iterator = iter(loader)
+        taken.append([next(iterator).tolist() for _ in range(steps)])
+    return taken
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_partial_passes_walk_the_epochs_in_order(workers: int) -> None:
+    """A new iter() after a partial pass is the next epoch: the same batches as
+    set_epoch(e) for e = 0, 1, 2..., so the run stays a pure function of the seed."""
+    make = partial(DataLoader, list(range(60)), batch_size=4, shuffle=True, seed=8)
+    plain = _passes(make(num_workers=workers, persistent_workers=workers > 0), 3, 4, False)
+    assert plain == _passes(make(), 3, 4, True)
+    assert len({tuple(map(tuple, p)) for p in plain}) == 4
+
+
+def test_set_epoch_or_a_loaded_state_decides_what_iter_starts() -> None:
+    loader = DataLoader(list(range(60)), batch_size=4, shuffle=True, seed=8)
+    first = _passes(loader, 3, 1, False)[0]
+    loader.set_epoch(0)  # the same epoch again, from its start: asked for, so replayed
+    assert _passes(loader, 3, 1, False)[0] == first
+    iterator = iter(loader)  # the previous pass stopped early: epoch 1 now
+    assert loader.epoch == 1
+    next(iterator)
+    state = loader.state_dict()
+    again = DataLoader(list(range(60)), batch_size=4, shuffle=True, seed=8)
+    again.load_state_dict(state)
+    assert next(iter(again)).tolist() == next(iterator).tolist()
+    assert again.epoch == 1
+
+
+def test_an_iter_that_took_nothing_moves_no_epoch() -> None:
+    loader = DataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
+    iter(loader)
+    iter(loader)
+    assert loader.epoch == 0 and len(list(loader)) == 5 and loader.epoch == 1
+
+
+# -- a refused resume names what differs (issue 33, item 12) ----------------------------
+def test_a_refused_resume_names_the_fields_that_differ(tmp_path) -> None:
+    from iolib.errors import StateError
+    from iolib.text import PackedTokens
+    from tests.token_data import doc_lengths, write_documents
+
+    corpus = write_documents(tmp_path / "a", doc_lengths(60), shards=2)
+    other = write_documents(tmp_path / "b", doc_lengths(60, seed=1), shards=3)
+
+    def state_of(url: str, **kw) -> dict:
+        tokens = PackedTokens(url, column="tokens", **{"seq_len": 16, "eos_id": 0, **kw})
+        return DataLoader(tokens, batch_size=2, seed=0).state_dict()
+
+    saved = state_of(corpus)
+    for changes, named in (
+        ({"seq_len": 8}, "seq_len (state has 16, loader has 8)"),
+        ({"eos_id": 7}, "eos_id (state has 0, loader has 7)"),
+        ({"url": other}, "files (state has 2 file(s)"),
+    ):
+        url = changes.pop("url", corpus)
+        tokens = PackedTokens(url, column="tokens", **{"seq_len": 16, "eos_id": 0, **changes})
+        with pytest.raises(StateError) as caught:
+            DataLoader(tokens, batch_size=2, seed=0).load_state_dict(saved)
+        assert named in str(caught.value), str(caught.value)
+    # A torch Dataset: its class and length.
+    state = DataLoader(NoisyDataset(), batch_size=4, seed=0).state_dict()
+    shorter = type("Shorter", (NoisyDataset,), {"__len__": lambda self: 40})
+    with pytest.raises(StateError, match=r"len \(state has 45, loader has 40\)"):
+        DataLoader(shorter(), batch_size=4, seed=0).load_state_dict(state)

@@ -131,3 +131,59 @@ def test_rank_from_torchrun_environment(monkeypatch) -> None:
     loader = DataLoader(Squares(), batch_size=2)
     assert (loader.rank, loader.world_size) == (1, 3)
     assert next(x.tolist() for x, _ in loader) == [2, 3]
+
+
+# -- differences kept by design warn once where a script relies on them (issue 33, #21) --
+def test_in_order_false_warns_once_that_batches_stay_in_order() -> None:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DataLoader(Squares(), batch_size=4, num_workers=2, in_order=False)
+        batches = [b[0].tolist() for b in loader]
+        DataLoader(Squares(), batch_size=4, in_order=False)  # no workers: no order to keep
+        DataLoader(Squares(), batch_size=4, num_workers=2)
+    messages = [str(w.message) for w in caught if "in_order" in str(w.message)]
+    assert len(messages) == 1 and "in_order=False is ignored" in messages[0]
+    assert batches == [list(range(i, min(i + 4, 30))) for i in range(0, 30, 4)]
+
+
+class SeedsFromTorch(Dataset):
+    """Draws from torch's global generator and reads torch.initial_seed(): under torch it
+    is the worker's seed; iolib seeds torch per sample here, so it is the sample's."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int):
+        return torch.rand(()) + torch.initial_seed() % 1000
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_initial_seed_under_per_sample_seeding_warns_once(workers: int) -> None:
+    import warnings
+
+    loader = DataLoader(SeedsFromTorch(), batch_size=8, num_workers=workers, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            list(loader)
+    messages = [str(w.message) for w in caught if "initial_seed" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "get_worker_info().seed" in messages[0]
+
+
+def test_a_dataset_that_draws_nothing_is_not_warned_about_initial_seed() -> None:
+    import warnings
+
+    class Reads(Dataset):
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, index: int):
+            return torch.tensor(torch.initial_seed() % 1000 + index)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(DataLoader(Reads(), batch_size=8, seed=0))
+    assert not [w for w in caught if "initial_seed" in str(w.message)]

@@ -628,3 +628,101 @@ def test_a_dropped_persistent_loader_is_freed_without_the_cycle_collector() -> N
         assert alive() is None, "a reference cycle keeps the dropped loader alive"
     finally:
         gc.enable()
+
+
+# What interpreter exit does once the atexit hooks ran: module globals become None
+# (CPython's _PyModule_ClearDict), then the script's own globals are dropped. The hook is
+# registered before torch and iolib are imported, so it runs after multiprocessing's.
+_AT_EXIT = """
+import atexit, sys
+
+def teardown():
+    for name, module in list(sys.modules.items()):
+        if module is not None and name.split(".")[0] == "iolib":
+            for key in list(vars(module)):
+                if not key.startswith("__"):
+                    vars(module)[key] = None
+    for key in ("iterator", "loader"):
+        vars(sys.modules["__main__"]).pop(key, None)
+
+atexit.register(teardown)
+
+import torch
+from torch.utils.data import TensorDataset
+from {module} import DataLoader
+
+loader = DataLoader(TensorDataset(torch.arange(100)), batch_size=4, shuffle=True, {options})
+iterator = iter(loader)  # nanoGPT's get_batch keeps one in module globals
+next(iterator)
+print("trained")
+"""
+
+
+@pytest.mark.parametrize("kind", ["torch", "iolib"])
+@pytest.mark.parametrize(
+    "options",
+    ["num_workers=0", "num_workers=2", "num_workers=2, persistent_workers=True"],
+    ids=["inline", "processes", "persistent"],
+)
+def test_a_loader_and_iterator_in_module_globals_print_nothing_at_exit(
+    kind: str, options: str
+) -> None:
+    module = "torch.utils.data" if kind == "torch" else "iolib"
+    done = _run(_AT_EXIT.format(module=module, options=options), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "trained"
+    assert done.stderr == "", f"{kind} printed at exit:\n{done.stderr}"
+
+
+def _collate_with_lock(samples: list) -> dict:
+    return {"x": torch.utils.data.default_collate(samples), "meta": [threading.Lock()]}
+
+
+def _collate_to_generator(samples: list) -> object:
+    return (s for s in samples)
+
+
+def _collate_lock_on_batch_one(samples: list) -> object:
+    batch = torch.utils.data.default_collate(samples)
+    return threading.Lock() if int(batch[0]) == 4 else batch
+
+
+@pytest.mark.parametrize(
+    ("collate", "where", "kind"),
+    [
+        (_collate_with_lock, "batch['meta'][0]", "_thread.lock"),
+        (_collate_to_generator, "batch", "builtins.generator"),
+    ],
+    ids=["nested", "top"],
+)
+def test_an_unpicklable_collate_result_is_a_worker_error_naming_its_type(
+    collate, where: str, kind: str
+) -> None:
+    # `timeout` bounds the test: before the fix the batch was dropped and awaited forever.
+    loader = DataLoader(
+        Plain(), batch_size=4, num_workers=2, collate_fn=collate, worker_mode="process", timeout=60
+    )
+    with pytest.raises(WorkerError) as caught:
+        next(iter(loader))
+    message = str(caught.value)
+    assert where in message and kind in message, message
+    assert "timed out" not in message
+    assert caught.value.stage == "send" and caught.value.samples == [0, 1, 2, 3]
+
+
+def test_after_an_unsendable_batch_the_pass_goes_on() -> None:
+    loader = DataLoader(
+        Plain(),
+        batch_size=4,
+        num_workers=2,
+        collate_fn=_collate_lock_on_batch_one,
+        worker_mode="process",
+        timeout=60,
+    )
+    iterator, got, failed = iter(loader), [], []
+    for _ in range(len(loader)):
+        try:
+            got.append(next(iterator)[0].item())
+        except WorkerError as exc:
+            failed.append(exc.batch)
+    assert failed == [1] and got == [0, 8]
