@@ -23,7 +23,6 @@ that leg is reported as skipped and the others still run.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import random
@@ -34,7 +33,9 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import numpy as np
 import torch
 from PIL import Image
@@ -265,27 +266,38 @@ def measure(legs: dict[str, Callable[[], int]], repeats: int) -> dict[str, list[
     return rates
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--images", type=int, default=4000)
-    ap.add_argument("--side", type=int, default=256)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2, help="torch DataLoader workers")
-    ap.add_argument(
-        "--threads", type=int, default=os.cpu_count() or 2, help="DALI reader's decode threads"
-    )
-    ap.add_argument("--iolib-workers", type=int, default=2, help="iolib loader workers")
-    ap.add_argument(
-        "--iolib-threads",
-        type=int,
-        default=0,
-        help="DALI threads per iolib worker (default: --threads / --iolib-workers, so the "
-        "iolib loader decodes with as many DALI threads in all as DALI's reader)",
-    )
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/images.md")
-    args = ap.parse_args()
+@click.command(help=__doc__.split("\n")[0])
+@click.option("--images", type=int, default=4000, show_default=True)
+@click.option("--side", type=int, default=256, show_default=True)
+@click.option("--size", type=int, default=224, show_default=True)
+@click.option("--batch", type=int, default=64, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True, help="torch DataLoader workers")
+@click.option(
+    "--threads",
+    type=int,
+    default=os.cpu_count() or 2,
+    show_default=True,
+    help="DALI reader's decode threads",
+)
+@click.option(
+    "--iolib-workers", type=int, default=2, show_default=True, help="iolib loader workers"
+)
+@click.option(
+    "--iolib-threads",
+    type=int,
+    default=0,
+    help="DALI threads per iolib worker (default: --threads / --iolib-workers, so the "
+    "iolib loader decodes with as many DALI threads in all as DALI's reader)",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=ROOT / "benchmarks/results/images.md",
+    show_default=True,
+)
+def main(**options: object) -> None:
+    args = SimpleNamespace(**options)
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "folder"
@@ -328,7 +340,7 @@ def _fmt(value: list[float] | str) -> str:
     return value if isinstance(value, str) else f"{statistics.median(value):,.0f} images/s"
 
 
-def render(results: dict[str, list[float] | str], args: argparse.Namespace) -> str:
+def render(results: dict[str, list[float] | str], args: SimpleNamespace) -> str:
     medians = {k: statistics.median(v) for k, v in results.items() if not isinstance(v, str)}
     torch_ref = next((v for k, v in medians.items() if k.startswith("torch")), None)
     dali_ref = next((v for k, v in medians.items() if k.startswith("DALI")), None)

@@ -20,7 +20,6 @@ epoch by epoch; samples/s is the median.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import platform
@@ -29,7 +28,9 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -180,7 +181,7 @@ def interleaved_rates(loaders: list, samples: int, repeats: int) -> list[list[fl
     return rates
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def run(args: SimpleNamespace) -> list[dict]:
     data = Path(args.data)
     images = lambda: make_images(data, args.images)  # noqa: E731
     workloads = {
@@ -237,7 +238,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def write_report(rows: list[dict], args: argparse.Namespace, out: Path) -> None:
+def write_report(rows: list[dict], args: SimpleNamespace, out: Path) -> None:
     lines = [
         "# iolib.DataLoader vs torch.utils.data.DataLoader",
         "",
@@ -287,17 +288,27 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="workers on both sides (default 2)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed epochs (default 5)")
-    parser.add_argument("--images", type=int, default=4000, help="JPEGs in the images workload")
-    parser.add_argument("--tokens", type=int, default=200_000, help="rows in the tokens workload")
-    parser.add_argument("--data", default=str(HERE / "data"), help="where workloads are made")
-    names = ("images", "images-same-transform", "images-fast-resize", "tokens")
-    parser.add_argument("--workloads", nargs="+", choices=names, default=list(names))
-    parser.add_argument("--out", default=str(HERE / "results" / "loaders.md"))
-    args = parser.parse_args()
+WORKLOADS = ("images", "images-same-transform", "images-fast-resize", "tokens")
+
+
+@click.command(help=__doc__.split("\n")[0])
+@click.option("--workers", type=int, default=2, help="workers on both sides (default 2)")
+@click.option("--repeats", type=int, default=5, help="timed epochs (default 5)")
+@click.option("--images", type=int, default=4000, help="JPEGs in the images workload")
+@click.option("--tokens", type=int, default=200_000, help="rows in the tokens workload")
+@click.option("--data", default=str(HERE / "data"), help="where workloads are made")
+@click.option(
+    "--workloads",
+    type=click.Choice(WORKLOADS),
+    multiple=True,
+    default=WORKLOADS,
+    show_default=True,
+    help="repeat the option for several (default: all)",
+)
+@click.option("--out", default=str(HERE / "results" / "loaders.md"), show_default=True)
+def main(**options: object) -> None:
+    args = SimpleNamespace(**options)
+    args.workloads = list(args.workloads)
     write_report(run(args), args, Path(args.out))
 
 

@@ -23,7 +23,6 @@ first. 2 shared cores here: compare ratios from one run, not absolute figures.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -32,7 +31,9 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import numpy as np
 import psutil
 import pyarrow as pa
@@ -116,7 +117,7 @@ def time_epoch(loader, epoch: int) -> tuple[float, int]:
     return time.perf_counter() - start, rows
 
 
-def bench_variable(args: argparse.Namespace) -> dict:
+def bench_variable(args: SimpleNamespace) -> dict:
     directory = make_variable(args.data, args.rows, args.files, args.row_group)
     common = dict(batch_size=args.batch, num_workers=args.workers, persistent_workers=True)
     builders = {
@@ -170,7 +171,7 @@ def nanogpt_batches(flat: Path, batches: int, rng: torch.Generator) -> int:
     return tokens
 
 
-def bench_packed(args: argparse.Namespace) -> dict:
+def bench_packed(args: SimpleNamespace) -> dict:
     directory, flat = make_packed(args.data, args.packed_tokens)
     rates: dict[str, list[float]] = {"nanogpt-memmap": []}
     loaders = {}
@@ -210,11 +211,11 @@ def memory_probe(directory: str) -> None:
     )  # fmt: skip
     for _ in loader:
         pass
-    tokens = loader.source.store.tokens.size - loader.source.store.documents.size
+    tokens = int(loader.source.index.tokens.sum())  # raw tokens, without the eos added
     print(json.dumps({"rss_delta": process.memory_info().rss - before, "raw": 4 * tokens}))
 
 
-def bench_memory(args: argparse.Namespace) -> dict:
+def bench_memory(args: SimpleNamespace) -> dict:
     directory, _ = make_packed(args.data, args.packed_tokens)
     done = subprocess.run(
         [sys.executable, __file__, "--memory-probe", str(directory)],
@@ -226,7 +227,7 @@ def bench_memory(args: argparse.Namespace) -> dict:
 
 
 # -- report ----------------------------------------------------------------------------
-def write_report(results: dict, args: argparse.Namespace) -> None:
+def write_report(results: dict, args: SimpleNamespace) -> None:
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "tokens.json").write_text(json.dumps(results, indent=2))
@@ -278,19 +279,24 @@ def write_report(results: dict, args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=HERE / "data")
-    parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--files", type=int, default=8)
-    parser.add_argument("--row-group", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--packed-tokens", type=int, default=20_000_000)
-    parser.add_argument("--only", choices=("variable", "packed", "memory"), action="append")
-    parser.add_argument("--memory-probe", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+@click.command(help=__doc__.split("\n")[0])
+@click.option("--data", type=click.Path(path_type=Path), default=HERE / "data", show_default=True)
+@click.option("--rows", type=int, default=200_000, show_default=True)
+@click.option("--files", type=int, default=8, show_default=True)
+@click.option("--row-group", type=int, default=4096, show_default=True)
+@click.option("--batch", type=int, default=256, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--epochs", type=int, default=4, show_default=True)
+@click.option("--packed-tokens", type=int, default=20_000_000, show_default=True)
+@click.option(
+    "--only",
+    type=click.Choice(("variable", "packed", "memory")),
+    multiple=True,
+    help="repeat for several (default: all three)",
+)
+@click.option("--memory-probe", hidden=True)
+def main(**options: object) -> None:
+    args = SimpleNamespace(**options)
     if args.memory_probe:
         memory_probe(args.memory_probe)
         return

@@ -16,14 +16,15 @@ medians over `--repeats`; the ratio iolib / torch is per repeat, then the median
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import torch
 from torch.utils.data import Dataset
 
@@ -85,7 +86,7 @@ def timed_epoch(loader, step_s: float) -> tuple[float, float]:
     return samples / elapsed, stepped / max(stepped + waited, 1e-9)
 
 
-def compare(dataset: Dataset, args: argparse.Namespace) -> dict:
+def compare(dataset: Dataset, args: SimpleNamespace) -> dict:
     options = dict(
         batch_size=args.batch_size,
         num_workers=args.workers,
@@ -118,16 +119,22 @@ def compare(dataset: Dataset, args: argparse.Namespace) -> dict:
     } | {"ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=6, help="num_workers for both (6)")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples a batch (32)")
-    parser.add_argument("--samples", type=int, default=1536, help="samples an epoch (1536)")
-    parser.add_argument("--read-ms", type=float, default=4.0, help="storage wait a sample (4)")
-    parser.add_argument("--step-ms", type=float, default=5.0, help="training step (5)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed epochs per loader (5)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "workers.md", help="report")
-    args = parser.parse_args()
+@click.command(help=__doc__.split("\n")[0])
+@click.option("--workers", type=int, default=6, help="num_workers for both (6)")
+@click.option("--batch-size", type=int, default=32, help="samples a batch (32)")
+@click.option("--samples", type=int, default=1536, help="samples an epoch (1536)")
+@click.option("--read-ms", type=float, default=4.0, help="storage wait a sample (4)")
+@click.option("--step-ms", type=float, default=5.0, help="training step (5)")
+@click.option("--repeats", type=int, default=5, help="timed epochs per loader (5)")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=RESULTS / "workers.md",
+    show_default=True,
+    help="report",
+)
+def main(**options: object) -> None:
+    args = SimpleNamespace(**options)
     results = {
         "storage": compare(StorageBound(args.samples, args.read_ms), args),
         "cpu": compare(CpuBound(args.samples), args),

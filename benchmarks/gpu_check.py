@@ -16,7 +16,6 @@ The iolib legs feed ``ImagePipeline`` from a background thread with a bounded qu
 
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import sys
@@ -25,7 +24,9 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import numpy as np
 import torch
 
@@ -136,15 +137,20 @@ def pixel_gap(blobs: list[bytes], size: int, backend: str) -> str:
     return f"mean {diff.mean():.3f}, max {diff.max():.0f} levels"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/gpu_check.md")
-    ap.add_argument("--images", type=int, default=1024)
-    ap.add_argument("--side", type=int, default=400)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--seconds", type=float, default=12.0, help="per leg")
-    args = ap.parse_args()
+@click.command(help=__doc__.split("\n")[0])
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=ROOT / "benchmarks/results/gpu_check.md",
+    show_default=True,
+)
+@click.option("--images", type=int, default=1024, show_default=True)
+@click.option("--side", type=int, default=400, show_default=True)
+@click.option("--size", type=int, default=224, show_default=True)
+@click.option("--batch", type=int, default=128, show_default=True)
+@click.option("--seconds", type=float, default=12.0, show_default=True, help="per leg")
+def main(**options: object) -> None:
+    args = SimpleNamespace(**options)
     if not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA GPU here; nothing to check.")
     import tempfile

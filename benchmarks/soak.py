@@ -9,7 +9,6 @@ in flight, and checks that every epoch delivers each sample exactly once. Writes
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import tempfile
@@ -17,7 +16,9 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import numpy as np
 import psutil
 import pyarrow as pa
@@ -71,7 +72,7 @@ class Sampler(threading.Thread):
             self.stop.wait(self.period)
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: SimpleNamespace) -> dict:
     budget = parse_bytes(args.memory_budget)
     with tempfile.TemporaryDirectory(prefix="iolib-soak-") as tmp:
         root = Path(tmp) / "data"
@@ -202,31 +203,34 @@ def write_report(r: dict, s: dict, out: Path, command: str) -> None:
     (out / "soak.md").write_text("\n".join(lines))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=3.0, help="run time (default 3)")
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--cache-mib", type=float, default=32.0, help="row-group cache bound")
-    parser.add_argument("--files", type=int, default=4)
-    parser.add_argument("--row-group", type=int, default=500)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--window", type=int, default=4, help="shuffle window, row groups")
-    parser.add_argument("--step-ms", type=float, default=5.0)
-    parser.add_argument("--max-workers", type=int, default=4)
-    parser.add_argument("--memory-budget", default="256MiB")
-    parser.add_argument("--prefetch", default="auto", help="'auto' (the tuner) or a depth")
-    parser.add_argument("--timeout-s", type=float, default=30.0, help="per request; 0: none")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = parser.parse_args(argv)
-    command = "python benchmarks/soak.py " + " ".join(argv if argv is not None else sys.argv[1:])
+@click.command(help=__doc__.splitlines()[0])
+@click.option("--minutes", type=float, default=3.0, help="run time (default 3)")
+@click.option("--rows", type=int, default=20_000, show_default=True)
+@click.option("--seq-len", type=int, default=1024, show_default=True)
+@click.option(
+    "--cache-mib", type=float, default=32.0, show_default=True, help="row-group cache bound"
+)
+@click.option("--files", type=int, default=4, show_default=True)
+@click.option("--row-group", type=int, default=500, show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--window", type=int, default=4, show_default=True, help="shuffle window, row groups")
+@click.option("--step-ms", type=float, default=5.0, show_default=True)
+@click.option("--max-workers", type=int, default=4, show_default=True)
+@click.option("--memory-budget", default="256MiB", show_default=True)
+@click.option("--prefetch", default="auto", help="'auto' (the tuner) or a depth")
+@click.option("--timeout-s", type=float, default=30.0, help="per request; 0: none")
+@click.option("--out", default=str(Path(__file__).parent / "results"), show_default=True)
+def main(**options: object) -> None:
+    """Run the soak; exit status 1 if a sample was lost or memory went over budget."""
+    args = SimpleNamespace(**options)
+    command = "python benchmarks/soak.py " + " ".join(sys.argv[1:])
     result = run(args)
     summary = summarise(result)
     write_report(result, summary, Path(args.out), command.strip())
     print(Path(args.out, "soak.md").read_text())
     ok = result["lost"] == 0 and summary["peak_in_flight_mib"] <= summary["budget_mib"]
-    return 0 if ok else 1
+    raise SystemExit(0 if ok else 1)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -3,6 +3,7 @@ away, one request for a batch of small row groups, nothing held after the batch.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import fsspec
@@ -10,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from iolib import DataLoader
 from iolib.sources import ParquetSource
@@ -123,3 +126,25 @@ def test_ranges_closer_than_the_hole_are_read_in_one_request() -> None:
     assert coalesce(spans, hole=10) == [(0, 20), (5000, 6000)]
     assert coalesce(spans, hole=5000) == [(0, 6000)]
     assert coalesce(spans, hole=5000, limit=1000) == [(0, 20), (5000, 6000)]
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10_000), st.integers(1, 3_000)).map(lambda p: (p[0], sum(p))),
+        max_size=30,
+    ),
+    st.integers(0, 2_000),
+    st.integers(1, 8_000),
+)
+def test_coalesced_requests_cover_every_range_and_merge_all_they_may(spans, hole, limit) -> None:
+    merged = coalesce(spans, hole=hole, limit=limit)
+    assert merged == sorted(merged)
+    for start, end in spans:
+        assert any(a <= start and end <= b for a, b in merged), "a range left unread"
+    starts, ends = {a for a, _ in spans}, {b for _, b in spans}
+    for a, b in merged:  # no bytes beyond the wanted ranges and the holes between them
+        assert a in starts and b in ends
+        assert b - a <= limit or (a, b) in spans, "a request over the limit"
+    for (a1, b1), (a2, b2) in itertools.pairwise(merged):  # nothing left that could merge
+        assert a2 - b1 > hole or b2 - a1 > limit
+        assert b2 > b1, "a request inside the one before it: its bytes read twice"

@@ -7,6 +7,7 @@ import logging
 import os
 import pickle
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -245,6 +246,33 @@ def test_cache_never_serves_a_partial_download(blob, tmp_path):
     fs.fs.get_file = real
     with open(blob, "rb") as f:
         assert fs.cat_file(path) == f.read()
+
+
+def test_every_read_path_serves_one_copy_that_a_new_instance_reuses(blob, tmp_path):
+    """open, cat_file and cat_ranges share one local copy, downloaded once; another
+    instance on the same directory (another worker) reads nothing remote; a write through
+    the cache drops the stale copy."""
+    data = Path(blob).read_bytes()
+
+    def cached():
+        return open_filesystem(
+            f"shardcache::throttled::file://{blob}",
+            {"shardcache": {"cache_storage": str(tmp_path / "c"), "skip_instance_cache": True},
+             "throttled": {"skip_instance_cache": True}},
+        )  # fmt: skip
+
+    fs, path = cached()
+    assert fs.cat_ranges([path, path], [0, 100], [5, 200]) == [data[:5], data[100:200]]
+    downloaded = fs.fs.requests
+    with fs.open(path, "rb") as f:
+        assert f.read() == data
+    assert fs.cat_file(path, 10, 20) == data[10:20] and fs.cat_file(path, -5) == data[-5:]
+    assert downloaded > 0 and fs.fs.requests == downloaded, "read again from the store"
+    other, _ = cached()
+    assert other.cat_file(path) == data and other.fs.requests == 0
+    assert not [n for n in os.listdir(tmp_path / "c") if n.startswith(".partial-")]
+    fs.pipe_file(path, b"rewritten")
+    assert other.cat_file(path) == b"rewritten", "a stale copy served after a write"
 
 
 @pytest.mark.s3

@@ -6,11 +6,15 @@ open their own.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import fsspec
 
 from iolib.errors import ConfigError
+from iolib.storage.retries import BOTOCORE_RETRIES
+
+_S3_PROTOCOLS = ("s3", "s3a")
 
 
 def open_filesystem(
@@ -18,8 +22,9 @@ def open_filesystem(
 ) -> tuple[fsspec.AbstractFileSystem, str]:
     """Resolve `url` to (filesystem, path), with a message naming the package to install."""
     _check_userinfo(url)
+    options = _one_retry_layer(url, storage_options or {})
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         protocol = url.split("://", 1)[0] if "://" in url else "file"
         hint = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
@@ -29,6 +34,29 @@ def open_filesystem(
             f"Install it: pip install {package}. ({exc})"
         ) from exc
     return fs, path
+
+
+def _one_retry_layer(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """`storage_options` with botocore's retries set to `BOTOCORE_RETRIES` for an s3 URL,
+    unless the user set them (`config_kwargs["retries"]`, AWS_MAX_ATTEMPTS,
+    AWS_RETRY_MODE): iolib's policy is then the one retry loop (`iolib.storage.retries`).
+    The caller's dicts are not changed."""
+    parts = url.split("::")
+    protocol = parts[-1].split("://", 1)[0] if "://" in parts[-1] else "file"
+    if protocol not in _S3_PROTOCOLS or {"AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"} & set(os.environ):
+        return storage_options
+    options = dict(storage_options)
+    if len(parts) == 1:
+        target = options  # a plain URL takes flat options
+    else:  # a chained one takes the inner filesystem's under its protocol's name
+        target = options[protocol] = dict(options.get(protocol) or {})
+    config = dict(target.get("config_kwargs") or {})
+    # botocore rewrites the retries dict it is given (max_attempts to total_max_attempts):
+    # it gets a copy, so the user's stays as written.
+    retries = config.get("retries")
+    config["retries"] = dict(BOTOCORE_RETRIES if retries is None else retries)
+    target["config_kwargs"] = config
+    return options
 
 
 def _check_userinfo(url: str) -> None:

@@ -2,6 +2,15 @@
 
 Why here: every read iolib makes (row groups, images, footers) goes through
 `call_with_retries`, so one policy decides backoff, jitter, attempts and timeouts.
+
+Layering: retry loops below iolib's multiply with it (botocore's default of 5 attempts
+made a read iolib tried 3 times 15 requests to a server answering 500; one attempt each
+since, tests/test_s3_retries.py). For s3 URLs `open_filesystem` sets
+botocore to one attempt (`BOTOCORE_RETRIES`) unless the user configured botocore's
+retries (storage option `config_kwargs={"retries": ...}`, or AWS_MAX_ATTEMPTS /
+AWS_RETRY_MODE), so iolib's policy is the outer and only configured loop. s3fs keeps a
+loop of its own that no option reaches (`S3FileSystem.retries`, 5 tries, for dropped
+connections and SlowDown only): a read failing that way is tried up to 5 x `attempts`.
 """
 
 from __future__ import annotations
@@ -45,6 +54,13 @@ CREDENTIALS_HINT = (
     "(and 'endpoint_url' for an S3-compatible store); on the command line -o key=... "
     "-o secret=...; or configure the backend's own lookup (~/.aws, environment variables)."
 )
+
+
+# botocore's retries for the s3 filesystems iolib opens: one attempt, so a failed request
+# surfaces to `call_with_retries` (backoff, jitter, timeouts) instead of being retried
+# beneath it. "standard" rather than botocore's "legacy": the documented mode whose
+# attempt count includes the first request.
+BOTOCORE_RETRIES: dict[str, object] = {"mode": "standard", "total_max_attempts": 1}
 
 
 @dataclass(frozen=True)
