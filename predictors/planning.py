@@ -23,6 +23,7 @@ So utilization = step / (interval + lateness), interval = max(step, S(a) / a).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ from predictors.measure import Service
 from predictors.state import PerformanceModel, name_bottleneck, stage_text
 
 __all__ = ["DEPTH_GRID", "Choice", "Planner"]
+
+log = logging.getLogger(__name__)
 
 DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -113,9 +116,27 @@ class Planner:
         low = headroom * math.exp(-self.confidence * sigma)
         lower = self.utilization(low, depth, service, est, calibration[1])
         if self.weight > 0 and self.model is not None and features is not None:
-            shift = self.correction(grid, features)
+            shift = self.safe_correction(grid, features)
             point, lower = np.clip(point + shift, 0, 1), np.clip(lower + shift, 0, 1)
         return point, lower
+
+    def safe_correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
+        """`correction`, or none: a model that fails or answers other than finite
+        numbers is dropped for the rest of the run (the prior plans alone), never
+        raised into the training loop."""
+        try:
+            shift = np.asarray(self.correction(grid, features), dtype=float)
+            if shift.shape != (len(grid),) or not np.all(np.isfinite(shift)):
+                raise ValueError(f"the correction is not {len(grid)} finite numbers")
+        except Exception as exc:  # a broken model degrades tuning, never the run
+            log.warning(
+                "predictors: the learned model failed (%s: %s); planning from the prior alone.",
+                type(exc).__name__,
+                exc,
+            )
+            self.weight = 0.0
+            return np.zeros(len(grid))
+        return shift
 
     def utilization(
         self,
