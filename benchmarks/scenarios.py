@@ -399,6 +399,7 @@ def main() -> None:
     parser.add_argument("--families", nargs="*", default=list(FAMILIES))
     parser.add_argument("--model", choices=["shipped", "queueing"], default="shipped")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument("--out", help="results name (default: the seed range's)")
     args = parser.parse_args()
 
     jobs = [
@@ -410,7 +411,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(tqdm(pool.map(_evaluate, jobs), total=len(jobs), desc="scenarios"))
     command = "python benchmarks/scenarios.py " + " ".join(sys.argv[1:])
-    path = write(rows, args.seeds, command)
+    path = write(rows, args.out or args.seeds, command)
     print(json.dumps(summarize(rows), indent=1))
     print(f"{path} ({time.time() - start:.0f} s)")
 
