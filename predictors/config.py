@@ -59,12 +59,21 @@ class TunerConfig:
     mdape_to_sigma: float = 1.4826  # a normal's sd per median absolute deviation
     prior_error_floor: float = 0.03  # the prior's log error is at least this
     prior_spread: float = 0.1  # the prior's utilization error when the model has none
+    # What the tuner plans with when no model is named (the prior alone): the errors
+    # measured on the real sweeps (predictors/data, grouped cross-validation), the
+    # numbers the shipped model file carried while its correction weight was 0.
+    default_prior_mdape: float = 0.04351248001718577
+    default_prior_spread: float = 0.12505449055369317
     cores_share: float = 0.8  # share of the cores the workers keep busy (Python's lock)
     near_best: float = 0.01  # predictions this close to the best count as the best
     # --- the online model (`online=True`) ----------------------------------------------
     online: bool = False  # share measured errors with neighbouring configurations
     online_length: float = 1.0  # its kernel's length, in log2 of workers and of depth
-    online_min_batches: int = 8  # a record shorter than this does not teach it
+    online_sd: float = 0.5  # its prior sd of the log stall factor
+    online_stall_floor: float = 0.02  # added to stalls before their log is taken
+    online_min_batches: int = 16  # a record shorter than this does not teach it
+    online_censor: bool = False  # drop saturated records better than predicted (worse)
+    online_narrow: bool = False  # narrow the bound by the posterior sd (measured: worse)
 
     def __post_init__(self) -> None:
         if not self.shift_headroom >= 1.0:

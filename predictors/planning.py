@@ -70,6 +70,7 @@ class Planner:
         self.cores_share = cores_share
         self.near_best = near_best
         self.weight = float(getattr(model, "correction_weight", 0.0) or 0.0)
+        self.last_prior: np.ndarray = np.zeros(0)  # the last prediction before any correction
 
     def grid(self, batch_bytes: float, cpu_count: int) -> list[tuple[int, int]]:
         """Every (workers, depth) within the budget, no more workers than depth (the
@@ -106,6 +107,7 @@ class Planner:
         point = self.utilization(headroom, depth, service, est, depth_scale)
         low = headroom * math.exp(-self.confidence * sigma)
         lower = self.utilization(low, depth, service, est, depth_scale)
+        self.last_prior = point
         if self.weight > 0 and self.model is not None and features is not None:
             shift = self.safe_correction(grid, features)
             point, lower = np.clip(point + shift, 0, 1), np.clip(lower + shift, 0, 1)

@@ -133,9 +133,7 @@ class LearnedTuner:
     ) -> None:
         cfg = TunerConfig.with_overrides(config, **overrides)
         if model is None:
-            from predictors.model import load_default
-
-            model = load_default()
+            model = _default_model(cfg)
         self.model = model
         self.config = cfg
         self.target = check_target(target_utilization)
@@ -286,12 +284,14 @@ class LearnedTuner:
         point, lower = self.planner.predict(
             grid, sized, state.cpu_count, self._calibration, features
         )
-        prior = point.copy()
-        shift, sd = np.zeros(len(grid)), np.zeros(len(grid))
+        prior = self.planner.last_prior.copy()
+        sd = np.zeros(len(grid))
+        if features is not None:  # the learned correction was applied: its measured error
+            sd = np.full(len(grid), self._prior_spread * self.planner.weight)
         if c.online:
-            shift, sd = self._online(grid, point, lower)
-            point, lower = np.clip(point + shift, 0, 1), np.clip(lower + shift, 0, 1)
-            lower = np.minimum(lower, point)
+            point, lower, log_sd = self._online(grid, point, lower)
+            sd = (1.0 - point + c.online_stall_floor) * log_sd  # in utilization
+        shift = point - prior
         self._blend(grid, point, lower)
         memory = np.array([d for _, d in grid], dtype=float) * state.one_batch_bytes
         here = config[1] * state.one_batch_bytes
@@ -308,6 +308,7 @@ class LearnedTuner:
             allowed=allowed,
         )
         self._last = Plan(grid, prior, shift, sd, point, lower, memory, est)
+        choice = self._with_model_part(choice, grid.index((choice.workers, choice.depth)))
         new = (choice.workers, choice.depth)
         keep = record.batches >= c.keep_batches and record.utilization >= self.target
         mem_new = choice.depth * state.one_batch_bytes
@@ -325,6 +326,37 @@ class LearnedTuner:
         self._in_effect = False
         self.history.append((state.batch_index, self._current))
         return self._current
+
+    @property
+    def model_part(self) -> str:
+        """Which model moves the prior's predictions, in words."""
+        if self.config.online:
+            return "online: a Gaussian process on this run's measured errors of the prior"
+        if self.planner.weight > 0:
+            return f"learned trees, weight {self.planner.weight:.2f} (until measured)"
+        return "none: the queueing prior and the measurements alone"
+
+    def _with_model_part(self, choice: Decision, i: int) -> Decision:
+        """The decision with what the prior predicted of the chosen configuration, what
+        the model changed and how sure it was (sd, in utilization), in `predicted`
+        and in words."""
+        plan = self._last
+        assert plan is not None
+        part = {
+            "prior_utilization": float(plan.prior[i]),
+            "model_change": float(plan.model_shift[i]),
+            "model_sd": float(plan.model_sd[i]),
+        }
+        if self.config.online or self.planner.weight > 0:
+            words = (
+                f"; prior {part['prior_utilization']:.2f}, model {part['model_change']:+.3f} "
+                f"(sd {part['model_sd']:.3f})"
+            )
+        else:
+            words = f"; prior {part['prior_utilization']:.2f}, no model"
+        return dataclasses.replace(
+            choice, predicted={**choice.predicted, **part}, reason=choice.reason + words
+        )
 
     def _calibrate(self, config: tuple[int, int], est: Service, cpu_count: int) -> None:
         """A measured shortfall against the prediction, read as the model term it
@@ -353,40 +385,59 @@ class LearnedTuner:
 
     def _online(
         self, grid: list[tuple[int, int]], point: np.ndarray, lower: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The online model: a Gaussian process on the prior's measured errors over
-        (log2 workers, log2 depth), with the prior as its mean. Each measured
-        configuration's error (record less prediction) moves its neighbours by their
-        correlation; its posterior sd widens or narrows the lower bound accordingly."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The online model: a Gaussian process over (log2 workers, log2 depth) on the
+        prior's measured error, as the log of measured over predicted stall (so a
+        configuration the prior saturates stays near saturation, and a shortfall
+        scales every neighbour's stall alike), with the prior as its mean. Returns
+        the new point, lower bound, and the posterior sd of the log stall factor."""
         c = self.config
-        z = max(c.confidence, c.min_confidence)
         index = {key: i for i, key in enumerate(grid)}
+        # A saturated record better than predicted is censored (no stall says not how
+        # much less depth would still do): it may only lower its neighbours' estimates.
         seen = [
             (index[key], record)
             for key, record in self._records.items()
-            if key in index and record.batches >= c.online_min_batches
+            if key in index
+            and record.batches >= c.online_min_batches
+            and not (
+                c.online_censor
+                and record.utilization >= c.saturated
+                and record.utilization > point[index[key]]
+            )
         ]
+        none = np.full(len(grid), c.online_sd)
         if not seen:
-            return np.zeros(len(grid)), np.zeros(len(grid))
+            return point, lower, none
+        eps = c.online_stall_floor
         x = np.log2(np.array(grid, dtype=float))
-        prior_sd = np.maximum((point - lower) / z, self._prior_spread)
         rows = np.array([i for i, _ in seen])
-        errors = np.array([r.utilization - point[i] for i, r in seen])
-        noise = np.array([max(r.standard_error, c.blend_error_floor) ** 2 for _, r in seen])
+        stall = 1.0 - point + eps
+        measured = np.array([1.0 - r.utilization + eps for _, r in seen])
+        errors = np.log(measured / stall[rows])
+        noise = np.array(
+            [
+                (max(r.standard_error, c.blend_error_floor) / m) ** 2
+                for (_, r), m in zip(seen, measured, strict=True)
+            ]
+        )
 
         def kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(axis=2)
-            return np.exp(-d2 / (2 * c.online_length**2))
+            return c.online_sd**2 * np.exp(-d2 / (2 * c.online_length**2))
 
-        scale = prior_sd[:, None] * prior_sd[None, :]
-        k_ss = kernel(x[rows], x[rows]) * scale[np.ix_(rows, rows)] + np.diag(noise)
-        k_gs = kernel(x, x[rows]) * scale[:, rows]
+        k_ss = kernel(x[rows], x[rows]) + np.diag(noise)
+        k_gs = kernel(x, x[rows])
         solve = np.linalg.solve(k_ss, np.column_stack([errors, k_gs.T]))
-        shift = k_gs @ solve[:, 0]
-        var = prior_sd**2 - np.einsum("ij,ji->i", k_gs, solve[:, 1:])
+        factor = np.exp(k_gs @ solve[:, 0])
+        var = c.online_sd**2 - np.einsum("ij,ji->i", k_gs, solve[:, 1:])
+        new_point = np.clip(1.0 - (stall * factor - eps), 0.0, 1.0)
+        new_lower = np.clip(1.0 - ((1.0 - lower + eps) * factor - eps), 0.0, 1.0)
         sd = np.sqrt(np.maximum(var, 0.0))
-        # The bound narrows with what the neighbours measured: point - z * posterior sd.
-        return shift, sd
+        if c.online_narrow:  # the bound from the posterior: near a measurement, narrower
+            width = (new_point - new_lower) * sd / c.online_sd
+            new_lower = np.clip(new_point - width, 0.0, 1.0)
+        return new_point, np.minimum(new_lower, new_point), sd
 
     def _blend(self, grid: list[tuple[int, int]], point: np.ndarray, lower: np.ndarray) -> None:
         """Measured and predicted utilization combined by their variances (in place):
@@ -447,6 +498,26 @@ def _slower(est: Service, factor: float) -> Service:
         wait_ms=est.wait_ms * factor,
         read_ms=est.read_ms * factor,
     )
+
+
+def _default_model(config: TunerConfig) -> PerformanceModel:
+    """The model `prefetch="auto"` plans with: a retrained one named by
+    $IOLIB_TUNER_MODEL (loaded by `model.load_default`, which falls back to the prior),
+    else the queueing prior alone, with the errors measured on the real sweeps. No
+    learned model has beaten the prior on a family it never saw
+    (benchmarks/results/model-transfer.md), so none is loaded, and scikit-learn is not
+    imported."""
+    import os
+
+    from predictors.baselines import QueueingModel
+    from predictors.model import MODEL_ENV, load_default
+
+    if os.environ.get(MODEL_ENV):
+        return load_default()
+    prior = QueueingModel()
+    prior.utilization_error = config.default_prior_spread
+    prior.metrics = {"queueing_mdape_throughput": config.default_prior_mdape}
+    return prior
 
 
 def _prior_error(model: Any, config: TunerConfig) -> float:
