@@ -201,6 +201,15 @@ def transfer(seeds: list[int], out: Path) -> dict:
         + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
         + ". The rule for a weight above 0: at most 0.80 on every family left out.",
         "",
+        "The real sweeps (predictors/data) are not in this table: they hold one row per "
+        "configuration run (throughput, stall, p50/p99 batch time), not each batch's "
+        "service, so the planner's `Service` estimate (its lateness above all) cannot be "
+        "rebuilt from them; on them the earlier model (raw inputs) measured worse than "
+        "the prior left one workload or profile out (model-families.md).",
+        "",
+        "Verdict: no variant earns a weight; the tuner plans with the prior alone "
+        "(and the online model, measured in model-online.md, does not earn it either).",
+        "",
     ]
     out.write_text("\n".join(lines))
     print("\n".join(lines))
