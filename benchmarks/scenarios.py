@@ -62,6 +62,7 @@ SEEDS = {
     "heldout6": 60_000,
     "heldout7": 70_000,
     "heldout8": 80_000,
+    "heldout9": 90_000,  # chosen after the prior-alone default and the online model
 }
 MAX_WORKERS = 16
 
