@@ -34,6 +34,10 @@ class TunerConfig:
     transient_level: float = 1.5  # back within this factor of before: the burst is over
     regime_window: int = 256  # settled batches of a regime the service estimate keeps
     fresh_batches: int = 2  # at least this many batches make a new regime's estimate
+    detector_drift: float = 0.5  # the CUSUM's allowance per batch (standardized)
+    detector_clip: float = 4.0  # one batch moves the CUSUM by at most this
+    detector_reference: int = 8  # batches that set the detector's reference
+    detector_min_sigma: float = 0.25  # floor of the reference's spread (log service)
     # --- when to decide ---------------------------------------------------------------
     early_batches: int = 4  # batches before the interval may trigger a decision
     margin_floor: float = 0.02  # a record this close to the target waits for the window

@@ -150,7 +150,14 @@ class LearnedTuner:
             cores_share=cfg.cores_share,
             near_best=cfg.near_best,
         )
-        self.detector = ChangeDetector(threshold=cfg.shift_threshold, large=cfg.large_slowdown)
+        self.detector = ChangeDetector(
+            threshold=cfg.shift_threshold,
+            drift=cfg.detector_drift,
+            clip=cfg.detector_clip,
+            reference_batches=cfg.detector_reference,
+            min_sigma=cfg.detector_min_sigma,
+            large=cfg.large_slowdown,
+        )
         self.history: list[tuple[int, Decision]] = []  # every change, with its batch
         self._current = Decision(*start, f"safe start: {start[0]} worker(s), depth {start[1]}")
         self._records: dict[tuple[int, int], Measured] = defaultdict(self._new_record)
