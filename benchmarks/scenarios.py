@@ -62,6 +62,7 @@ SEEDS = {
     "heldout6": 60_000,
     "heldout7": 70_000,
     "heldout8": 80_000,
+    "heldout9": 90_000,  # chosen after the prior-alone default and the online model
 }
 MAX_WORKERS = 16
 
@@ -232,7 +233,8 @@ def _torch_default(s: Scenario) -> StaticDefaultTuner:
     return StaticDefaultTuner(workers, prefetch_factor=max(1, min(2, room // workers)))
 
 
-def evaluate(s: Scenario, model: Any) -> dict[str, Any]:
+def evaluate(s: Scenario, model: Any, **tuner_options: Any) -> dict[str, Any]:
+    """`tuner_options`: `TunerConfig` fields for the learned tuner (e.g. online=True)."""
     seed = 7
     tuners = {
         "learned": LearnedTuner(
@@ -240,6 +242,7 @@ def evaluate(s: Scenario, model: Any) -> dict[str, Any]:
             target_utilization=s.target,
             memory_budget_bytes=s.budget,
             max_workers=MAX_WORKERS,
+            **tuner_options,
         ),
         "hill-climb": HillClimbTuner(memory_budget_bytes=s.budget, max_workers=MAX_WORKERS),
         "torch-default": _torch_default(s),
@@ -384,12 +387,14 @@ def _model(which: str) -> Any:
     """One load per process, not one per scenario."""
     from predictors.model import load_default
 
+    if which == "default":  # what prefetch="auto" plans with
+        return None
     return load_default() if which == "shipped" else QueueingModel()
 
 
-def _evaluate(job: tuple[str, int, str]) -> dict[str, Any]:
-    family, seed, which = job
-    return evaluate(draw(family, seed), _model(which))
+def _evaluate(job: tuple[str, int, str, dict[str, Any]]) -> dict[str, Any]:
+    family, seed, which, options = job
+    return evaluate(draw(family, seed), _model(which), **options)
 
 
 def main() -> None:
@@ -397,12 +402,22 @@ def main() -> None:
     parser.add_argument("--seeds", choices=sorted(SEEDS), default="dev")
     parser.add_argument("--per-family", type=int, default=4)
     parser.add_argument("--families", nargs="*", default=list(FAMILIES))
-    parser.add_argument("--model", choices=["shipped", "queueing"], default="shipped")
+    parser.add_argument("--model", choices=["default", "shipped", "queueing"], default="default")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument("--out", help="results name (default: the seed range's)")
+    parser.add_argument(
+        "--online", action="store_true", help="the tuner's online model (TunerConfig.online)"
+    )
+    parser.add_argument("--first", type=int, default=0, help="first seed offset in the range")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="FIELD=NUMBER", help="TunerConfig fields"
+    )
     args = parser.parse_args()
 
+    options: dict[str, Any] = {"online": True} if args.online else {}
+    options.update({k: float(v) for k, v in (item.split("=", 1) for item in args.set)})
     jobs = [
-        (family, SEEDS[args.seeds] + k, args.model)
+        (family, SEEDS[args.seeds] + args.first + k, args.model, options)
         for family in args.families
         for k in range(args.per_family)
     ]
@@ -410,7 +425,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(tqdm(pool.map(_evaluate, jobs), total=len(jobs), desc="scenarios"))
     command = "python benchmarks/scenarios.py " + " ".join(sys.argv[1:])
-    path = write(rows, args.seeds, command)
+    path = write(rows, args.out or args.seeds, command)
     print(json.dumps(summarize(rows), indent=1))
     print(f"{path} ({time.time() - start:.0f} s)")
 

@@ -37,6 +37,7 @@ from benchmarks.tuner_experiments import (
 )
 from iolib import DataLoader
 from predictors.baselines import HillClimbTuner, StaticDefaultTuner
+from predictors.tuner import LearnedTuner
 
 TARGET = 0.9
 
@@ -56,8 +57,11 @@ class RemoteReads(Dataset):
 
 
 def _tuners(max_workers: int) -> dict[str, dict[str, Any]]:
+    # The same controller with the online model (TunerConfig.online): measured, not shipped.
+    online = LearnedTuner(target_utilization=TARGET, max_workers=max_workers, online=True)
     return {
         "learned": {"prefetch": "auto", "num_workers": max_workers, "target_utilization": TARGET},
+        "learned + online model": {"prefetch": online, "num_workers": max_workers},
         "torch-default": {"prefetch": StaticDefaultTuner(), "num_workers": max_workers},
         "hill-climb": {
             "prefetch": HillClimbTuner(max_workers=max_workers),
@@ -117,7 +121,7 @@ def main() -> None:
     parser.add_argument("--name", default="tuner-real", help="Results file name (no suffix).")
     args = parser.parse_args()
     lines = [
-        "# The tuner on real loaders (2-core machine)",
+        "# The tuner on real loaders (2-core machine, shared with other jobs)",
         "",
         "`python benchmarks/tuner_real.py`. Utilization over the last third (time-weighted), "
         f"target {TARGET}; memory: peak held in batches; batches to reach the target "

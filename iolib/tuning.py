@@ -253,7 +253,18 @@ class AutoPrefetch:
                 "predicted": dict(getattr(decision, "predicted", {}) or {}),
             }
         )
-        log.info("tuner: %d workers, depth %d: %s", *wanted, decision.reason)
+        predicted = self.applied[-1]["predicted"]
+        if "prior_utilization" in predicted:  # the learned tuner: the model's part in numbers
+            log.info(
+                "tuner: %d workers, depth %d (prior %.3f, model %+.3f, sd %.3f): %s",
+                *wanted,
+                predicted["prior_utilization"],
+                predicted.get("model_change", 0.0),
+                predicted.get("model_sd", 0.0),
+                decision.reason,
+            )
+        else:
+            log.info("tuner: %d workers, depth %d: %s", *wanted, decision.reason)
         return wanted
 
     def report(self) -> dict[str, Any]:
@@ -261,6 +272,9 @@ class AutoPrefetch:
         last = self.last
         return {
             "tuner": type(self.tuner).__name__,
+            # Which model moves the prior (each decision's `predicted` holds the prior's
+            # utilization, the model's change and its sd).
+            "model": getattr(self.tuner, "model_part", None),
             "target_utilization": self.target,
             "memory_budget": self.memory_budget,
             "decisions": list(self.applied),

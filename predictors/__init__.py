@@ -20,6 +20,7 @@ _NAMES = {
     "SCHEMA_VERSION": "predictors.features",
     "StaticDefaultTuner": "predictors.baselines",
     "Tuner": "predictors.state",
+    "TunerConfig": "predictors.config",
     "TunerState": "predictors.state",
     "evaluate": "predictors.model",
     "load": "predictors.model",

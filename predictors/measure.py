@@ -29,6 +29,7 @@ class Measured:
 
     block: int = 8
     keep: int = 8
+    unknown: float = 0.1  # the standard error before two blocks
     batches: int = 0
     blocks: list[tuple[float, float]] = field(default_factory=list)
     _open: list[float] = field(default_factory=lambda: [0.0, 0.0])
@@ -48,10 +49,10 @@ class Measured:
 
     @property
     def standard_error(self) -> float:
-        """Of the utilization; 0.1 (little known) before two blocks."""
+        """Of the utilization; `unknown` (little known) before two blocks."""
         n = len(self.blocks)
         if n < 2:
-            return 0.1
+            return self.unknown
         utils = [step / max(step + stall, 1e-9) for step, stall in self.blocks]
         mean = fmean(utils)
         return math.sqrt(sum((u - mean) ** 2 for u in utils) / (n - 1) / n)

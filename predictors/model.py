@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -227,17 +228,46 @@ def load(path: str | Path, expected_sha256: str | None = None) -> Predictor:
         raise ModelVersionError(
             f"Model {path} uses other input columns than this version. {retrain}"
         )
+    stall_from_throughput = meta.get("stall_from_throughput", True) is not False
+    needed = {"throughput", "memory"} | (set() if stall_from_throughput else {"stall"})
+    if not needed <= set(ensembles):
+        raise ModelVersionError(f"Model {path} lacks the trees for {sorted(needed)}. {retrain}")
+    for target, ensemble in ensembles.items():
+        ensemble.validate(len(INPUT_COLUMNS), f"Model {path}, trees of `{target}`")
     model = Predictor(
-        residual=bool(meta.get("residual", True)),
-        stall_from_throughput=bool(meta.get("stall_from_throughput", True)),
+        residual=meta.get("residual", True) is not False,
+        stall_from_throughput=stall_from_throughput,
     )
     model.models_ = ensembles
-    model.utilization_error = float(meta.get("utilization_error", 0.1))
-    model.correction_weight = float(meta.get("correction_weight", 0.0))
-    model.metrics = dict(meta.get("metrics", {}))
-    model.trained_rows = int(meta.get("trained_rows", 0))
-    model.trained_groups = list(meta.get("trained_groups", []))
+    model.utilization_error = _number(meta, "utilization_error", 0.1, 1e-6, 1.0, path)
+    model.correction_weight = _number(meta, "correction_weight", 0.0, 0.0, 1.0, path)
+    metrics = meta.get("metrics", {})
+    if not isinstance(metrics, dict):
+        raise ModelVersionError(f"Model {path}: `metrics` is not a mapping. {retrain}")
+    model.metrics = {
+        str(k): _number(metrics, k, 0.0, -1e12, 1e12, path) for k in list(metrics)[:1000]
+    }
+    model.trained_rows = int(_number(meta, "trained_rows", 0, 0, 1e12, path))
+    groups = meta.get("trained_groups", [])
+    model.trained_groups = [str(g) for g in groups[:10_000]] if isinstance(groups, list) else []
     return model
+
+
+def _number(
+    meta: dict[str, Any], key: str, default: float, low: float, high: float, path: Path
+) -> float:
+    """`meta[key]` as a finite number within [low, high] (`default` when absent)."""
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok = False
+    else:
+        ok = math.isfinite(value) and low <= value <= high
+    if not ok:
+        raise ModelVersionError(
+            f"Model {path}: `{key}` must be a finite number in [{low:g}, {high:g}]. "
+            f"Found: {value!r}. Fix: retrain it with `iolib tune --retrain`."
+        )
+    return float(value)
 
 
 def load_default(path: str | Path | None = None) -> Predictor | QueueingModel:

@@ -16,7 +16,11 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import math
+import os
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,12 @@ __all__ = ["SHIPPED_SHA256", "TreeEnsemble", "load_arrays", "save_arrays", "sha2
 # The digest of predictors/data/default_model.npz as shipped (see `iolib tune --retrain`).
 SHIPPED_SHA256 = "d2fbb037b99c76ddb30e24fe24ec448f25e4b445c3c92a9576626460fddfc6e5"
 _FIELDS = ("feature", "threshold", "left", "right", "leaf", "value", "missing_left")
+# Bounds on what a model file may hold: the shipped one is about 1 MiB (1,000 trees of
+# a few dozen nodes); anything far past these is not a model of ours.
+MAX_FILE_BYTES = 64 * 2**20  # the .npz on disk
+MAX_SIDECAR_BYTES = 2**20  # the .json sidecar
+MAX_ARRAY_BYTES = 256 * 2**20  # every array inflated, together
+_CHUNK = 2**20
 
 
 class TreeEnsemble:
@@ -66,12 +76,47 @@ class TreeEnsemble:
         baseline = float(np.ravel(regressor._baseline_prediction)[0])
         return cls(baseline, np.array(roots), **{k: np.concatenate(v) for k, v in parts.items()})
 
+    def validate(self, n_features: int, where: str) -> None:
+        """Raise ModelVersionError unless the trees are well formed: equal lengths,
+        finite numbers, every index in range, and every child after its parent (so
+        each path ends: no cycle can keep `predict` walking)."""
+        n = self.nodes
+        size = len(n["leaf"])
+        shapes = {name: a.shape for name, a in n.items()}
+        if any(shape != (size,) for shape in shapes.values()) or self.roots.ndim != 1:
+            raise ModelVersionError(f"{where}: node arrays of unequal shapes {shapes}.")
+        if size == 0 or len(self.roots) == 0:
+            raise ModelVersionError(f"{where}: no trees.")
+        kinds = {"feature": "iu", "left": "iu", "right": "iu", "threshold": "f", "value": "f"}
+        for name, kind in kinds.items():
+            if n[name].dtype.kind not in kind:
+                raise ModelVersionError(f"{where}: `{name}` has dtype {n[name].dtype}.")
+        for name in ("leaf", "missing_left"):
+            if n[name].dtype.kind != "b":
+                raise ModelVersionError(f"{where}: `{name}` has dtype {n[name].dtype}.")
+        if not math.isfinite(self.baseline) or not np.all(np.isfinite(n["value"])):
+            raise ModelVersionError(f"{where}: a leaf value or the baseline is not finite.")
+        if np.any((self.roots < 0) | (self.roots >= size)):
+            raise ModelVersionError(f"{where}: a root index outside 0..{size - 1}.")
+        inner = ~n["leaf"]
+        index = np.arange(size)
+        feature, left, right = (n[k].astype(np.int64) for k in ("feature", "left", "right"))
+        if np.any(inner & ((feature < 0) | (feature >= n_features))):
+            raise ModelVersionError(f"{where}: a split on a feature outside 0..{n_features - 1}.")
+        for name, child in (("left", left), ("right", right)):
+            if np.any(inner & ((child <= index) | (child >= size))):
+                raise ModelVersionError(
+                    f"{where}: a `{name}` child that is not a later node in 0..{size - 1} "
+                    "(out of range, or a cycle)."
+                )
+
     def predict(self, x: Any) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         n = self.nodes
         node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
         rows = np.arange(len(x))[:, None]
-        while True:
+        # Children come after their parents (`validate`): no path is longer than the nodes.
+        for _ in range(len(n["leaf"]) + 1):
             inner = ~n["leaf"][node]
             if not inner.any():
                 break
@@ -81,6 +126,8 @@ class TreeEnsemble:
             )
             step = np.where(go_left, n["left"][node], n["right"][node])
             node = np.where(inner, step, node)
+        else:
+            raise ModelVersionError("The model's trees do not end (a cycle); refusing them.")
         return self.baseline + n["value"][node].sum(axis=1)
 
     def arrays(self, prefix: str) -> dict[str, np.ndarray]:
@@ -90,8 +137,87 @@ class TreeEnsemble:
         return out
 
 
+def _open_regular(path: Path, limit: int, what: str) -> io.BufferedReader:
+    """`path` opened for reading if it is a regular file of at most `limit` bytes: a
+    FIFO, a device or a directory is refused without blocking on it."""
+    fix = "Fix: point it at a model file written by `iolib tune --retrain`."
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a directory, no permission
+        raise ModelVersionError(f"{what} {path} cannot be opened ({exc}). {fix}") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ModelVersionError(
+            f"{what} {path} is not a regular file (a FIFO, device or directory). {fix}"
+        )
+    if info.st_size > limit:
+        os.close(fd)
+        raise ModelVersionError(
+            f"{what} {path} is {info.st_size / 2**20:.1f} MiB; a model file is at most "
+            f"{limit / 2**20:.0f} MiB. {fix}"
+        )
+    return os.fdopen(fd, "rb")
+
+
 def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """The file's SHA-256, read in chunks (a large file is never held whole)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_bounded(path: Path, limit: int, what: str) -> bytes:
+    with _open_regular(path, limit, what) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:  # grew after the check
+        raise ModelVersionError(f"{what} {path} is larger than {limit / 2**20:.0f} MiB.")
+    return data
+
+
+def _plain_arrays(data: bytes, path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz held in `data`, refusing pickles and any member whose
+    declared size, inflated, passes `MAX_ARRAY_BYTES` (a zip bomb), before inflating."""
+    fix = "Fix: retrain it with `iolib tune --retrain OBSERVATIONS... --model-out PATH.npz`."
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = archive.infolist()
+            total = sum(m.file_size for m in members)
+            if total > MAX_ARRAY_BYTES or len(members) > 10_000:
+                raise ModelVersionError(
+                    f"Model {path} inflates to {total / 2**20:.0f} MiB in {len(members)} "
+                    f"arrays; a model is at most {MAX_ARRAY_BYTES / 2**20:.0f} MiB. {fix}"
+                )
+            arrays = {}
+            for member in members:
+                with archive.open(member) as handle:
+                    version = np.lib.format.read_magic(handle)
+                    reader = {
+                        (1, 0): np.lib.format.read_array_header_1_0,
+                        (2, 0): np.lib.format.read_array_header_2_0,
+                    }.get(version)
+                    if reader is None:
+                        raise ValueError(f"array format version {version}")
+                    shape, _, dtype = reader(handle)
+                    if dtype.hasobject:
+                        raise ValueError("object arrays need pickle")
+                    declared = math.prod(shape) * dtype.itemsize
+                    if declared > member.file_size:  # would allocate more than it holds
+                        raise ValueError(f"array {member.filename} declares {declared} bytes")
+            with np.load(io.BytesIO(data), allow_pickle=False) as loaded:
+                for key in loaded.files:
+                    arrays[key] = loaded[key]
+            return arrays
+    except ModelVersionError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
+        raise ModelVersionError(
+            f"Model {path} is not a file of plain arrays ({exc}). {fix}"
+        ) from exc
 
 
 def sidecar(path: Path) -> Path:
@@ -127,33 +253,37 @@ def load_arrays(
     path = Path(path)
     fix = "Fix: retrain it with `iolib tune --retrain OBSERVATIONS... --model-out PATH.npz`."
     try:
-        meta = json.loads(sidecar(path).read_text())
+        meta = json.loads(_read_bounded(sidecar(path), MAX_SIDECAR_BYTES, "Sidecar"))
     except FileNotFoundError as exc:
         raise ModelVersionError(f"Model {path} has no sidecar {sidecar(path).name}. {fix}") from exc
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ModelVersionError(
             f"Sidecar {sidecar(path)} is not valid JSON ({exc}). {fix}"
         ) from exc
-    digest = sha256(path)
+    if not isinstance(meta, dict):
+        raise ModelVersionError(f"Sidecar {sidecar(path)} is not a JSON object. {fix}")
+    data = _read_bounded(path, MAX_FILE_BYTES, "Model")
+    digest = hashlib.sha256(data).hexdigest()
     for wanted, what in ((meta.get("sha256"), "its sidecar"), (expected_sha256, "the shipped")):
         if wanted is not None and wanted != digest:
             raise ModelVersionError(
                 f"Model {path} has SHA-256 {digest[:12]}..., {what} digest says {wanted[:12]}...: "
                 f"the file changed after it was written. {fix}"
             )
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:  # object arrays need pickle
-        raise ModelVersionError(
-            f"Model {path} is not a file of plain arrays ({exc}). {fix}"
-        ) from exc
+    arrays = _plain_arrays(data, path)
+    targets = meta.get("targets", [])
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise ModelVersionError(f"Sidecar {sidecar(path)}: `targets` is not a list of names.")
     ensembles = {}
-    for target in meta.get("targets", []):
+    for target in targets:
         try:
             parts = {k: arrays[f"{target}.{k}"] for k in (*_FIELDS, "roots", "baseline")}
         except KeyError as exc:
             raise ModelVersionError(f"Model {path} lacks array {exc} of `{target}`. {fix}") from exc
-        baseline, roots = parts.pop("baseline")[0], parts.pop("roots")
-        ensembles[target] = TreeEnsemble(baseline, roots, **parts)
+        baseline, roots = parts.pop("baseline"), parts.pop("roots")
+        if baseline.shape != (1,) or baseline.dtype.kind != "f":
+            raise ModelVersionError(f"Model {path}: `{target}.baseline` is not one number. {fix}")
+        if roots.dtype.kind not in "iu":
+            raise ModelVersionError(f"Model {path}: `{target}.roots` are not indices. {fix}")
+        ensembles[target] = TreeEnsemble(baseline[0], roots, **parts)
     return ensembles, meta

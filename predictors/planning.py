@@ -23,30 +23,20 @@ So utilization = step / (interval + lateness), interval = max(step, S(a) / a).
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from predictors.measure import Service
-from predictors.state import PerformanceModel, name_bottleneck, stage_text
+from predictors.state import Decision, PerformanceModel, name_bottleneck, stage_text
 
-__all__ = ["DEPTH_GRID", "Choice", "Planner"]
+__all__ = ["DEPTH_GRID", "Planner"]
+
+log = logging.getLogger(__name__)
 
 DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """A configuration, in words why, and what is expected of it."""
-
-    workers: int
-    depth: int
-    note: str
-    predicted: dict[str, float] = field(default_factory=dict)
-    feasible: bool = True
-    bottleneck: str | None = None
 
 
 class Planner:
@@ -68,6 +58,7 @@ class Planner:
         confidence: float = 1.0,
         prior_error: float = 0.06,
         cores_share: float = 0.8,
+        near_best: float = 0.01,
     ) -> None:
         self.model = model
         self.target = target
@@ -77,7 +68,9 @@ class Planner:
         self.confidence = confidence
         self.prior_error = prior_error
         self.cores_share = cores_share
+        self.near_best = near_best
         self.weight = float(getattr(model, "correction_weight", 0.0) or 0.0)
+        self.last_prior: np.ndarray = np.zeros(0)  # the last prediction before any correction
 
     def grid(self, batch_bytes: float, cpu_count: int) -> list[tuple[int, int]]:
         """Every (workers, depth) within the budget, no more workers than depth (the
@@ -95,27 +88,48 @@ class Planner:
         grid: list[tuple[int, int]],
         est: Service,
         cpu_count: int,
-        calibration: tuple[float, float] = (1.0, 1.0),
+        calibration: Any = None,
         features: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Point prediction and lower bound of utilization for each candidate.
-        `calibration`: (rate, depth) factors learned from measured shortfalls; the rate
-        factor scales the workers' headroom, the depth factor the depth needed."""
+        `calibration` (`tuner.Calibration`, None: none): factors learned from measured
+        shortfalls; `rate` scales the workers' headroom, `depth` the depth needed."""
+        rate = 1.0 if calibration is None else calibration.rate
+        depth_scale = 1.0 if calibration is None else calibration.depth
         workers = np.array([w for w, _ in grid], dtype=float)
         depth = np.array([d for _, d in grid], dtype=float)
         active = np.minimum(workers, depth)
         cores = max(self.cores_share * cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         service = est.wait_ms + cpu * np.maximum(1.0, active / cores)
-        headroom = active * est.step_ms / service * calibration[0]
+        headroom = active * est.step_ms / service * rate
         sigma = math.sqrt(self.prior_error**2 + est.spread**2 / max(est.samples, 1))
-        point = self.utilization(headroom, depth, service, est, calibration[1])
+        point = self.utilization(headroom, depth, service, est, depth_scale)
         low = headroom * math.exp(-self.confidence * sigma)
-        lower = self.utilization(low, depth, service, est, calibration[1])
+        lower = self.utilization(low, depth, service, est, depth_scale)
+        self.last_prior = point
         if self.weight > 0 and self.model is not None and features is not None:
-            shift = self.correction(grid, features)
+            shift = self.safe_correction(grid, features)
             point, lower = np.clip(point + shift, 0, 1), np.clip(lower + shift, 0, 1)
         return point, lower
+
+    def safe_correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
+        """`correction`, or none: a model that fails or answers other than finite
+        numbers is dropped for the rest of the run (the prior plans alone), never
+        raised into the training loop."""
+        try:
+            shift = np.asarray(self.correction(grid, features), dtype=float)
+            if shift.shape != (len(grid),) or not np.all(np.isfinite(shift)):
+                raise ValueError(f"the correction is not {len(grid)} finite numbers")
+        except Exception as exc:  # a broken model degrades tuning, never the run
+            log.warning(
+                "predictors: the learned model failed (%s: %s); planning from the prior alone.",
+                type(exc).__name__,
+                exc,
+            )
+            self.weight = 0.0
+            return np.zeros(len(grid))
+        return shift
 
     def utilization(
         self,
@@ -175,7 +189,7 @@ class Planner:
         est: Service,
         cpu_count: int,
         allowed: np.ndarray,
-    ) -> Choice:
+    ) -> Decision:
         """The least memory (then fewest workers) whose lower bound meets `goal` among
         `allowed` candidates; else the best point prediction, least memory near it."""
         memory = np.array([d for _, d in grid], dtype=float) * batch_bytes
@@ -197,7 +211,9 @@ class Planner:
             note = f"least memory whose lower bound meets {goal:.2f}"
         else:
             best = max(point[j] for j in order)
-            i = best_workers(next(j for j in order if point[j] >= best - 0.01), order, point)
+            i = best_workers(
+                next(j for j in order if point[j] >= best - self.near_best), order, point
+            )
             if any(lower[j] >= goal for j in everything):
                 note = f"a bounded memory step toward what meets {goal:.2f}"
             elif point[i] >= goal:
@@ -212,10 +228,10 @@ class Planner:
             "memory_bytes": float(memory[i]),
             "throughput_sps": float(point[i]) / est.step_ms * 1e3,
         }
-        return Choice(
+        return Decision(
             workers=int(grid[i][0]),
             depth=int(grid[i][1]),
-            note=f"{note}: predicted {point[i]:.2f} (lower bound {lower[i]:.2f}); {facts}",
+            reason=f"{note}: predicted {point[i]:.2f} (lower bound {lower[i]:.2f}); {facts}",
             predicted=predicted,
             feasible=feasible,
             bottleneck=bottleneck,

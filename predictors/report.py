@@ -126,7 +126,35 @@ def build_sections(
         [(header, rows)],
         image=plot,
     )
-    return [top, runs, _drivers_section(drivers, target)]
+    return [top, runs, _drivers_section(drivers, target), *_tuner_section(r)]
+
+
+def _tuner_section(r: dict[str, Any]) -> list[Section]:
+    """The probe's tuner: its last decision in words (what the prior predicted, what
+    the model changed and how sure it was), and every decision when given."""
+    reason, decisions = r.get("tuner_reason"), r.get("decisions") or []
+    if not reason and not decisions:
+        return []
+    section = Section("What the tuner decided during the probe")
+    if r.get("tuner_model"):
+        section.paragraphs.append(f"Model: {r['tuner_model']}.")
+    if reason:
+        section.paragraphs.append(f"Last decision: {reason}")
+    rows = [
+        [
+            str(d.get("batch", "-")),
+            f"{d['workers']} / {d['depth']}",
+            _num(d.get("predicted", {}).get("prior_utilization")),
+            _num(d.get("predicted", {}).get("model_change"), "{:+.3f}"),
+            _num(d.get("predicted", {}).get("model_sd"), "{:.3f}"),
+            _num(d.get("predicted", {}).get("lower_bound")),
+        ]
+        for d in decisions
+    ]
+    if rows:
+        header = ["batch", "workers / depth", "prior", "model change", "model sd", "lower bound"]
+        section.tables.append((header, rows))
+    return [section]
 
 
 def _drivers_section(drivers: dict[str, Any], target: float) -> Section:

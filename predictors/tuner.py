@@ -12,7 +12,7 @@ Loop, per batch (`decide`):
    and the service estimate (`predictors.measure`);
 2. detect: a CUSUM on log service time (`ChangeDetector`) reads a regime shift; the
    records of the old regime are dropped and the plan is made from the new batches
-   (a change of `LARGE_SLOWDOWN` times or more either way is always a new regime);
+   (a change of `large_slowdown` times or more either way is always a new regime);
 3. decide, when the current record's confidence interval excludes the goal or a
    window of `window_services` service times is full: predict every candidate
    (`predictors.planning`; measured ones by their record), and take the least memory
@@ -27,10 +27,13 @@ Loop, per batch (`decide`):
    it, was a burst: its batches rejoin the regime before it, so the plan keeps the
    depth that rides out the next one instead of chasing each.
 
-Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, `confidence`
-(z of the lower bound), `max_step` (memory factor per step), `settle_services`,
-`window_services`, the detector's `shift_threshold`, `shift_headroom` and
-`burst_batches`.
+Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, and every
+number of `predictors.config.TunerConfig` (`confidence`: z of the lower bound,
+`max_step`: memory factor per step, `settle_services`, `window_services`, the
+detector's `shift_threshold`, `shift_headroom`, `burst_batches`, ...), as keyword
+arguments or one `config=`. With `online=True` a Gaussian process on the prior's
+measured errors (the prior as its mean) carries one configuration's measurement to
+its neighbours (`_online`); measured in benchmarks/results/model-transfer.md.
 
 Example:
     >>> tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=2**31)
@@ -43,12 +46,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from predictors.errors import TunerConfigError
+from predictors.config import TunerConfig
 from predictors.measure import ChangeDetector, Measured, Service, summarize
 from predictors.planning import Planner
 from predictors.state import (
@@ -64,17 +68,56 @@ from predictors.state import (
 if TYPE_CHECKING:
     import pandas as pd
 
-# A slowdown this large (the service this many times slower) is a new regime whose
-# scaling with workers is unknown; smaller alarms come with the tuner's own changes.
-LARGE_SLOWDOWN = 4.0
-# A slowdown that ends back within this factor of the service before it was a burst.
-TRANSIENT_LEVEL = 1.5
+__all__ = ["Decision", "LearnedTuner", "PerformanceModel", "Tuner", "TunerConfig", "TunerState"]
 
-__all__ = ["Decision", "LearnedTuner", "PerformanceModel", "Tuner", "TunerState"]
+
+@dataclass(frozen=True)
+class Calibration:
+    """Factors a measured shortfall taught the prior: `rate` scales the workers'
+    headroom (a service slower than its stage times show), `depth` the depth needed
+    (bursts and tails the lateness term missed)."""
+
+    rate: float = 1.0
+    depth: float = 1.0
+
+
+@dataclass(frozen=True)
+class Episode:
+    """At a slower alarm: its batch, the regime and the records before it, and the
+    service level (ms) of that regime; if the slowdown ends soon, they come back."""
+
+    batch: int
+    regime: list[TunerState]
+    records: dict[tuple[int, int], Measured]
+    level: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The last plan's candidates and what was predicted of them, for reports: the
+    prior's point, the online model's change and its standard deviation (0 without
+    one), the final point and lower bound after measurements, and memory."""
+
+    grid: list[tuple[int, int]]
+    prior: np.ndarray
+    model_shift: np.ndarray
+    model_sd: np.ndarray
+    point: np.ndarray
+    lower: np.ndarray
+    memory: np.ndarray
+    est: Service
+
+    @property
+    def service_ms(self) -> float:
+        return self.est.service_ms
 
 
 class LearnedTuner:
-    """Least memory whose lower confidence bound meets the target; see the module doc."""
+    """Least memory whose lower confidence bound meets the target; see the module doc.
+
+    Every number it uses is in `config` (`TunerConfig`); keyword arguments named like
+    its fields (`confidence=0.8`, `online=True`) replace them.
+    """
 
     def __init__(
         self,
@@ -85,67 +128,57 @@ class LearnedTuner:
         max_workers: int | None = None,
         max_depth: int = 64,
         start: tuple[int, int] = (1, 1),
-        confidence: float = 0.5,
-        max_step: float = 8.0,
-        settle_services: float = 1.0,
-        window_services: float = 3.0,
-        shift_threshold: float = 8.0,
-        shift_headroom: float = 1.5,
-        burst_batches: int = 40,
-        warmup_batches: int = 3,
+        config: TunerConfig | None = None,
+        **overrides: Any,
     ) -> None:
+        cfg = TunerConfig.with_overrides(config, **overrides)
         if model is None:
-            from predictors.model import load_default
-
-            model = load_default()
+            model = _default_model(cfg)
         self.model = model
+        self.config = cfg
         self.target = check_target(target_utilization)
         self.budget = memory_budget_bytes
         self.start = start
-        self.max_step = max_step
-        self.settle_services = settle_services
-        self.window_services = window_services
-        self.warmup_batches = warmup_batches
-        if not shift_headroom >= 1.0:
-            raise TunerConfigError(
-                f"`shift_headroom` must be at least 1. Found: {shift_headroom!r}. "
-                "Fix: 1 plans for the service as measured; 1.5 is the default."
-            )
-        self.shift_headroom = shift_headroom
-        if not burst_batches >= 0:
-            raise TunerConfigError(
-                f"`burst_batches` must be at least 0. Found: {burst_batches!r}. "
-                "Fix: 0 reads every slowdown as a new regime; 40 is the default."
-            )
-        self.burst_batches = burst_batches
-        self.confidence = confidence
         self.planner = Planner(
             model,
             target=self.target,
             budget=memory_budget_bytes,
             max_workers=max_workers,
             max_depth=max_depth,
-            confidence=confidence,
-            prior_error=_prior_error(model),
+            confidence=cfg.confidence,
+            prior_error=_prior_error(model, cfg),
+            cores_share=cfg.cores_share,
+            near_best=cfg.near_best,
         )
-        self.detector = ChangeDetector(threshold=shift_threshold, large=LARGE_SLOWDOWN)
+        self.detector = ChangeDetector(
+            threshold=cfg.shift_threshold,
+            drift=cfg.detector_drift,
+            clip=cfg.detector_clip,
+            reference_batches=cfg.detector_reference,
+            min_sigma=cfg.detector_min_sigma,
+            large=cfg.large_slowdown,
+        )
         self.history: list[tuple[int, Decision]] = []  # every change, with its batch
         self._current = Decision(*start, f"safe start: {start[0]} worker(s), depth {start[1]}")
-        self._records: dict[tuple[int, int], Measured] = defaultdict(Measured)
+        self._records: dict[tuple[int, int], Measured] = defaultdict(self._new_record)
         self._samples: list[TunerState] = []  # settled batches of the current configuration
         self._regime: list[TunerState] = []  # settled batches since the last shift
-        # At a slower alarm: its batch, the regime and records before it, their service.
-        self._episode: tuple[int, list[TunerState], dict, float] | None = None
+        self._episode: Episode | None = None
         self._in_effect = True
         self._settle_ms = 0.0
         self._contention: dict[tuple[int, int], float] = {}
         self._since_plan = 0
-        self._calibration = (1.0, 1.0)
-        self._last: dict[str, Any] | None = None  # the last plan's table, for reports
+        self._calibration = Calibration()
+        self._last: Plan | None = None
         # How far a prediction may be off in utilization: the model's measured error.
-        self._prior_spread = float(getattr(model, "utilization_error", 0.1))
+        self._prior_spread = float(getattr(model, "utilization_error", cfg.prior_spread))
+
+    def _new_record(self) -> Measured:
+        c = self.config
+        return Measured(block=c.record_block, keep=c.record_keep, unknown=c.record_unknown_error)
 
     def decide(self, state: TunerState) -> Decision:
+        c = self.config
         check_budget(self.budget, state.one_batch_bytes)
         if not self.history:
             self.history.append((state.batch_index, self._current))
@@ -154,8 +187,8 @@ class LearnedTuner:
             return self._current  # the change has not taken effect yet
         if not self._in_effect:
             self._in_effect = True
-            estimate = self._last["service"] if self._last else state.service_ms
-            self._settle_ms = self.settle_services * estimate
+            estimate = self._last.service_ms if self._last else state.service_ms
+            self._settle_ms = c.settle_services * estimate
             self._samples, self._since_plan = [], 0
             self.detector.rebase(self._contention.get(config, 1.0))
         if state.batch_index == 0 or state.epoch_start:
@@ -164,25 +197,25 @@ class LearnedTuner:
             self._settle_ms -= state.step_ms + state.stall_ms
             return self._current
         self._samples.append(state)
-        self._regime = [*self._regime[-255:], state]
+        self._regime = [*self._regime[-(c.regime_window - 1) :], state]
         self._since_plan += 1
         self._records[config].add(state)
         shift = self.detector.update(state.service_ms)
         if shift is not None:
-            fresh = max(self.detector.run, 2)
-            before = self._last["service"] if self._last else float("nan")
+            fresh = max(self.detector.run, c.fresh_batches)
+            before = self._last.service_ms if self._last else float("nan")
             after = summarize(self._samples[-fresh:]).service_ms
             if shift == "faster" and self._transient(state, after):
                 why = f"burst over (service back to {after:.1f} ms; its batches kept)"
                 return self._plan(state, why)
             if shift == "slower" and self._regime:
                 level = summarize(self._regime).service_ms
-                self._episode = (state.batch_index, self._regime, dict(self._records), level)
+                self._episode = Episode(state.batch_index, self._regime, dict(self._records), level)
             self._samples = self._regime = self._samples[-fresh:]
             self._records.clear()
-            self._records[config] = _record(self._samples)
-            self._calibration = (1.0, 1.0)
-            headroom = self.shift_headroom if after >= LARGE_SLOWDOWN * before else 1.0
+            self._records[config] = self._record(self._samples)
+            self._calibration = Calibration()
+            headroom = c.shift_headroom if after >= c.large_slowdown * before else 1.0
             why = f"regime shift ({shift}: service {before:.1f} -> {after:.1f} ms"
             why += f"; reads taken {headroom:g}x slower until measured)" if headroom > 1 else ")"
             jump = after / before if after > before else 1.0  # nan compares False
@@ -193,39 +226,45 @@ class LearnedTuner:
 
     def _transient(self, state: TunerState, after: float) -> bool:
         """A faster alarm soon after a slower one, back to about the service before it
-        (at most 1.5x above, less than `LARGE_SLOWDOWN` x below), ends a burst, not a
-        regime: the burst's batches join the regime before it, so the lateness they
-        caused is planned for (a burst dropped with its regime comes back, and the
-        depth it needs was given up)."""
+        (at most `transient_level` x above, less than `large_slowdown` x below), ends a
+        burst, not a regime: the burst's batches join the regime before it, so the
+        lateness they caused is planned for (a burst dropped with its regime comes
+        back, and the depth it needs was given up)."""
+        c = self.config
         episode, self._episode = self._episode, None
-        if episode is None or state.batch_index - episode[0] > self.burst_batches:
+        if episode is None or state.batch_index - episode.batch > c.burst_batches:
             return False
-        _, regime, records, level = episode
-        if not level / LARGE_SLOWDOWN < after <= TRANSIENT_LEVEL * level:
+        if not episode.level / c.large_slowdown < after <= c.transient_level * episode.level:
             return False  # not back: still slower, or a large change (a regime)
-        self._regime = [*regime, *self._regime][-256:]
-        for key, record in records.items():
+        self._regime = [*episode.regime, *self._regime][-c.regime_window :]
+        for key, record in episode.records.items():
             self._records.setdefault(key, record)
         return True
 
     def _due(self) -> bool:
         """A decision is due when the record's interval excludes the goal, or a window
         of `window_services` service times (at least the warm-up) is full."""
+        c = self.config
         n = self._since_plan
-        if n < self.warmup_batches:
+        if n < c.warmup_batches:
             return False
         if n >= self._window():
             return True
         record = self._records[(self._current.workers, self._current.depth)]
-        margin = self.confidence * record.standard_error
-        return n >= 4 and abs(record.utilization - self.target) > max(margin, 0.02)
+        margin = c.confidence * record.standard_error
+        return n >= c.early_batches and abs(record.utilization - self.target) > max(
+            margin, c.margin_floor
+        )
 
     def _window(self) -> int:
-        """Batches in `window_services` service times at the current pace (4 to 64)."""
-        recent = self._samples[-8:]
+        """Batches in `window_services` service times at the current pace."""
+        c = self.config
+        recent = self._samples[-c.pace_samples :]
         service = median(s.service_ms for s in recent)
-        pace = max(median(s.step_ms for s in recent), 1e-3)
-        return max(self.warmup_batches, min(64, math.ceil(self.window_services * service / pace)))
+        pace = max(median(s.step_ms for s in recent), c.min_pace_ms)
+        return max(
+            c.warmup_batches, min(c.max_window, math.ceil(c.window_services * service / pace))
+        )
 
     def _plan(
         self,
@@ -235,6 +274,7 @@ class LearnedTuner:
         headroom: float = 1.0,
         jump: float = 1.0,
     ) -> Decision:
+        c = self.config
         self._since_plan = 0
         est = summarize(self._regime, self.planner.cores_share)
         sized = est if headroom == 1.0 else _slower(est, headroom)
@@ -246,16 +286,24 @@ class LearnedTuner:
         record = self._records[config]
         # The learned correction stands in for measurement until there is some: once a
         # configuration of this regime holds two blocks of batches, measurement decides.
-        measured = any(len(r.blocks) >= 2 for r in self._records.values())
+        measured = any(len(r.blocks) >= c.measured_blocks for r in self._records.values())
         features = state_features(state) if self.planner.weight > 0 and not measured else None
         point, lower = self.planner.predict(
             grid, sized, state.cpu_count, self._calibration, features
         )
+        prior = self.planner.last_prior.copy()
+        sd = np.zeros(len(grid))
+        if features is not None:  # the learned correction was applied: its measured error
+            sd = np.full(len(grid), self._prior_spread * self.planner.weight)
+        if c.online:
+            point, lower, log_sd = self._online(grid, point, lower)
+            sd = (1.0 - point + c.online_stall_floor) * log_sd  # in utilization
+        shift = point - prior
         self._blend(grid, point, lower)
         memory = np.array([d for _, d in grid], dtype=float) * state.one_batch_bytes
         here = config[1] * state.one_batch_bytes
         # Little's law: the workers (and depth) a slowdown needs grow with its size.
-        allowed = (memory <= here * self.max_step * jump) & (memory >= here / self.max_step)
+        allowed = (memory <= here * c.max_step * jump) & (memory >= here / c.max_step)
         choice = self.planner.choose(
             grid,
             point,
@@ -266,89 +314,187 @@ class LearnedTuner:
             cpu_count=state.cpu_count,
             allowed=allowed,
         )
-        self._last = {"grid": grid, "point": point, "lower": lower, "service": est.service_ms}
-        self._last.update(memory=memory, est=est)
+        self._last = Plan(grid, prior, shift, sd, point, lower, memory, est)
+        choice = self._with_model_part(choice, grid.index((choice.workers, choice.depth)))
         new = (choice.workers, choice.depth)
-        keep = record.batches >= 4 and record.utilization >= self.target
+        keep = record.batches >= c.keep_batches and record.utilization >= self.target
         mem_new = choice.depth * state.one_batch_bytes
         if new == config or (keep and mem_new >= here and not shifted):
-            self._samples = self._samples[-64:]
-            self._current = Decision(
-                *config,
-                f"{why}: holding ({choice.note})",
-                choice.predicted,
-                choice.feasible,
-                choice.bottleneck,
+            self._samples = self._samples[-c.keep_samples :]
+            self._current = dataclasses.replace(
+                choice,
+                workers=config[0],
+                depth=config[1],
+                reason=f"{why}: holding ({choice.reason})",
             )
             return self._current
-        self._current = Decision(
-            *new, f"{why}: {choice.note}", choice.predicted, choice.feasible, choice.bottleneck
-        )
+        self._current = dataclasses.replace(choice, reason=f"{why}: {choice.reason}")
         self._contention = {new: self.planner.service_ratio(est, min(config), min(new))}
         self._in_effect = False
         self.history.append((state.batch_index, self._current))
         return self._current
+
+    @property
+    def model_part(self) -> str:
+        """Which model moves the prior's predictions, in words."""
+        if self.config.online:
+            return "online: a Gaussian process on this run's measured errors of the prior"
+        if self.planner.weight > 0:
+            return f"learned trees, weight {self.planner.weight:.2f} (until measured)"
+        return "none: the queueing prior and the measurements alone"
+
+    def _with_model_part(self, choice: Decision, i: int) -> Decision:
+        """The decision with what the prior predicted of the chosen configuration, what
+        the model changed and how sure it was (sd, in utilization), in `predicted`
+        and in words."""
+        plan = self._last
+        assert plan is not None
+        part = {
+            "prior_utilization": float(plan.prior[i]),
+            "model_change": float(plan.model_shift[i]),
+            "model_sd": float(plan.model_sd[i]),
+        }
+        if self.config.online or self.planner.weight > 0:
+            words = (
+                f"; prior {part['prior_utilization']:.2f}, model {part['model_change']:+.3f} "
+                f"(sd {part['model_sd']:.3f})"
+            )
+        else:
+            words = f"; prior {part['prior_utilization']:.2f}, no model"
+        return dataclasses.replace(
+            choice, predicted={**choice.predicted, **part}, reason=choice.reason + words
+        )
 
     def _calibrate(self, config: tuple[int, int], est: Service, cpu_count: int) -> None:
         """A measured shortfall against the prediction, read as the model term it
         identifies: with workers to spare (rate headroom >= 1) the depth was short
         (bursts, tails: the depth factor grows), else the service was slower than its
         stage times show (retries, hidden costs: the rate factor shrinks)."""
+        c = self.config
         record = self._records[config]
-        if len(record.blocks) < 2 or record.utilization >= 0.97:
+        if len(record.blocks) < c.measured_blocks or record.utilization >= c.saturated:
             return  # saturated or barely measured: says nothing of the model
-        rate, depth = self._calibration
-        point, _ = self.planner.predict([config], est, cpu_count, (1.0, depth))
+        rate, depth = self._calibration.rate, self._calibration.depth
+        point, _ = self.planner.predict([config], est, cpu_count, Calibration(1.0, depth))
         active = min(config)
         cores = max(self.planner.cores_share * cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         headroom = active * est.step_ms / (est.wait_ms + cpu * max(1.0, active / cores))
-        ratio = record.utilization / max(float(point[0]), 1e-3)
+        ratio = record.utilization / max(float(point[0]), c.min_prediction)
         if ratio >= 1.0:
             return
         if headroom * rate >= 1.0:
-            self._calibration = (rate, float(np.clip(depth / ratio, 1.0, 8.0)))
+            self._calibration = Calibration(
+                rate, float(np.clip(depth / ratio, *c.calibration_depth))
+            )
         else:
-            self._calibration = (float(np.clip(ratio, 0.2, 1.0)), depth)
+            self._calibration = Calibration(float(np.clip(ratio, *c.calibration_rate)), depth)
+
+    def _online(
+        self, grid: list[tuple[int, int]], point: np.ndarray, lower: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The online model: a Gaussian process over (log2 workers, log2 depth) on the
+        prior's measured error, as the log of measured over predicted stall (so a
+        configuration the prior saturates stays near saturation, and a shortfall
+        scales every neighbour's stall alike), with the prior as its mean. Returns
+        the new point, lower bound, and the posterior sd of the log stall factor."""
+        c = self.config
+        index = {key: i for i, key in enumerate(grid)}
+        # A saturated record better than predicted is censored (no stall says not how
+        # much less depth would still do): it may only lower its neighbours' estimates.
+        seen = [
+            (index[key], record)
+            for key, record in self._records.items()
+            if key in index
+            and record.batches >= c.online_min_batches
+            and not (
+                c.online_censor
+                and record.utilization >= c.saturated
+                and record.utilization > point[index[key]]
+            )
+        ]
+        none = np.full(len(grid), c.online_sd)
+        if not seen:
+            return point, lower, none
+        eps = c.online_stall_floor
+        x = np.log2(np.array(grid, dtype=float))
+        rows = np.array([i for i, _ in seen])
+        stall = 1.0 - point + eps
+        measured = np.array([1.0 - r.utilization + eps for _, r in seen])
+        errors = np.log(measured / stall[rows])
+        noise = np.array(
+            [
+                (max(r.standard_error, c.blend_error_floor) / m) ** 2
+                for (_, r), m in zip(seen, measured, strict=True)
+            ]
+        )
+
+        def kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(axis=2)
+            return c.online_sd**2 * np.exp(-d2 / (2 * c.online_length**2))
+
+        k_ss = kernel(x[rows], x[rows]) + np.diag(noise)
+        k_gs = kernel(x, x[rows])
+        solve = np.linalg.solve(k_ss, np.column_stack([errors, k_gs.T]))
+        factor = np.exp(k_gs @ solve[:, 0])
+        var = c.online_sd**2 - np.einsum("ij,ji->i", k_gs, solve[:, 1:])
+        new_point = np.clip(1.0 - (stall * factor - eps), 0.0, 1.0)
+        new_lower = np.clip(1.0 - ((1.0 - lower + eps) * factor - eps), 0.0, 1.0)
+        sd = np.sqrt(np.maximum(var, 0.0))
+        if c.online_narrow:  # the bound from the posterior: near a measurement, narrower
+            width = (new_point - new_lower) * sd / c.online_sd
+            new_lower = np.clip(new_point - width, 0.0, 1.0)
+        return new_point, np.minimum(new_lower, new_point), sd
 
     def _blend(self, grid: list[tuple[int, int]], point: np.ndarray, lower: np.ndarray) -> None:
         """Measured and predicted utilization combined by their variances (in place):
         a long record outweighs the prior, a short one only nudges it."""
-        z = max(self.confidence, 1e-6)
+        c = self.config
+        z = max(c.confidence, c.min_confidence)
         for i, key in enumerate(grid):
             record = self._records.get(key)
-            if record is None or record.batches < 2:
+            if record is None or record.batches < c.blend_batches:
                 continue
             prior_var = max((point[i] - lower[i]) / z, self._prior_spread) ** 2
-            measured_var = max(record.standard_error, 0.01) ** 2
+            measured_var = max(record.standard_error, c.blend_error_floor) ** 2
             weight = prior_var / (prior_var + measured_var)
             point[i] = (1 - weight) * point[i] + weight * record.utilization
             lower[i] = point[i] - z * math.sqrt(
                 prior_var * measured_var / (prior_var + measured_var)
             )
 
+    def _record(self, states: list[TunerState]) -> Measured:
+        record = self._new_record()
+        for s in states:
+            record.add(s)
+        return record
+
     def candidate_table(self) -> pd.DataFrame:
-        """The last plan's candidates: predicted utilization, its lower bound, memory."""
+        """The last plan's candidates: what the prior predicted, what the online model
+        changed and how sure it was, the final prediction, its lower bound, memory."""
         import pandas as pd
 
         if self._last is None:
             return pd.DataFrame(
                 columns=["workers", "depth", "predicted_utilization", "lower_bound"]
             )
-        grid = self._last["grid"]
+        plan = self._last
         return pd.DataFrame(
             {
-                "workers": [w for w, _ in grid],
-                "depth": [d for _, d in grid],
-                "predicted_utilization": self._last["point"],
-                "lower_bound": self._last["lower"],
-                "predicted_memory_bytes": self._last["memory"],
+                "workers": [w for w, _ in plan.grid],
+                "depth": [d for _, d in plan.grid],
+                "prior_utilization": plan.prior,
+                "model_change": plan.model_shift,
+                "model_sd": plan.model_sd,
+                "predicted_utilization": plan.point,
+                "lower_bound": plan.lower,
+                "predicted_memory_bytes": plan.memory,
             }
         )
 
     def service(self) -> Service | None:
         """The last plan's service estimate (None before the first plan)."""
-        return None if self._last is None else self._last["est"]
+        return None if self._last is None else self._last.est
 
 
 def _slower(est: Service, factor: float) -> Service:
@@ -361,16 +507,30 @@ def _slower(est: Service, factor: float) -> Service:
     )
 
 
-def _record(states: list[TunerState]) -> Measured:
-    record = Measured()
-    for s in states:
-        record.add(s)
-    return record
+def _default_model(config: TunerConfig) -> PerformanceModel:
+    """The model `prefetch="auto"` plans with: a retrained one named by
+    $IOLIB_TUNER_MODEL (loaded by `model.load_default`, which falls back to the prior),
+    else the queueing prior alone, with the errors measured on the real sweeps. No
+    learned model has beaten the prior on a family it never saw
+    (benchmarks/results/model-transfer.md), so none is loaded, and scikit-learn is not
+    imported."""
+    import os
+
+    from predictors.baselines import QueueingModel
+    from predictors.model import MODEL_ENV, load_default
+
+    if os.environ.get(MODEL_ENV):
+        return load_default()
+    prior = QueueingModel()
+    prior.utilization_error = config.default_prior_spread
+    prior.metrics = {"queueing_mdape_throughput": config.default_prior_mdape}
+    return prior
 
 
-def _prior_error(model: Any) -> float:
-    """The prior's typical log error on throughput: 1.48 x its median absolute
-    percentage error on unseen groups (a normal's sd), at least 0.03."""
+def _prior_error(model: Any, config: TunerConfig) -> float:
+    """The prior's typical log error on throughput: `mdape_to_sigma` x its median
+    absolute percentage error on unseen groups (a normal's sd), at least
+    `prior_error_floor`."""
     metrics = getattr(model, "metrics", {}) or {}
-    mdape = metrics.get("queueing_mdape_throughput", 0.04)
-    return max(0.03, 1.4826 * float(mdape))
+    mdape = metrics.get("queueing_mdape_throughput", config.prior_mdape)
+    return max(config.prior_error_floor, config.mdape_to_sigma * float(mdape))

@@ -70,7 +70,7 @@ def test_the_cores_bound_what_cpu_bound_workers_can_reach() -> None:
     choice, point = _choose(planner, est)
     assert max(point.values()) <= 0.33
     assert not choice.feasible and choice.bottleneck == "decode"
-    assert "out of reach" in choice.note
+    assert "out of reach" in choice.reason
 
 
 def test_no_candidate_has_more_workers_than_depth_or_exceeds_the_budget() -> None:

@@ -102,3 +102,41 @@ def test_a_missed_target_is_said_plainly_with_the_reason(tmp_path):
     md = paths["markdown"].read_text()
     assert "The target 0.95 was not met" in md and "best configuration measured" in md
     assert "storage: 9 workers needed" in md
+
+
+def test_the_report_says_what_the_prior_predicted_and_what_the_model_changed(tmp_path):
+    """The tuner's decisions: the last one in words, and each one's prior prediction,
+    model change and sd in a table (a decision without them shows '-', never nan)."""
+    decisions = [
+        {
+            "batch": 5,
+            "workers": 2,
+            "depth": 4,
+            "predicted": {
+                "prior_utilization": 0.88,
+                "model_change": 0.031,
+                "model_sd": 0.02,
+                "lower_bound": 0.9,
+            },
+        },
+        {"batch": 40, "workers": 4, "depth": 4, "predicted": {}},
+    ]
+    rec = _recommendation(
+        tuner_reason="measured: least memory ...; prior 0.88, model +0.031 (sd 0.020)",
+        tuner_model="online: a Gaussian process on this run's measured errors of the prior",
+        decisions=decisions,
+    )
+    paths = write_report(tmp_path, rec, MEASURED, DRIVERS, step_ms=10, target=0.9)
+    md, page = paths["markdown"].read_text(), paths["html"].read_text()
+    parsed = _Structure()
+    parsed.feed(page)
+    assert "What the tuner decided during the probe" in parsed.headings
+    assert parsed.tables == 3 and parsed.rows[-1] == 1 + 2
+    assert "| 5 | 2 / 4 | 0.88 | +0.031 | 0.020 | 0.90 |" in md
+    assert "| 40 | 4 / 4 | - | - | - | - |" in md
+    assert "prior 0.88, model +0.031 (sd 0.020)" in md and "Model: online" in md
+    assert "nan" not in md.lower()
+    plain = write_report(
+        tmp_path / "plain", _recommendation(), MEASURED, DRIVERS, step_ms=10, target=0.9
+    )
+    assert "What the tuner decided" not in plain["markdown"].read_text()

@@ -443,3 +443,43 @@ def test_a_static_choice_with_hindsight_takes_the_least_memory_that_meets_the_go
     assert clairvoyant(rows, 0.96, known=10)["memory"] == 4
     assert clairvoyant(rows, 0.94, known=1)["memory"] == 4  # one run known: 2 read 0.93
     assert clairvoyant(rows, 1.5, known=10)["memory"] == 4  # nothing meets: the best
+
+
+@pytest.mark.parametrize("online", [False, True])
+@pytest.mark.parametrize("family", ["heavy-tail", "storage-threads"])
+def test_each_decision_says_what_the_prior_predicted_and_what_the_model_changed(family, online):
+    """Per decision: the prior's utilization for the chosen configuration, the model's
+    change to it and its sd, in numbers (`predicted`) and in words (`reason`). Without
+    a model the change is 0; the online model changes something once it has measured."""
+    scenario = draw(family, 3)
+    tuner = _learned(scenario, QueueingModel(), online=online)
+    run_tuner(tuner, scenario.workload, scenario.batches, seed=7)
+    decisions = [d for _, d in tuner.history[1:]]
+    assert decisions, "the tuner never changed the configuration"
+    for d in decisions:
+        part = d.predicted
+        assert 0.0 <= part["prior_utilization"] <= 1.0
+        assert np.isfinite(part["model_change"]) and part["model_sd"] >= 0.0
+        assert 0.0 <= part["prior_utilization"] + part["model_change"] <= 1.0 + 1e-9
+        assert f"prior {part['prior_utilization']:.2f}" in d.reason
+        if not online:
+            assert part["model_change"] == 0.0 and part["model_sd"] == 0.0
+            assert "no model" in d.reason
+    assert ("online" in tuner.model_part) == online
+    table = tuner.candidate_table()  # the last plan, every candidate
+    assert (table["model_change"] != 0).any() == online
+    if online:
+        assert all("model " in d.reason for d in decisions)
+    else:
+        assert (table["model_sd"] == 0).all()
+
+
+def test_every_controller_number_is_one_config_and_unknown_names_are_refused():
+    from predictors.config import TunerConfig
+
+    tuner = LearnedTuner(QueueingModel(), confidence=0.8, saturated=0.95)
+    assert tuner.config == dataclasses.replace(TunerConfig(), confidence=0.8, saturated=0.95)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tuner.config.confidence = 1.0  # type: ignore[misc]
+    with pytest.raises(TunerConfigError, match=r"Unknown tuner parameter.*confidense"):
+        LearnedTuner(QueueingModel(), confidense=0.8)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,6 +72,46 @@ def test_learned_tuner_reaches_target_within_budget() -> None:
     assert stats["peak_bytes_in_flight"] <= budget
     assert all(d["depth"] * 16 * 256 * 4 <= budget for d in decisions)
     assert all(d["reason"] for d in decisions)
+    # The model's part in each decision: none (the prior alone), said in numbers and words.
+    assert stats["tuner"]["model"].startswith("none")
+    for d in decisions:
+        assert 0.0 <= d["predicted"]["prior_utilization"] <= 1.0
+        assert d["predicted"]["model_change"] == 0.0 and d["predicted"]["model_sd"] == 0.0
+        assert "no model" in d["reason"]
+
+
+def test_auto_runs_without_scikit_learn(tmp_path) -> None:
+    """prefetch="auto" plans with the prior alone: it runs with scikit-learn absent
+    (import blocked) and loads no model file."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, time\n"
+        "sys.modules['sklearn'] = None  # any import of it now fails\n"
+        "from iolib import DataLoader\n"
+        "from tests.test_tuning import SlowReads\n"
+        "loader = DataLoader(SlowReads(400, 0.001), batch_size=8, worker_mode='thread',\n"
+        "                    num_workers=4, prefetch='auto')\n"
+        "for k, _ in enumerate(loader):\n"
+        "    time.sleep(0.004)\n"
+        "loader.close()\n"
+        "print(loader.stats()['tuner']['model'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "IOLIB_TUNER_MODEL"}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith("none"), done.stdout
 
 
 def test_a_baseline_tuner_plugs_in_by_object() -> None:
