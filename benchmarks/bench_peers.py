@@ -49,6 +49,7 @@ import platform
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -165,6 +166,7 @@ class TreeMemory:
 
 def run_one(spec: dict, proxy: str, timeout: float) -> dict:
     proxy_call(proxy, "reset")
+    load_before = os.getloadavg()[0]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
     child = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.peers.systems", json.dumps(spec)],
@@ -182,12 +184,14 @@ def run_one(spec: dict, proxy: str, timeout: float) -> dict:
         err += f"\ntimed out after {timeout:.0f} s"
     result: dict[str, Any] = memory.close()
     result["proxy"] = proxy_call(proxy, "stats")
+    result["load_avg_1min"] = [load_before, os.getloadavg()[0]]
     lines = [line for line in out.splitlines() if line.startswith("PEERS-RESULT ")]
     if child.returncode == 0 and lines:
         result.update(json.loads(lines[-1].removeprefix("PEERS-RESULT ")))
     else:
         tail = [line for line in err.strip().splitlines() if line.strip()][-6:]
         result["error"] = f"exit {child.returncode}: " + " | ".join(tail)[-1200:]
+        result["stderr_tail"] = err[-4000:]
     return result
 
 
@@ -305,7 +309,14 @@ def write_report(results: dict, out: Path) -> str:
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         lines += [_row(s, e, unit, best) for s, e in systems.items()]
+        loads = [x for e in systems.values() for r in e["runs"] + e["errors"]
+                 for x in r.get("load_avg_1min", [])]  # fmt: skip
         lines.append("")
+        if loads:
+            lines.append(
+                f"- 1-minute load average around these epochs: {min(loads):.1f}–{max(loads):.1f} "
+                f"({os.cpu_count()} cores; other jobs shared the machine)."
+            )
         for system, entry in systems.items():
             for run in entry["runs"]:
                 if system == "iolib" and "iolib_stats" in run:
@@ -365,8 +376,12 @@ def versions() -> dict:
 @click.option("--data", type=click.Path(path_type=Path), default=HERE / "data" / "peers")
 @click.option("--out", type=click.Path(path_type=Path), default=HERE / "results")
 @click.option("--timeout", default=900.0, help="Seconds one epoch may take before it is killed.")
+@click.option("--streaming-start-method", default="spawn",
+              type=click.Choice(["fork", "spawn", "forkserver"]),
+              help="streaming's DataLoader worker start method (see the report).")  # fmt: skip
 def main(**opts: Any) -> None:
     """iolib against MosaicML streaming, litdata and WebDataset on one throttled store."""
+    began = time.perf_counter()
     cfg = {k: v for k, v in opts.items() if k not in ("data", "out", "systems", "workloads")}
     skipped = {s: why for s in opts["systems"] if (why := importable(s))}
     systems = [s for s in opts["systems"] if s not in skipped]
@@ -398,6 +413,11 @@ def main(**opts: Any) -> None:
                 "batch": cfg["token_batch"] if workload == "tokens" else cfg["image_batch"],
                 "cache_mb": cfg["cache_mb"], "decode_threads": cfg["decode_threads"],
             }  # fmt: skip
+            if system == "streaming":
+                # Forked workers stalled ~60 s before their first request (none in flight
+                # at the proxy) in about half the epochs here, and twice read a shard cut
+                # short; spawned workers did neither in repeated runs.
+                spec["start_method"] = cfg["streaming_start_method"]
             if system == "webdataset":
                 spec["urls"] = presigned(store["proxy"], [k for k in keys[workload, system]])
             run = run_one(spec, store["proxy"], cfg["timeout"])
@@ -411,6 +431,7 @@ def main(**opts: Any) -> None:
         "command": "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:]),
         "config": cfg, "facts": made["facts"], "versions": versions(), "skipped": skipped,
         "summary": summarize(runs, stored), "runs": runs,
+        "wall_s": time.perf_counter() - began,
     }  # fmt: skip
     click.echo(write_report(results, opts["out"]))
 

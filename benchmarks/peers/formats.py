@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 EOS = 0
 
@@ -106,7 +107,7 @@ def tokens_mds(directory: Path, stream: np.ndarray, seq_len: int, shard_mb: floa
     columns = {"tokens": f"ndarray:int32:{seq_len}"}
     limit = int(shard_mb * 1e6)
     with MDSWriter(out=str(_fresh(directory)), columns=columns, size_limit=limit) as out:
-        for window in windows:
+        for window in tqdm(windows, desc="MDS windows", unit="window", leave=False):
             out.write({"tokens": window})
 
 
@@ -158,7 +159,7 @@ def images_mds(directory: Path, images: list[tuple[bytes, int]], shard_mb: float
     columns = {"image": "bytes", "label": "int"}
     limit = int(shard_mb * 1e6)
     with MDSWriter(out=str(_fresh(directory)), columns=columns, size_limit=limit) as out:
-        for data, label in images:
+        for data, label in tqdm(images, desc="MDS images", unit="image", leave=False):
             out.write({"image": data, "label": label})
 
 
@@ -238,7 +239,8 @@ def _make_images(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict
     folders = {s: base / s for s in systems}
     missing = [s for s, f in folders.items() if not _done(f)]
     if missing:
-        images = list(jpeg_images(cfg["images"]))
+        made = jpeg_images(cfg["images"])
+        images = list(tqdm(made, total=cfg["images"], desc="JPEGs", unit="image", leave=False))
         facts["images"] = {
             "images": len(images), "jpeg_bytes": int(sum(len(b) for b, _ in images)),
         }  # fmt: skip

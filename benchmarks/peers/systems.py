@@ -11,6 +11,7 @@ Times start after the imports, at the dataset's construction.
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import inspect
 import io
 import json
@@ -115,6 +116,9 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
 
     decode = ImagePipeline(size=224, device="cpu", threads=spec["decode_threads"])
     notes["image_backend"] = decode.backend
+    if decode.backend == "auto":
+        dali = importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali")
+        notes["image_backend"] = "auto: DALI (CPU)" if dali else "auto: Pillow"
     source = ParquetSource(url, storage_options=options)
     loader = iolib.DataLoader(source, batch_size=spec["batch"], decode=decode, **common)
     return loader, lambda b: len(b["label"]), notes
@@ -128,27 +132,51 @@ def _image_sample(sample: dict) -> tuple[torch.Tensor, int]:
     return pil_train_image(sample["image"]), int(sample["label"])
 
 
+def _mosaic_class(name: str) -> type:
+    """streaming's StreamingDataset with this benchmark's sample conversion, made on first
+    use (streaming imports torchvision, see `_torchvision_or_stand_in`) and reachable as a
+    module attribute, so spawned workers can unpickle it."""
+    _torchvision_or_stand_in()
+    from streaming import StreamingDataset
+
+    convert = _token_windows if name == "MosaicWindows" else _image_sample
+
+    def __getitem__(self, index: int) -> Any:
+        return convert(StreamingDataset.__getitem__(self, index))
+
+    made = type(name, (StreamingDataset,), {"__getitem__": __getitem__, "__module__": __name__})
+    globals()[name] = made
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("MosaicWindows", "MosaicImages"):
+        return _mosaic_class(name)
+    raise AttributeError(name)
+
+
 def streaming_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
     notes = {"torchvision": _torchvision_or_stand_in()}
     os.environ.update(
         S3_ENDPOINT_URL=spec["endpoint"], AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
     )  # fmt: skip
-    from streaming import StreamingDataLoader, StreamingDataset
+    from streaming import StreamingDataLoader
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
-    convert = _token_windows if spec["workload"] == "tokens" else _image_sample
-
-    class Dataset(StreamingDataset):
-        def __getitem__(self, index: int) -> Any:
-            return convert(super().__getitem__(index))
-
-    dataset = Dataset(
+    name = "MosaicWindows" if spec["workload"] == "tokens" else "MosaicImages"
+    dataset = _mosaic_class(name)(
         remote=f"s3://{spec['bucket']}/{spec['prefix']}", local=spec["cache_dir"],
         shuffle=True, shuffle_seed=spec["round"], batch_size=spec["batch"],
     )  # fmt: skip
-    loader = StreamingDataLoader(dataset, batch_size=spec["batch"], num_workers=spec["workers"])
+    context = spec.get("start_method")
+    if context:
+        notes["start_method"] = context
+    loader = StreamingDataLoader(
+        dataset, batch_size=spec["batch"], num_workers=spec["workers"],
+        multiprocessing_context=context,
+    )  # fmt: skip
     return loader, _count(spec), notes
 
 
