@@ -428,7 +428,7 @@ def main(**opts: Any) -> None:
         "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
-        "command": "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/bench_peers.py", *sys.argv[1:]]),
         "config": cfg, "facts": made["facts"], "versions": versions(), "skipped": skipped,
         "summary": summarize(runs, stored), "runs": runs,
         "wall_s": time.perf_counter() - began,
