@@ -170,9 +170,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
             if until > now:
                 time.sleep(until - now)
-            self.wfile.write(piece)
-            with counters.lock:
+            with counters.lock:  # before the write: a client may read the stats at once
                 counters.bytes_out += len(piece)
+            self.wfile.write(piece)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
