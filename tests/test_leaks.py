@@ -79,7 +79,8 @@ def test_packed_tokens_let_go_of_their_threads_and_rows(tmp_path, monkeypatch) -
     monkeypatch.setenv("IOLIB_CACHE_DIR", str(tmp_path / "cache"))
     url = write_documents(tmp_path / "t", doc_lengths(200), row_group_size=16)
     windows = PackedTokens(url, column="tokens", seq_len=8, eos_id=0)
-    for _ in DataLoader(windows, batch_size=4, shuffle=True, num_workers=2):
+    # seed=0, the source's own: the loader reads this object, not a copy for its seed.
+    for _ in DataLoader(windows, batch_size=4, shuffle=True, num_workers=2, seed=0):
         pass
     assert windows.cache_stats()["cache_held_bytes"] > 0
     windows.close()
