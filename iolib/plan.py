@@ -47,7 +47,39 @@ def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> np
     return sizes
 
 
-class EpochOrder:
+class _Order:
+    """What every epoch order offers: ``order[positions]`` (an int, a slice or an int
+    array, negative positions counting from the end) and the whole order as an array.
+    Subclasses compute `_at(positions)` for valid, non-negative positions."""
+
+    num_samples: int
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, positions: int | slice | np.ndarray) -> np.ndarray:
+        if isinstance(positions, slice):
+            positions = np.arange(self.num_samples)[positions]
+        scalar = np.ndim(positions) == 0
+        p = np.atleast_1d(np.asarray(positions, dtype=np.int64))
+        if p.size and (p.min() < -self.num_samples or p.max() >= self.num_samples):
+            raise IndexError(f"positions outside 0..{self.num_samples - 1}")
+        out = self._at(np.where(p < 0, p + self.num_samples, p))
+        return out[0] if scalar else out
+
+    def _at(self, p: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        """The whole order (O(samples): for tests and small datasets)."""
+        whole = self._at(np.arange(self.num_samples, dtype=np.int64))
+        return whole if dtype is None else whole.astype(dtype)
+
+    def tolist(self) -> list[int]:
+        return np.asarray(self).tolist()
+
+
+class EpochOrder(_Order):
     """The sample order of one epoch, computed on demand: ``order[positions]`` maps
     positions in the epoch to sample indices, for an int, a slice or an int array.
 
@@ -96,20 +128,6 @@ class EpochOrder:
             self._wstarts = np.append(self._wstarts, num_samples)
         self._starts = starts
 
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __getitem__(self, positions: int | slice | np.ndarray) -> np.ndarray:
-        if isinstance(positions, slice):
-            positions = np.arange(self.num_samples)[positions]
-        scalar = np.ndim(positions) == 0
-        p = np.atleast_1d(np.asarray(positions, dtype=np.int64))
-        if p.size and (p.min() < -self.num_samples or p.max() >= self.num_samples):
-            raise IndexError(f"positions outside 0..{self.num_samples - 1}")
-        p = np.where(p < 0, p + self.num_samples, p)
-        out = self._at(p)
-        return out[0] if scalar else out
-
     def _at(self, p: np.ndarray) -> np.ndarray:
         if self.shuffle == "none":
             return p
@@ -140,14 +158,6 @@ class EpochOrder:
             while len(kept) > KEPT_WINDOWS:
                 kept.pop(next(iter(kept)), None)
         return found
-
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        """The whole order (O(samples): for tests and small datasets)."""
-        whole = self._at(np.arange(self.num_samples, dtype=np.int64))
-        return whole if dtype is None else whole.astype(dtype)
-
-    def tolist(self) -> list[int]:
-        return np.asarray(self).tolist()
 
 
 def epoch_order(
@@ -255,7 +265,7 @@ def batches_per_epoch(
     return len(RankSchedule(num_samples, 0, batch_size, world_size, 0, drop_last))
 
 
-class LaneOrder:
+class LaneOrder(_Order):
     """Samples dealt to `lanes` lanes, a granule (one rank's batch) at a time, each lane a
     contiguous 1/lanes of the samples with its own order (`lane_orders`).
 
@@ -282,16 +292,7 @@ class LaneOrder:
         self.tail_starts = self.regular + np.concatenate([[0], np.cumsum(left)]).astype(np.int64)
         self.num_samples = int(sizes.sum())
 
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __getitem__(self, positions: int | slice | np.ndarray) -> np.ndarray:
-        if isinstance(positions, slice):
-            positions = np.arange(self.num_samples)[positions]
-        scalar = np.ndim(positions) == 0
-        p = np.atleast_1d(np.asarray(positions, dtype=np.int64))
-        if p.size and (p.min() < 0 or p.max() >= self.num_samples):
-            raise IndexError(f"positions outside 0..{self.num_samples - 1}")
+    def _at(self, p: np.ndarray) -> np.ndarray:
         count, g = len(self.lanes), p // self.granule
         lane = np.where(p < self.regular, g % count, 0)
         within = (g // count) * self.granule + p % self.granule
@@ -303,14 +304,7 @@ class LaneOrder:
         for number in np.unique(lane).tolist():
             at = lane == number
             out[at] = self.starts[number] + self.lanes[number][within[at]]
-        return out[0] if scalar else out
-
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        whole = self[np.arange(self.num_samples, dtype=np.int64)]
-        return whole if dtype is None else whole.astype(dtype)
-
-    def tolist(self) -> list[int]:
-        return np.asarray(self).tolist()
+        return out
 
 
 def lane_sizes(num_samples: int, lanes: int) -> np.ndarray:
