@@ -337,7 +337,10 @@ class PackedTokens(SeededSource):
 
     def __len__(self) -> int:
         """Windows per epoch: the same every epoch (the stream's length does not change)."""
-        return int(self.index.stream.sum()) // self.seq_len
+        windows = self.__dict__.get("_windows")
+        if windows is None:  # read() checks against it every batch: O(row groups) once
+            windows = self.__dict__["_windows"] = int(self.index.stream.sum()) // self.seq_len
+        return windows
 
     def fingerprint(self) -> str:
         words = f"{self.parquet.fingerprint()}|{self.column}|{self.seq_len}|{self.eos_id}"
