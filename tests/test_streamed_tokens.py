@@ -285,3 +285,30 @@ def test_a_bad_row_group_says_what_to_do_instead_of_skip(tmp_path) -> None:
     bad = write_documents(tmp_path / "b", LENGTHS[:40] + 1, null_items=True, row_group_size=ROWS)
     with pytest.raises(DataError, match=r"part-1\.parquet.*row group.*cannot leave a row group"):
         len(_packed(bad))
+
+
+@pytest.mark.parametrize("kind", ["int16", "uint16", "int32", "uint32", "int64"])
+@pytest.mark.parametrize("large", [False, True])
+def test_every_integer_type_and_list_layout_streams_the_same_tokens(tmp_path, kind, large):
+    """The streamed path over each token type a tokenizer may write, in list and
+    large_list: the same windows as int32, values kept exactly (the type's maximum too)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    top = int(np.iinfo(np.dtype(kind)).max)
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(1, 100, size=int(n)).tolist() for n in rng.integers(1, 30, 120)]
+    docs[7][0] = top  # the largest id survives the trip
+    windows = {}
+    for name, type_ in (("ref", pa.int64()), ("t", getattr(pa, kind)())):
+        directory = tmp_path / name
+        directory.mkdir()
+        list_type = pa.large_list(type_) if large and name == "t" else pa.list_(type_)
+        table = pa.table({"tokens": pa.array(docs, list_type)})
+        pq.write_table(table, directory / "a.parquet", row_group_size=10)
+        source = PackedTokens(str(directory), column="tokens", seq_len=8, eos_id=0,
+                              cache_bytes=10**6)  # fmt: skip
+        loader = DataLoader(source, batch_size=4, shuffle=True, seed=3)
+        windows[name] = np.concatenate([np.asarray(b["input_ids"]) for b in loader])
+    assert np.array_equal(windows["ref"], windows["t"])
+    assert (windows["t"] == top).any()
