@@ -118,13 +118,13 @@ def _install_slowdown() -> None:
 
     if getattr(ThrottledFileSystem, "_bench_slowdown", False):
         return
-    original = ThrottledFileSystem._request
+    original = ThrottledFileSystem.before_request
 
-    def _request(self: Any, kind: str, path: str, start: Any, end: Any) -> Any:
+    def before_request(self: Any, kind: str, path: str, start: Any, end: Any) -> Any:
         started, latency = original(self, kind, path, start, end)
         return started, latency * _SLOWDOWN.get(self.storage_options.get("tag"), 1.0)
 
-    ThrottledFileSystem._request = _request  # type: ignore[method-assign]
+    ThrottledFileSystem.before_request = before_request  # type: ignore[method-assign]
     ThrottledFileSystem._bench_slowdown = True  # type: ignore[attr-defined]
 
 

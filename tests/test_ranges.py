@@ -24,14 +24,14 @@ from iolib.storage.throttle import ThrottledFileSystem
 def _record_reads(monkeypatch) -> list[tuple[int, int]]:
     """Every ranged read the throttled filesystem is asked for, from any thread."""
     reads: list[tuple[int, int]] = []
-    request = ThrottledFileSystem._request
+    request = ThrottledFileSystem.before_request
 
     def recording(self, kind: str, path: str, start, end):
         if kind == "read":
             reads.append((start, end))
         return request(self, kind, path, start, end)
 
-    monkeypatch.setattr(ThrottledFileSystem, "_request", recording)
+    monkeypatch.setattr(ThrottledFileSystem, "before_request", recording)
     return reads
 
 

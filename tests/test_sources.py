@@ -87,13 +87,13 @@ def test_a_new_reader_thread_requests_no_footer_or_size(tmp_path, monkeypatch) -
     size = (tmp_path / "a.parquet").stat().st_size
     footer_at = size - 8 - pq.ParquetFile(tmp_path / "a.parquet").metadata.serialized_size
     requests: list[tuple[str, int | None]] = []
-    request = ThrottledFileSystem._request
+    request = ThrottledFileSystem.before_request
 
     def recording(self, kind: str, path: str, start, end):
         requests.append((kind, start))
         return request(self, kind, path, start, end)
 
-    monkeypatch.setattr(ThrottledFileSystem, "_request", recording)
+    monkeypatch.setattr(ThrottledFileSystem, "before_request", recording)
     options = {"throttled": {"latency_ms": 0, "block_size": 4096, "skip_instance_cache": True}}
     source = ParquetSource(f"throttled::file://{tmp_path}", storage_options=options)
     assert len(source) == len(rows)  # plans: lists the files, reads their footers

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -84,12 +86,12 @@ def test_jitter_is_seeded_and_independent_of_instances(blob):
     draws = []
     for _ in range(2):
         fs, path = _throttled(blob, latency_ms=50, jitter=0.5, seed=3)
-        draws.append([fs._request("read", path, k, k + 10)[1] for k in range(200)])
+        draws.append([fs.before_request("read", path, k, k + 10)[1] for k in range(200)])
     assert draws[0] == draws[1]
     assert len(set(draws[0])) == 200
     assert 0.035 < float(np.median(draws[0])) < 0.07  # median stays at latency_ms
     fs, path = _throttled(blob, latency_ms=50, jitter=0.5, seed=4)
-    assert [fs._request("read", path, k, k + 10)[1] for k in range(200)] != draws[0]
+    assert [fs.before_request("read", path, k, k + 10)[1] for k in range(200)] != draws[0]
 
 
 def test_presets_and_overrides():
@@ -312,19 +314,23 @@ def test_wrapper_entry_points_and_public_names_resolve():
         assert getattr(iolib.storage, name) is not None
 
 
-def test_exit_hook_stops_idle_io_helpers(monkeypatch):
-    # An idle helper wakes every _HELPER_IDLE_S; one waking while the interpreter
-    # finalizes aborted the process (3 of 12 runs of a script exiting after an epoch).
-    from iolib.storage import timeouts
-
-    monkeypatch.setattr(timeouts, "_exiting", False)  # restored after the test
-    assert timeouts._with_timeout(lambda: 1, 5.0, "x") == 1  # starts this thread's helper
-    helpers = [h for h in list(timeouts._ALL) if h.thread.is_alive()]
-    assert helpers, "the call should have started a helper thread"
-    timeouts._stop_helpers()
-    assert not any(h.thread.is_alive() for h in helpers)
-    assert timeouts._with_timeout(lambda: 2, 5.0, "x") == 2  # after the hook: inline
-    assert not any(h.thread.is_alive() for h in list(timeouts._ALL))
+def test_exit_hook_stops_idle_io_helpers():
+    # An idle helper wakes every so often; one waking while the interpreter finalizes
+    # aborted the process (3 of 12 runs of a script exiting after an epoch). The hook
+    # runs in a child, since it switches its process to inline calls for good.
+    script = """
+from iolib.storage import timeouts
+assert timeouts.call_with_timeout(lambda: 1, 5.0, "x") == 1
+helpers = timeouts.live_helper_threads()
+assert helpers, "the call should have started a helper thread"
+timeouts.stop_helpers()
+assert not any(t.is_alive() for t in helpers)
+assert timeouts.call_with_timeout(lambda: 2, 5.0, "x") == 2  # after the hook: inline
+assert not timeouts.live_helper_threads()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_cpu_of_a_call_on_the_timeout_helper_counts_for_the_caller():
@@ -339,7 +345,7 @@ def test_cpu_of_a_call_on_the_timeout_helper_counts_for_the_caller():
         return 7
 
     before = helper_cpu_s()
-    assert timeouts._with_timeout(compute, 5.0, "x") == 7
+    assert timeouts.call_with_timeout(compute, 5.0, "x") == 7
     assert helper_cpu_s() - before >= 0.02
 
 

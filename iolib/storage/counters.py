@@ -18,10 +18,6 @@ class IOCounters(threading.local):
 _COUNTERS = IOCounters()
 
 
-def _counters() -> IOCounters:
-    return _COUNTERS
-
-
 def count_bytes(n: int) -> None:
     """Record `n` bytes read from storage by the current thread."""
     _COUNTERS.bytes_read += n

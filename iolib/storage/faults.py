@@ -8,10 +8,10 @@ import time
 from typing import Any, ClassVar
 
 from iolib.errors import ConfigError
-from iolib.storage.wrapper import _unit, _WrapperFileSystem
+from iolib.storage.wrapper import WrapperFileSystem, seeded_unit
 
 
-class FaultyFileSystem(_WrapperFileSystem):
+class FaultyFileSystem(WrapperFileSystem):
     """Inject seeded storage faults in front of any fsspec filesystem.
 
     error_rate: probability that a request raises ConnectionResetError (transient: a
@@ -65,9 +65,9 @@ class FaultyFileSystem(_WrapperFileSystem):
     _shared_counts: ClassVar[dict[tuple, int]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def _repeat(self, key: tuple) -> int:
+    def repeat_count(self, key: tuple) -> int:
         if not self.shared:
-            return super()._repeat(key)
+            return super().repeat_count(key)
         key = (self.seed, *key)
         with self._shared_lock:
             n = self._shared_counts.get(key, 0)
@@ -78,23 +78,23 @@ class FaultyFileSystem(_WrapperFileSystem):
         with self._lock:
             self.faults[what] += 1
 
-    def _request(self, kind, path, start, end):
+    def before_request(self, kind, path, start, end):
         if any(fnmatch.fnmatch(path, pattern) for pattern in self.missing):
             self._count("missing")
             raise FileNotFoundError(f"{path} (injected: permanently missing)")
         key = (kind, path, start, end)
-        n = self._repeat(key)
-        if self.slow_rate and _unit(self.seed, "slow", *key, n) < self.slow_rate:
+        n = self.repeat_count(key)
+        if self.slow_rate and seeded_unit(self.seed, "slow", *key, n) < self.slow_rate:
             self._count("slow")
             time.sleep(self.slow_ms / 1000.0)
-        if self.error_rate and _unit(self.seed, "error", *key, n) < self.error_rate:
+        if self.error_rate and seeded_unit(self.seed, "error", *key, n) < self.error_rate:
             self._count("errors")
             raise ConnectionResetError(
                 f"injected transient fault: {kind} {path} [{start}:{end}] attempt {n + 1}"
             )
-        return kind == "read" and _unit(self.seed, "trunc", *key, n) < self.truncate_rate
+        return kind == "read" and seeded_unit(self.seed, "trunc", *key, n) < self.truncate_rate
 
-    def _after(self, truncate, data):
+    def after_request(self, truncate, data):
         if truncate and data:
             self._count("truncated")
             return data[: len(data) // 2]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from iolib.errors import ConfigError, DataError, StorageError
-from iolib.storage.counters import _counters
-from iolib.storage.timeouts import _with_timeout
+from iolib.storage.counters import count_retries
+from iolib.storage.timeouts import call_with_timeout
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -113,7 +113,7 @@ def call_with_retries(
     jitter = random.Random(seed)  # only the pace depends on it, never the data
     for attempt in range(1, policy.attempts + 1):
         try:
-            return _with_timeout(fn, policy.timeout_s, what)
+            return call_with_timeout(fn, policy.timeout_s, what)
         except PERMANENT_ERRORS as exc:
             if isinstance(exc, (DataError, ConfigError)):
                 raise  # ours: already names the file and the fix
@@ -145,7 +145,7 @@ def _retry_or_raise(
         raise OSError(f"{what}: failed after {attempt} attempts; last error: {reason}") from (
             exc if redact(str(exc)) == str(exc) else None
         )
-    _counters().retries += 1
+    count_retries(1)
     if on_retry is not None:
         on_retry(exc)
     delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))

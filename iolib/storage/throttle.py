@@ -9,7 +9,7 @@ from statistics import NormalDist
 from typing import Any, ClassVar
 
 from iolib.errors import ConfigError
-from iolib.storage.wrapper import _unit, _WrapperFileSystem
+from iolib.storage.wrapper import WrapperFileSystem, seeded_unit
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ PROFILES: dict[str, ThrottleProfile] = {
 }
 
 
-class ThrottledFileSystem(_WrapperFileSystem):
+class ThrottledFileSystem(WrapperFileSystem):
     """Make any fsspec filesystem behave like slower storage, reproducibly.
 
     Each request (a ranged read, an info or a listing) takes at least
@@ -92,17 +92,17 @@ class ThrottledFileSystem(_WrapperFileSystem):
         self.requests = 0
         self.bytes_read = 0
 
-    def _request(self, kind, path, start, end):
+    def before_request(self, kind, path, start, end):
         key = (kind, path, start, end)
-        n = self._repeat(key)
+        n = self.repeat_count(key)
         p = self.profile
         latency = p.latency_ms / 1000.0
         if p.jitter > 0 and latency > 0:
-            z = NormalDist().inv_cdf(_unit(self.seed, *key, n))
+            z = NormalDist().inv_cdf(seeded_unit(self.seed, *key, n))
             latency *= math.exp(p.jitter * z)
         return time.perf_counter(), latency
 
-    def _after(self, token, data):
+    def after_request(self, token, data):
         started, latency = token
         nbytes = len(data) if data is not None else 0
         p = self.profile

@@ -88,7 +88,7 @@ if hasattr(os, "register_at_fork"):
 
 
 @atexit.register
-def _stop_helpers() -> None:
+def stop_helpers() -> None:
     """At exit, stop every helper and give calls still running (a timed-out read) a
     bounded time to return. A daemon thread that wakes while the interpreter finalizes
     aborts the process ("terminate called without an active exception"): idle helpers
@@ -104,10 +104,15 @@ def _stop_helpers() -> None:
         helper.thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def live_helper_threads() -> list[threading.Thread]:
+    """This process's helper threads still running (what the exit hook must stop)."""
+    return [h.thread for h in list(_ALL) if h.pid == os.getpid() and h.thread.is_alive()]
+
+
 _HELPER_IDLE_S = 0.5  # how often an idle helper checks that its caller still exists
 
 
-def _with_timeout(fn: Callable[[], T], timeout_s: float | None, what: str) -> T:
+def call_with_timeout(fn: Callable[[], T], timeout_s: float | None, what: str) -> T:
     if timeout_s is None or _exiting:
         return fn()
     helper = getattr(_HELPERS, "helper", None)

@@ -24,16 +24,16 @@ from iolib.forks import reset_after_fork
 T = TypeVar("T")
 
 
-def _unit(seed: int, *key: object) -> float:
+def seeded_unit(seed: int, *key: object) -> float:
     """A uniform draw in (0, 1) that is a pure function of (seed, key)."""
     digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "little") + 0.5) / 2.0**64
 
 
-class _WrapperFileSystem(ChainedFileSystem):
-    """Forwards every call to a target filesystem, calling `_request` around each read.
+class WrapperFileSystem(ChainedFileSystem):
+    """Forwards every call to a target filesystem, calling `before_request` around each read.
 
-    Subclasses decide what a request costs (`_request`) and may alter returned bytes
+    Subclasses decide what a request costs (`before_request`) and may alter returned bytes
     (`_result`). Writes pass through untouched, so tests can create data through it.
     """
 
@@ -63,14 +63,14 @@ class _WrapperFileSystem(ChainedFileSystem):
         self._lock = threading.Lock()  # a parent thread may have held it at the fork
 
     # -- hooks -------------------------------------------------------------------------
-    def _request(self, kind: str, path: str, start: int | None, end: int | None) -> Any:
-        """Called before a request; returns a token handed to `_after`."""
+    def before_request(self, kind: str, path: str, start: int | None, end: int | None) -> Any:
+        """Called before a request; returns a token handed to `after_request`."""
         return None
 
-    def _after(self, token: Any, data: bytes | None) -> bytes | None:
+    def after_request(self, token: Any, data: bytes | None) -> bytes | None:
         return data
 
-    def _repeat(self, key: tuple) -> int:
+    def repeat_count(self, key: tuple) -> int:
         """How many times this exact request was made before (for seeded draws)."""
         with self._lock:
             n = self._counts.get(key, 0)
@@ -78,11 +78,11 @@ class _WrapperFileSystem(ChainedFileSystem):
         return n
 
     def _call(self, kind: str, path: str, fn: Callable[[], T], start=None, end=None) -> T:
-        token = self._request(kind, path, start, end)
+        token = self.before_request(kind, path, start, end)
         result = fn()
         if isinstance(result, bytes):
-            return self._after(token, result)  # type: ignore[return-value]
-        self._after(token, None)
+            return self.after_request(token, result)  # type: ignore[return-value]
+        self.after_request(token, None)
         return result
 
     # -- forwarded API -----------------------------------------------------------------
