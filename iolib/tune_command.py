@@ -23,6 +23,7 @@ import click
 
 from iolib._cli_common import ByteSize, Number, storage_options_option
 from iolib.errors import ConfigError
+from iolib.tune_probe import TuneRequest
 
 DEFAULT_OBSERVATIONS = Path(__file__).parent.parent / "predictors" / "data" / "sweep"
 
@@ -59,38 +60,38 @@ def _decoder(source: Any, size: int) -> Any:
     return ImagePipeline(size=size, train=True)
 
 
-def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
+def _recommend(request: TuneRequest) -> dict[str, Path]:
     import pandas as pd
 
     from iolib import tune_probe
     from iolib.loader import DataLoader
     from predictors.report import write_report
 
-    options = kw["storage_options"]
-    source = _source(kw["data"], options, kw["column"])
-    decode = None if kw["no_decode"] else _decoder(source, kw["image_size"])
+    source = _source(request.data, request.storage_options, request.column)
+    decode = _decoder(source, request.image_size) if request.decode else None
     common = dict(
-        batch_size=kw["batch_size"], shuffle=kw["shuffle"], decode=decode, persistent_workers=True
-    )
+        batch_size=request.batch_size, shuffle=request.shuffle, decode=decode,
+        persistent_workers=True,
+    )  # fmt: skip
     with click.progressbar(length=2, label="tuning", file=sys.stderr) as bar:
         loader = DataLoader(
             source,
             **common,
             prefetch="auto",
-            num_workers=kw["max_workers"],
-            target_utilization=kw["target"],
-            memory_budget=kw["memory_budget"],
+            num_workers=request.max_workers,
+            target_utilization=request.target,
+            memory_budget=request.memory_budget,
         )
-        probe = tune_probe.run(loader, kw["batches"], kw["step_ms"])
+        probe = tune_probe.run(loader, request.batches, request.step_ms)
         tuner, last = loader.autotune.tuner, loader.autotune.last
         final = (probe["stats"]["workers"], probe["stats"]["depth"])
         bar.update(1)
-        drivers = tune_probe.drivers(probe, tuner, kw)
+        drivers = tune_probe.drivers(probe, tuner, request)
         runs = {}
         batch_bytes = float(probe["stats"]["batch_bytes"])
-        for workers, depth in tune_probe.checks(tuner, final, kw, batch_bytes):
+        for workers, depth in tune_probe.checks(tuner, final, request, batch_bytes):
             fixed = DataLoader(source, **common, num_workers=workers, prefetch=depth)
-            runs[(workers, depth)] = tune_probe.run(fixed, kw["verify_batches"], kw["step_ms"])
+            runs[(workers, depth)] = tune_probe.run(fixed, request.verify_batches, request.step_ms)
         bar.update(1)
     keys = list(runs)
     predicted, lower = tuner.planner.predict(keys, drivers["estimate"], drivers["cpu_count"])
@@ -105,7 +106,7 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
             "samples_per_s": [runs[k]["samples_per_s"] for k in keys],
         }
     )
-    ok = measured[measured["measured_utilization"] >= kw["target"]]
+    ok = measured[measured["measured_utilization"] >= request.target]
     if len(ok):
         pick = ok.sort_values(["memory_bytes", "workers"]).iloc[0]
     else:
@@ -118,19 +119,24 @@ def _recommend(kw: dict[str, Any]) -> dict[str, Path]:
         "meets_target": bool(len(ok)),
         "measured_utilization": float(pick["measured_utilization"]),
         "measured_memory_bytes": float(pick["memory_bytes"]),
-        "why_missed": None if len(ok) else tune_probe.why_missed(drivers, kw, last),
+        "why_missed": None if len(ok) else tune_probe.why_missed(drivers, request, last),
         "probe_batches": probe["batches"],
         "probe_epochs": probe["epochs"],
-        "verify_batches": kw["verify_batches"],
+        "verify_batches": request.verify_batches,
         "tuner_reason": last.reason if last is not None else None,
     }
     paths = write_report(
-        kw["out"], recommendation, measured, drivers, step_ms=kw["step_ms"], target=kw["target"]
+        request.out,
+        recommendation,
+        measured,
+        drivers,
+        step_ms=request.step_ms,
+        target=request.target,
     )
     verdict = "meets" if recommendation["meets_target"] else "MISSED; best measured"
     click.echo(
         f"{recommendation['workers']} worker(s), depth {recommendation['depth']}: measured "
-        f"{recommendation['measured_utilization']:.2f} against {kw['target']:.2f} ({verdict})"
+        f"{recommendation['measured_utilization']:.2f} against {request.target:.2f} ({verdict})"
     )
     return paths
 
@@ -250,26 +256,33 @@ def tune(**kw: Any) -> None:
     the training step stays busy at --target, with the least memory; write a report."""
     files = tuple(p for p in (kw["data"], *kw["more"]) if p)
     if kw["evaluate"] or kw["retrain"]:
-        return _model_command(kw, files)
+        return _model_command(kw["retrain"], kw["model_out"], files)
     if not kw["data"]:
         raise click.UsageError("Give DATA (a dataset URL), or --evaluate / --retrain.")
     from iolib.bench.command import writable_directory
 
     writable_directory(kw["out"], "--out")  # before the probe, not after its whole run
-    paths = _recommend(kw)
+    request = TuneRequest(
+        data=kw["data"], out=kw["out"], storage_options=kw["storage_options"],
+        column=kw["column"], decode=not kw["no_decode"], image_size=kw["image_size"],
+        batch_size=kw["batch_size"], shuffle=kw["shuffle"], max_workers=kw["max_workers"],
+        target=kw["target"], memory_budget=kw["memory_budget"], batches=kw["batches"],
+        verify_batches=kw["verify_batches"], step_ms=kw["step_ms"],
+    )  # fmt: skip
+    paths = _recommend(request)
     click.echo(f"Report: {paths['markdown']} (and {paths['html'].name}, plots beside it)")
     return None
 
 
-def _model_command(kw: dict[str, Any], files: tuple[str, ...]) -> None:
+def _model_command(retrain: bool, model_out: str | None, files: tuple[str, ...]) -> None:
     from predictors.model import evaluate, read_observations, train_default
 
     paths = _observation_files(files)
     try:
-        if kw["retrain"]:
+        if retrain:
             from predictors.model import MODEL_ENV, user_model_path
 
-            out = Path(kw["model_out"]) if kw["model_out"] else user_model_path()
+            out = Path(model_out) if model_out else user_model_path()
             model = train_default(paths, out=out)
             click.echo(
                 f"Trained on {len(paths)} file(s); wrote {out}. Use it: export {MODEL_ENV}={out}"

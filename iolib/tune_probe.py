@@ -6,11 +6,33 @@ prior's predictions over workers and depth). `iolib.tune_command` composes these
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from iolib.errors import ConfigError
 
-__all__ = ["checks", "cpu_count", "drivers", "run", "why_missed"]
+__all__ = ["TuneRequest", "checks", "cpu_count", "drivers", "run", "why_missed"]
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What `iolib tune` was asked for, read once from the command line (click has
+    already checked each value: ranges, sizes, paths)."""
+
+    data: str
+    out: str
+    storage_options: dict[str, Any]
+    column: str | None
+    decode: bool
+    image_size: int
+    batch_size: int
+    shuffle: Any
+    max_workers: int
+    target: float
+    memory_budget: int | None
+    batches: int
+    verify_batches: int
+    step_ms: float
 
 
 def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
@@ -56,34 +78,33 @@ def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
 
 
 def checks(
-    tuner: Any, final: tuple[int, int], kw: dict[str, Any], batch_bytes: float
+    tuner: Any, final: tuple[int, int], request: TuneRequest, batch_bytes: float
 ) -> list[tuple[int, int]]:
     """What to verify: the probe's final configuration, the least memory the tuner
     predicted to meet the target, one depth step less, one worker more, torch's
     default; at most --max-workers, no more workers than depth, within the budget."""
-    from iolib.tuning import parse_bytes
     from predictors.planning import DEPTH_GRID
 
-    budget = parse_bytes(kw["memory_budget"], "--memory-budget")
+    budget = request.memory_budget
 
     w, d = final
     lower = max([g for g in DEPTH_GRID if g < d], default=d)
     wanted = [final, (min(w, lower), lower), (w + 1, d), (2, 4)]
     table = tuner.candidate_table()
-    meets = table[table["lower_bound"] >= kw["target"]]
+    meets = table[table["lower_bound"] >= request.target]
     if len(meets):
         best = meets.sort_values(["predicted_memory_bytes", "workers"]).iloc[0]
         wanted.insert(1, (int(best["workers"]), int(best["depth"])))
     out = []
     for a, b in wanted:
-        key = (min(a, kw["max_workers"], b), b)
+        key = (min(a, request.max_workers, b), b)
         fits = budget is None or b * batch_bytes <= budget or key == final
         if fits and key not in out:
             out.append(key)
     return out
 
 
-def drivers(probe: dict[str, Any], tuner: Any, kw: dict[str, Any]) -> dict[str, Any]:
+def drivers(probe: dict[str, Any], tuner: Any, request: TuneRequest) -> dict[str, Any]:
     """This dataset's measured service, step and CPU, and the prior's predictions over a
     small grid of workers and depth."""
     import math
@@ -99,7 +120,7 @@ def drivers(probe: dict[str, Any], tuner: Any, kw: dict[str, Any]) -> dict[str, 
     decode = stages.get("decode", 0.0)
     transform = stages.get("transform", 0.0) + stages.get("collate", 0.0)
     service = max(read + decode + transform, 1e-3)
-    step = max(stats["step_ms"], kw["step_ms"])
+    step = max(stats["step_ms"], request.step_ms)
     # The tuner's own estimate when it planned (it holds each batch's service, so
     # late batches count); else the loader's stage medians.
     est = tuner.service() or Service(
@@ -115,7 +136,7 @@ def drivers(probe: dict[str, Any], tuner: Any, kw: dict[str, Any]) -> dict[str, 
         wait_ms=max(service - (cpu or 0.0), 0.0),
         cpu_count=cpus,
     )
-    workers = [w for w in (1, 2, 4, 8, 16, 32) if w <= kw["max_workers"]]
+    workers = [w for w in (1, 2, 4, 8, 16, 32) if w <= request.max_workers]
     depths = [1, 2, 4, 8, 16, 32]
     grid = [(w, d) for w in workers for d in depths if w <= d]
     point, _ = tuner.planner.predict(grid, est, cpus)
@@ -131,7 +152,7 @@ def drivers(probe: dict[str, Any], tuner: Any, kw: dict[str, Any]) -> dict[str, 
         "cpu_ms": cpu,
         "cpu_count": cpus,
         "cpu_bound": cores * step / cpu if cpu else None,
-        "workers_needed": max(1, math.ceil(kw["target"] * service / step)),
+        "workers_needed": max(1, math.ceil(request.target * service / step)),
         "grid": pd.DataFrame(
             [(w, d, u) for (w, d), u in zip(grid, point, strict=True)],
             columns=["workers", "depth", "utilization"],
@@ -140,18 +161,18 @@ def drivers(probe: dict[str, Any], tuner: Any, kw: dict[str, Any]) -> dict[str, 
     }
 
 
-def why_missed(drivers: dict[str, Any], kw: dict[str, Any], last: Any) -> str:
+def why_missed(drivers: dict[str, Any], request: TuneRequest, last: Any) -> str:
     """In words, what kept every measured configuration below the target."""
     bound = drivers["cpu_bound"]
-    if bound is not None and bound < kw["target"]:
+    if bound is not None and bound < request.target:
         return (
             f"the workers' CPU ({drivers['cpu_ms']:.1f} ms a batch) on {drivers['cpu_count']} "
             f"cores allows at most {bound:.2f}: cheaper transforms or decode, or more cores"
         )
-    if drivers["workers_needed"] > kw["max_workers"]:
+    if drivers["workers_needed"] > request.max_workers:
         return (
             f"storage: about {drivers['workers_needed']} busy workers would cover "
-            f"{drivers['service_ms']:.0f} ms a batch, --max-workers allows {kw['max_workers']}"
+            f"{drivers['service_ms']:.0f} ms a batch, --max-workers allows {request.max_workers}"
         )
     if last is not None and not last.feasible:
         return last.reason

@@ -303,7 +303,7 @@ def bench(**kw: Any) -> None:
     try:
         rows, interrupted = run_bench(spec, progress=progress)
     except BenchTimeout as exc:
-        _write(getattr(exc, "rows", []), spec, kw)  # keep what was measured before it
+        _write(getattr(exc, "rows", []), spec, kw["out"], kw["plot"])  # what came before it
         raise
     if rows:
         click.echo(report.summary_table(rows))
@@ -313,7 +313,7 @@ def bench(**kw: Any) -> None:
         if said:
             click.echo("")
             click.echo(click.wrap_text(said, width=100))
-    _write(rows, spec, kw)
+    _write(rows, spec, kw["out"], kw["plot"])
     if interrupted:
         click.echo(f"Stopped by Ctrl-C after {len(rows)} measurements.", err=True)
         raise click.Abort()
@@ -404,17 +404,17 @@ def _command_line() -> str:
     return shlex.join(parts)
 
 
-def _write(rows: list[dict[str, Any]], spec: BenchSpec, kw: dict[str, Any]) -> None:
+def _write(rows: list[dict[str, Any]], spec: BenchSpec, out: str | None, plot: bool) -> None:
     from iolib.bench import records, report
 
-    if kw["out"] and rows:
-        paths = records.write_observations(rows, kw["out"])
+    if out and rows:
+        paths = records.write_observations(rows, out)
         run = {"command": spec.command, "machine": records.machine_description(),
                "versions": json.loads(records.versions()), "rows": len(rows),
                "schema_version": records.SCHEMA_VERSION}  # fmt: skip
-        with open(os.path.join(kw["out"], "run.json"), "w") as f:
+        with open(os.path.join(out, "run.json"), "w") as f:
             json.dump(run, f, indent=1)
         click.echo(f"Observations: {', '.join(paths)}", err=True)
-    if kw["plot"] and rows:
-        pngs = report.plot(rows, kw["out"] or "bench-plots")
+    if plot and rows:
+        pngs = report.plot(rows, out or "bench-plots")
         click.echo(f"Plots: {', '.join(pngs)}", err=True)
