@@ -119,7 +119,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
 
 
 def test_ctrl_c_keeps_what_was_measured():
-    from iolib.bench.measure import measure
+    from iolib.bench.loop import measure
 
     def batches():
         yield {"x": b"1234"}
@@ -157,7 +157,7 @@ def _row(loader, sps, util, repeat=0, profile="local"):
 
 
 def test_verdict_says_ratio_busy_share_and_when_noise_decides():
-    from iolib.bench.report import verdict
+    from iolib.bench.display import verdict
 
     clear = [_row("iolib", v, 0.99, i) for i, v in enumerate((900, 950, 1000))]
     clear += [_row("torch", v, 0.5, i) for i, v in enumerate((400, 450, 500))]
@@ -173,7 +173,7 @@ def test_verdict_says_ratio_busy_share_and_when_noise_decides():
 
 def test_plot_of_one_depth_is_bars_with_linear_axes(tmp_path):
     pytest.importorskip("matplotlib")
-    from iolib.bench.report import plot
+    from iolib.bench.display import plot
 
     rows = [_row("iolib", 900 + i, 0.99, i) for i in range(3)]
     rows += [_row("torch", 450 + i, 0.5, i) for i in range(3)]

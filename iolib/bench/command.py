@@ -291,14 +291,14 @@ def bench(**kw: Any) -> None:
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     from tqdm import tqdm
 
-    from iolib.bench import report
+    from iolib.bench import display
     from iolib.bench.runner import run_bench
 
     def progress(total: int):
         return tqdm(total=total, desc="iolib bench", unit="run", disable=not kw["progress"],
                     file=sys.stderr, leave=False)  # fmt: skip
 
-    from iolib.bench.measure import BenchTimeout
+    from iolib.bench.loop import BenchTimeout
 
     try:
         rows, interrupted = run_bench(spec, progress=progress)
@@ -306,9 +306,9 @@ def bench(**kw: Any) -> None:
         _write(getattr(exc, "rows", []), spec, kw["out"], kw["plot"])  # what came before it
         raise
     if rows:
-        click.echo(report.summary_table(rows))
-        click.echo(report.LEGEND)
-        said = report.verdict(rows, TORCH_READS[spec.torch_reads] if spec.data is None else
+        click.echo(display.summary_table(rows))
+        click.echo(display.LEGEND)
+        said = display.verdict(rows, TORCH_READS[spec.torch_reads] if spec.data is None else
                               TORCH_READS["row-groups"])  # fmt: skip
         if said:
             click.echo("")
@@ -405,7 +405,7 @@ def _command_line() -> str:
 
 
 def _write(rows: list[dict[str, Any]], spec: BenchSpec, out: str | None, plot: bool) -> None:
-    from iolib.bench import records, report
+    from iolib.bench import display, records
 
     if out and rows:
         paths = records.write_observations(rows, out)
@@ -416,5 +416,5 @@ def _write(rows: list[dict[str, Any]], spec: BenchSpec, out: str | None, plot: b
             json.dump(run, f, indent=1)
         click.echo(f"Observations: {', '.join(paths)}", err=True)
     if plot and rows:
-        pngs = report.plot(rows, out or "bench-plots")
+        pngs = display.plot(rows, out or "bench-plots")
         click.echo(f"Plots: {', '.join(pngs)}", err=True)

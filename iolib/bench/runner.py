@@ -21,7 +21,7 @@ from typing import Any
 
 from iolib.bench import probes
 from iolib.bench.datasets import Collate, FileSampleDataset, ParquetRowDataset, TokenRangeDataset
-from iolib.bench.measure import BenchTimeout, bounded, measure
+from iolib.bench.loop import BenchTimeout, bounded, measure
 from iolib.bench.profiles import Storage, prepare_storage
 from iolib.bench.records import machine_description, versions
 from iolib.bench.workloads import Workload, inspect_dataset, make_images, make_tokens

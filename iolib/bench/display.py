@@ -1,4 +1,5 @@
-"""Reading observations: the summary table printed by `iolib bench`, and PNG plots."""
+"""What `iolib bench` prints and draws from observations: the summary table, the verdict
+and PNG plots."""
 
 from __future__ import annotations
 
