@@ -130,3 +130,52 @@ def test_a_row_over_budget_is_an_error_naming_its_file(tmp_path) -> None:
     url = write_documents(tmp_path / "r", np.array([3, 300, 4]), shards=1)
     with pytest.raises(DataError, match=r"part-0\.parquet.*300 tokens.*max_tokens=200"):
         len(TokenBudgetBatches(url, column="tokens", max_tokens=BUDGET))
+
+
+WIDE = doc_lengths(400, seed=2, low=1, high=60)
+
+
+@pytest.fixture
+def wide(tmp_path) -> str:
+    return write_documents(tmp_path / "w", WIDE, shards=2, row_group_size=10)
+
+
+def _groups_per_stretch(url: str, cache_bytes: int, stretch: int = 8) -> list[int]:
+    """Row groups read by each run of `stretch` consecutive batches of one epoch."""
+    source = TokenBudgetBatches(url, column="tokens", max_tokens=BUDGET, cache_bytes=cache_bytes)
+    starts = source.rows.row_starts()
+    batches = epoch_batches(DataLoader(source, batch_size=1, shuffle=True, seed=4), 1)
+    groups = [set(np.searchsorted(starts, b["id"], side="right").tolist()) for b in batches]
+    return [len(set().union(*groups[k : k + stretch])) for k in range(len(groups) - stretch)]
+
+
+def test_data_larger_than_the_cache_reads_a_few_row_groups_at_a_time(wide, caplog) -> None:
+    caplog.set_level("INFO", logger="iolib")
+    windowed = _groups_per_stretch(wide, cache_bytes=40_000)
+    assert "larger than cache_bytes" in caplog.text
+    whole = _groups_per_stretch(wide, cache_bytes=1 << 30)
+    # Windowed, a stretch reads one chunk's row groups, at a block's edge up to four.
+    assert np.median(windowed) < 0.6 * np.median(whole), (windowed, whole)
+    assert max(windowed) < max(whole)
+
+
+def test_windowed_budget_batches_keep_every_guarantee(wide) -> None:
+    def make(**kw):
+        source = TokenBudgetBatches(wide, column="tokens", max_tokens=BUDGET, cache_bytes=40_000)
+        return DataLoader(source, batch_size=1, shuffle=True, seed=kw.pop("seed", 3), **kw)
+
+    for epoch in (0, 1):
+        batches = epoch_batches(make(), epoch)
+        ids = np.concatenate([b["id"] for b in batches])
+        assert sorted(ids.tolist()) == list(range(len(WIDE)))  # every row once
+        assert all(int(b["tokens_lengths"].sum()) <= BUDGET for b in batches)
+    assert_same_batches_across_workers(make, ({"num_workers": 0}, {"num_workers": 2}), (0, 1))
+    assert_checkpoint_roundtrip(make, stop_after=[3, 20], epoch=1, num_workers=2)
+    counts = {len(epoch_batches(make(rank=r, world_size=3), 0)) for r in range(3)}
+    assert len(counts) == 1
+
+
+def test_a_cache_below_four_row_groups_is_refused(wide) -> None:
+    source = TokenBudgetBatches(wide, column="tokens", max_tokens=BUDGET, cache_bytes=2_000)
+    with pytest.raises(ConfigError, match=r"`cache_bytes`=2000 holds fewer than 4"):
+        len(DataLoader(source, batch_size=1, shuffle=True, seed=0))  # before any batch

@@ -14,11 +14,19 @@ then cut into exactly N contiguous batches at equal token quantiles, where
 N = ceil(total / (max_tokens - longest row)); a cut lands at most one row past its
 quantile, so no batch holds more than `max_tokens` tokens, and N is the same every
 epoch (len() does not depend on the epoch).
+
+Data larger than `cache_bytes`: the permutation is windowed, as PackedTokens' is. Row
+groups are drawn in a random order and taken in chunks that fit a quarter of the cache;
+rows are permuted and bucketed within their chunk, and the loader shuffles the batches
+within chunks, chunks in a random order; so a stretch of batches reads one or two
+chunks' row groups, never the whole dataset. What stays O(rows): each row's length and
+the epoch's row order (16 bytes a row).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from typing import Any
 
@@ -27,8 +35,12 @@ import pyarrow as pa
 
 from iolib.collate import is_numeric_list
 from iolib.errors import ConfigError, DataError
+from iolib.plan import default_blocks
 from iolib.sources.parquet import ParquetSource
+from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD
 from iolib.text.seeded import SeededSource
+
+log = logging.getLogger("iolib")
 
 _BUDGET_STREAM = 0x42554447  # "BUDG"
 
@@ -100,6 +112,10 @@ class TokenBudgetBatches(SeededSource):
 
     bucket_batches: rows sorted by length together, in batches' worth (default 64):
         more means less padding but batches of more uniform length in a stretch.
+    cache_bytes: bound on the decoded row groups kept (default 1 GiB, fixed rather than a
+        share of RAM because the order follows it). Data that fits is permuted whole;
+        larger data is permuted within chunks of row groups that fit a quarter of it
+        (the module docstring says how), and the log says so once.
     """
 
     columnar = True
@@ -113,12 +129,19 @@ class TokenBudgetBatches(SeededSource):
         bucket_batches: int = 64,
         storage_options: dict[str, Any] | None = None,
         seed: int = 0,
+        cache_bytes: int | None = None,
     ) -> None:
-        for name, value in (("max_tokens", max_tokens), ("bucket_batches", bucket_batches)):
+        budget = 1 if cache_bytes is None else cache_bytes
+        checked = (("max_tokens", max_tokens), ("bucket_batches", bucket_batches),
+                   ("cache_bytes", budget))  # fmt: skip
+        for name, value in checked:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"`{name}` must be an integer >= 1. Found: {value!r}.")
         if not isinstance(source, ParquetSource):
-            source = ParquetSource(source, storage_options=storage_options)
+            source = ParquetSource(source, storage_options=storage_options,
+                                   cache_bytes=cache_bytes)  # fmt: skip
+        self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self._windowed_said = False
         self.rows, self.column = source, column
         self.max_tokens, self.bucket_batches, self.seed = max_tokens, bucket_batches, int(seed)
         self._lengths: np.ndarray | None = None
@@ -145,6 +168,7 @@ class TokenBudgetBatches(SeededSource):
         return self._lengths
 
     def __len__(self) -> int:
+        self._chunks()  # a cache too small for the data is refused before anything runs
         return batch_count(self.lengths, self.max_tokens)
 
     def check_loader(self, options: Any) -> None:
@@ -174,17 +198,75 @@ class TokenBudgetBatches(SeededSource):
         rng = np.random.Generator(
             np.random.Philox(np.random.SeedSequence([_BUDGET_STREAM, self.seed, epoch]))
         )
-        rows = rng.permutation(lengths.size)
         bucket = max(1, self.bucket_batches * lengths.size // max(batches, 1))
-        for start in range(0, rows.size, bucket):  # longest first within each bucket
-            part = rows[start : start + bucket]
-            rows[start : start + bucket] = part[np.argsort(-lengths[part], kind="stable")]
+        chunks = self._chunks()
+        if chunks is None:
+            rows = _bucketed(rng.permutation(lengths.size), lengths, bucket)
+        else:  # chunks of row groups in a random order, rows permuted within each
+            starts = self.rows.row_starts()
+            parts = []
+            for chunk in np.array_split(rng.permutation(starts.size - 1), chunks):
+                ranges = [np.arange(starts[g], starts[g + 1]) for g in chunk.tolist()]
+                chunk_rows = np.concatenate(ranges) if ranges else np.zeros(0, np.int64)
+                parts.append(_bucketed(chunk_rows[rng.permutation(chunk_rows.size)],
+                                       lengths, bucket))  # fmt: skip
+            rows = np.concatenate(parts)
         cuts = budget_cuts(lengths[rows], batches)
         with self._lock:
             self._epochs[key] = (rows, cuts)
             for old in [k for k in self._epochs if k[1] < epoch - 1]:
                 del self._epochs[old]
         return rows, cuts
+
+    # -- windowed order for data larger than the cache ------------------------------------
+    def _chunks(self) -> int | None:
+        """How many chunks of row groups an epoch is cut into; None when the data fits
+        the cache (then the permutation is global, as it always was)."""
+        found = self.__dict__.get("_chunk_count", 0)
+        if found != 0:
+            return found
+        sizes = np.asarray(self.rows.estimated_bytes(measure=False), dtype=np.int64)
+        largest = max(int(sizes.max(initial=0)), 1)
+        if int(sizes.sum()) + (MIN_GROUPS_HELD - 1) * largest <= self.cache_bytes:
+            chunks = None
+        elif MIN_GROUPS_HELD * largest > self.cache_bytes:
+            raise ConfigError(
+                f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds fewer than "
+                f"{MIN_GROUPS_HELD} of its largest row groups ({largest:,} bytes decoded). "
+                f"Raise `cache_bytes` to at least {MIN_GROUPS_HELD * largest} or write the "
+                "data with smaller row groups."
+            )
+        else:  # two chunks may share a stretch of batches: each fits a quarter of the room
+            per_chunk = max(1, (self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest) // 4)
+            chunks = max(2, math.ceil(int(sizes.sum()) / per_chunk))
+            chunks = min(chunks, sizes.size)
+        self.__dict__["_chunk_count"] = chunks
+        return chunks
+
+    def blocks(self) -> np.ndarray | tuple[int, ...]:
+        """Budget batches in chunk-sized blocks where the data is larger than the cache
+        (the loader shuffles within a block, blocks in a random order); else none."""
+        chunks = self._chunks()
+        if chunks is None:
+            return ()
+        return default_blocks(len(self), max(1, math.ceil(len(self) / chunks)))
+
+    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
+        """Batches shuffled within chunks, one chunk at a time, where the data is larger
+        than `cache_bytes`; the loader's own shuffle where it fits."""
+        if shuffle == "none" or self._chunks() is None:
+            return shuffle, window
+        if not self._windowed_said:
+            self._windowed_said = True
+            log.info(
+                "%s: the data is larger than cache_bytes (%.0f MiB): rows are permuted "
+                "within %d chunks of row groups, batches shuffled within chunks, chunks in "
+                "a random order (raise cache_bytes to shuffle more widely).",
+                self.describe(),
+                self.cache_bytes / 2**20,
+                self._chunks(),
+            )
+        return "block", 1
 
     def batch_rows(self, batch: int, epoch: int = 0) -> np.ndarray:
         """The rows of batch `batch` of `epoch`, in batch order."""
@@ -205,13 +287,17 @@ class TokenBudgetBatches(SeededSource):
         self.rows.plan_epoch(epoch, _RowsOf(self, batches, epoch))
 
     def fit_cache(self, row_groups: int) -> int:
-        return self.rows.fit_cache(len(self.rows.blocks()))  # rows come from anywhere
+        if self._chunks() is None:
+            return self.rows.fit_cache(len(self.rows.blocks()))  # rows come from anywhere
+        return self.rows.fit_cache(len(self.rows.blocks()) * 2 // self._chunks() + 3)
 
     def cache_stats(self) -> dict[str, int]:
         return self.rows.cache_stats()
 
     def fingerprint(self) -> str:
         words = f"{self.rows.fingerprint()}|{self.column}|{self.max_tokens}|{self.bucket_batches}"
+        if self._chunks() is not None:  # the order follows the chunks, so a resume must too
+            words += f"|chunks={self._chunks()}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
@@ -219,6 +305,14 @@ class TokenBudgetBatches(SeededSource):
 
     def locate(self, index: int) -> str:
         return f"token-budget batch {index} of {self.rows.describe()}"
+
+
+def _bucketed(rows: np.ndarray, lengths: np.ndarray, bucket: int) -> np.ndarray:
+    """`rows` with each run of `bucket` sorted longest first (stable): little padding."""
+    for start in range(0, rows.size, bucket):
+        part = rows[start : start + bucket]
+        rows[start : start + bucket] = part[np.argsort(-lengths[part], kind="stable")]
+    return rows
 
 
 class _RowsOf:
