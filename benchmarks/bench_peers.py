@@ -365,6 +365,10 @@ def versions() -> dict:
 @click.option("--shard-mb", default=64.0, help="Shard size of every format.")
 @click.option("--row-group-mb", default=8.0, help="iolib's Parquet row group size.")
 @click.option("--cache-mb", default=256.0, help="PackedTokens(cache_bytes=) where it exists.")
+@click.option("--image-row-group-mb", default=1.0,
+              help="iolib's Parquet row group size for images (0: --row-group-mb).")  # fmt: skip
+@click.option("--image-cache-mb", default=32.0,
+              help="iolib's ParquetSource(cache_bytes=) for images (0: its default).")  # fmt: skip
 @click.option("--decode-threads", default=1, help="DALI threads per iolib worker.")
 @click.option("--latency", default=0.04, help="Seconds to first byte of each response.")
 @click.option("--conn-mbps", default=5.0, help="MB/s on one connection.")
@@ -412,6 +416,7 @@ def main(**opts: Any) -> None:
                 "workers": cfg["workers"], "seq_len": cfg["seq_len"],
                 "batch": cfg["token_batch"] if workload == "tokens" else cfg["image_batch"],
                 "cache_mb": cfg["cache_mb"], "decode_threads": cfg["decode_threads"],
+                "image_cache_mb": cfg["image_cache_mb"],
             }  # fmt: skip
             if system == "streaming":
                 # Forked workers stalled ~60 s before their first request (none in flight

@@ -236,7 +236,8 @@ def _make_tokens(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict
 
 
 def _make_images(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict:
-    folders = {s: base / s for s in systems}
+    rg_mb = cfg.get("image_row_group_mb") or cfg["row_group_mb"]
+    folders = {s: base / (f"iolib-rg{rg_mb:g}" if s == "iolib" else s) for s in systems}
     missing = [s for s, f in folders.items() if not _done(f)]
     if missing:
         made = jpeg_images(cfg["images"])
@@ -245,7 +246,7 @@ def _make_images(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict
             "images": len(images), "jpeg_bytes": int(sum(len(b) for b, _ in images)),
         }  # fmt: skip
         writers = {
-            "iolib": lambda f: images_parquet(f, images, cfg["shard_mb"], cfg["row_group_mb"]),
+            "iolib": lambda f: images_parquet(f, images, cfg["shard_mb"], rg_mb),
             "streaming": lambda f: images_mds(f, images, cfg["shard_mb"]),
             "litdata": lambda f: images_litdata(f, images, cfg["shard_mb"]),
             "webdataset": lambda f: images_wds(f, images, cfg["shard_mb"]),

@@ -119,7 +119,11 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
     if decode.backend == "auto":
         dali = importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali")
         notes["image_backend"] = "auto: DALI (CPU)" if dali else "auto: Pillow"
-    source = ParquetSource(url, storage_options=options)
+    # A cache below the data makes shuffle=True a windowed shuffle over half of it, as
+    # documented; None keeps the default (all of it here, a global shuffle).
+    cache = int(spec["image_cache_mb"] * 2**20) if spec.get("image_cache_mb") else None
+    source = ParquetSource(url, storage_options=options, cache_bytes=cache)
+    notes["image_cache_bytes"] = cache
     loader = iolib.DataLoader(source, batch_size=spec["batch"], decode=decode, **common)
     return loader, lambda b: len(b["label"]), notes
 
