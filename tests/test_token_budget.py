@@ -179,3 +179,27 @@ def test_a_cache_below_four_row_groups_is_refused(wide) -> None:
     source = TokenBudgetBatches(wide, column="tokens", max_tokens=BUDGET, cache_bytes=2_000)
     with pytest.raises(ConfigError, match=r"`cache_bytes`=2000 holds fewer than 4"):
         len(DataLoader(source, batch_size=1, shuffle=True, seed=0))  # before any batch
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_each_rank_reads_its_share_when_the_data_is_larger_than_the_cache(wide, world_size):
+    """lanes="auto": rank r's batches come from a contiguous share of the epoch's chunks,
+    so each rank reads about 1/world of the row groups; together every row once."""
+
+    def make(rank: int) -> DataLoader:
+        source = TokenBudgetBatches(wide, column="tokens", max_tokens=BUDGET, cache_bytes=40_000)
+        return DataLoader(source, batch_size=1, shuffle=True, seed=5, rank=rank,
+                          world_size=world_size, drop_last=True)  # fmt: skip
+
+    starts = make(0).dataset.rows.row_starts()
+    groups, ids = [], []
+    for rank in range(world_size):
+        batches = epoch_batches(make(rank), 1)
+        mine = np.concatenate([b["id"] for b in batches])
+        ids += mine.tolist()
+        groups.append(set(np.searchsorted(starts, mine, side="right").tolist()))
+    assert len(ids) == len(set(ids))  # no row twice across ranks
+    total = starts.size - 1
+    assert len(ids) >= 0.95 * len(WIDE)  # drop_last leaves out a few batches only
+    for mine in groups:
+        assert len(mine) <= total / world_size + total / 4, (len(mine), total)

@@ -35,10 +35,10 @@ import pyarrow as pa
 
 from iolib.collate import is_numeric_list
 from iolib.errors import ConfigError, DataError
-from iolib.plan import default_blocks
+from iolib.plan import LaneOrder, default_blocks
 from iolib.sources.parquet import ParquetSource
 from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD
-from iolib.text.seeded import SeededSource
+from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
 
 log = logging.getLogger("iolib")
 
@@ -116,6 +116,9 @@ class TokenBudgetBatches(SeededSource):
         share of RAM because the order follows it). Data that fits is permuted whole;
         larger data is permuted within chunks of row groups that fit a quarter of it
         (the module docstring says how), and the log says so once.
+    lanes: for data larger than the cache, how many contiguous shares of the epoch's
+        batches are dealt to ranks ("auto": the loader's world size, so rank r reads only
+        share r's chunks). To resume at another world size, pass the first run's.
     """
 
     columnar = True
@@ -130,6 +133,7 @@ class TokenBudgetBatches(SeededSource):
         storage_options: dict[str, Any] | None = None,
         seed: int = 0,
         cache_bytes: int | None = None,
+        lanes: int | str = "auto",
     ) -> None:
         budget = 1 if cache_bytes is None else cache_bytes
         checked = (("max_tokens", max_tokens), ("bucket_batches", bucket_batches),
@@ -142,6 +146,8 @@ class TokenBudgetBatches(SeededSource):
                                    cache_bytes=cache_bytes)  # fmt: skip
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
         self._windowed_said = False
+        self.lanes = check_lanes(lanes)
+        self._lanes = lanes if isinstance(lanes, int) else 1  # "auto": the loader's world size
         self.rows, self.column = source, column
         self.max_tokens, self.bucket_batches, self.seed = max_tokens, bucket_batches, int(seed)
         self._lengths: np.ndarray | None = None
@@ -268,6 +274,18 @@ class TokenBudgetBatches(SeededSource):
             )
         return "block", 1
 
+    def bind_plan(self, batch_size: int, world_size: int) -> None:
+        self._lanes = self.lanes if isinstance(self.lanes, int) else int(world_size)
+
+    def lane_order(self, seed: int, epoch: int, shuffle: str) -> LaneOrder | None:
+        """Where the data is larger than the cache: batches dealt to lanes, one each in
+        turn, each lane a contiguous share of the epoch's chunks (ordered as the whole
+        would be). Where it fits, the loader's own order (every rank reads everything)."""
+        if self._lanes == 1 or self._chunks() is None:
+            return None
+        per_chunk = int(self.blocks()[0])
+        return chunked_lane_order(len(self), self._lanes, 1, per_chunk, seed, epoch, shuffle)
+
     def batch_rows(self, batch: int, epoch: int = 0) -> np.ndarray:
         """The rows of batch `batch` of `epoch`, in batch order."""
         rows, cuts = self._epoch(epoch)
@@ -297,7 +315,7 @@ class TokenBudgetBatches(SeededSource):
     def fingerprint(self) -> str:
         words = f"{self.rows.fingerprint()}|{self.column}|{self.max_tokens}|{self.bucket_batches}"
         if self._chunks() is not None:  # the order follows the chunks, so a resume must too
-            words += f"|chunks={self._chunks()}"
+            words += f"|chunks={self._chunks()}|lanes {self._lanes}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def describe(self) -> str:

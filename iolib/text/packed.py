@@ -37,15 +37,14 @@ import torch
 
 from iolib.errors import ConfigError, DataError
 from iolib.forks import reset_after_fork
-from iolib.plan import EpochOrder, LaneOrder, default_blocks, lane_sizes
+from iolib.plan import LaneOrder, default_blocks
 from iolib.sources.parquet import ParquetSource
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
-from iolib.text.seeded import SeededSource
+from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
 
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
-_LANE_STREAM = 0x4C414E45  # "LANE": each lane's window order
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
 FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is far below its total
@@ -181,9 +180,7 @@ class PackedTokens(SeededSource):
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
-        if lanes != "auto" and (isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1):
-            raise ConfigError(f"`lanes` must be 'auto' or an integer >= 1. Found: {lanes!r}.")
-        self.lanes = lanes
+        self.lanes = check_lanes(lanes)
         self._lanes = lanes if isinstance(lanes, int) else 1  # "auto": the loader's world size
         self._index: tokenindex.TokenIndex | None = None
         self._windowed_said = False
@@ -324,16 +321,9 @@ class PackedTokens(SeededSource):
         stream ordered as the whole would be (chunks shuffled within, in a random order)."""
         if self._lanes == 1:
             return None
-        sizes = lane_sizes(len(self), self._lanes)
         per_chunk = int(self.blocks()[0]) if len(self.blocks()) else 1
-        orders = []
-        for lane, size in enumerate(sizes.tolist()):
-            words = [_LANE_STREAM, seed, lane]
-            lane_seed = int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
-            blocks = default_blocks(size, per_chunk) if shuffle == "block" else ()
-            orders.append(EpochOrder(size, seed=lane_seed, epoch=epoch, shuffle=shuffle,
-                                     blocks=blocks, window=1))  # fmt: skip
-        return LaneOrder(orders, getattr(self, "_granule", 1))
+        granule = getattr(self, "_granule", 1)
+        return chunked_lane_order(len(self), self._lanes, granule, per_chunk, seed, epoch, shuffle)
 
     def __len__(self) -> int:
         """Windows per epoch: the same every epoch (the stream's length does not change)."""
