@@ -18,7 +18,6 @@ time to the first batch (``iter`` + ``next``) and to the end of the epoch, media
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import random
@@ -27,6 +26,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import click
 import numpy as np
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
@@ -132,16 +132,16 @@ def measure(name: str, dataset: Dataset, batch_size: int, workers: int, repeats:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=40960)
-    parser.add_argument("--batches", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=str(RESULTS / "cheap-samples.md"))
-    args = parser.parse_args()
-    size = args.batch_size * args.batches
+@click.command(context_settings={"show_default": True})
+@click.option("--batch-size", default=40960, help="Samples a batch.")
+@click.option("--batches", default=4, help="Batches an epoch.")
+@click.option("--repeats", default=5, help="Repeats; medians are reported.")
+@click.option("--out", default=str(RESULTS / "cheap-samples.md"), help="Markdown results.")
+def main(batch_size: int, batches: int, repeats: int, out: str) -> None:
+    """Cheap samples (ints, tables): iolib's per-sample cost against torch's DataLoader."""
+    size = batch_size * batches
     results = [
-        measure(name, dataset, args.batch_size, workers, args.repeats)
+        measure(name, dataset, batch_size, workers, repeats)
         for name, dataset in (
             ("int", Ints(size)),
             ("getitems", Table(size)),
@@ -155,8 +155,8 @@ def main() -> None:
         "",
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{len(__import__('os').sched_getaffinity(0))} cores, torch {torch.__version__}; "
-        f"batch_size={args.batch_size}, {args.batches} batches an epoch, shuffle=True, "
-        f"medians of {args.repeats} repeats (`python benchmarks/bench_cheap_samples.py`).",
+        f"batch_size={batch_size}, {batches} batches an epoch, shuffle=True, "
+        f"medians of {repeats} repeats (`python benchmarks/bench_cheap_samples.py`).",
         "",
         "| dataset | workers | torch first batch s | iolib first batch s | ratio "
         "| torch epoch s | iolib epoch s | ratio |",
@@ -168,10 +168,10 @@ def main() -> None:
             f"{r['iolib_first_s']:.3f} | {r['first_ratio']:.2f} | {r['torch_epoch_s']:.3f} | "
             f"{r['iolib_epoch_s']:.3f} | {r['epoch_ratio']:.2f} |"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    path.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     print("\n".join(lines))
 
 
