@@ -11,7 +11,7 @@ groups of one file in one request (`iolib.sources.ranges`).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -22,10 +22,12 @@ from iolib.errors import DataError
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
 from iolib.sources.parquet_description import MIN_CACHE_BYTES, ParquetDescription
-from iolib.sources.parquet_files import FileMeta
 from iolib.sources.parquet_reader import ParquetReader
 from iolib.sources.schemas import null_numbers
 from iolib.storage import RetryPolicy
+
+if TYPE_CHECKING:
+    from iolib.sources.parquet_files import FileMeta
 
 __all__ = ["MIN_CACHE_BYTES", "ParquetSource"]
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import traceback
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,7 +20,7 @@ from iolib.collate import is_numeric_list
 from iolib.errors import DataError
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_files import FileMeta, is_corrupt
-from iolib.sources.ranges import RangedFile, Span
+from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, Span, coalesce
 from iolib.sources.schemas import conform
 from iolib.storage import call_with_retries, count_bytes, open_filesystem
 
@@ -40,9 +41,9 @@ class RowGroupFetcher:
         """A forked worker opens its own files (the parent's stay the parent's)."""
         self._local = threading.local()
 
-    def fetch(self, group: int, spans: list[Span]) -> pa.Table:
-        """Row group `group` (numbered across files) of the projected columns, reading the
-        byte ranges `spans` of its file first (its column chunks, perhaps more)."""
+    def fetch(self, group: int, later: Sequence[int] = ()) -> pa.Table:
+        """Row group `group` (numbered across files) of the projected columns; the bytes
+        of row groups `later` of the same file come in the same request where they fit."""
         description = self.description
         meta, local = description.group(group)
         reason = description.drifted_files.get(meta.url)
@@ -53,6 +54,7 @@ class RowGroupFetcher:
                 "or pass on_error='skip' to leave its rows out (counted)."
             )
         what = f"reading {meta.url!r} row group {local}"
+        spans = self.spans(group, later)
         # This thread's open files: the read itself runs on a helper thread (timeouts).
         handles = self._local.__dict__.setdefault("handles", {})
         table = call_with_retries(
@@ -69,6 +71,24 @@ class RowGroupFetcher:
         sizes = meta.column_bytes[local]
         count_bytes(sum(sizes[c] for c in (description.columns or sizes) if c in sizes))
         return table
+
+    def spans(self, group: int, later: Sequence[int]) -> list[Span]:
+        """The byte ranges to read for `group`: its column chunks, and those of `later`
+        row groups in the same file (up to one request's worth), so that a batch of
+        small row groups costs one request rather than one each."""
+        description = self.description
+        meta = description.group(group)[0]
+        spans = description.chunk_spans(group)
+        total = sum(end - start for start, end in spans)
+        for other in later:
+            if description.group(other)[0] is not meta:
+                continue
+            more = description.chunk_spans(other)
+            total += sum(end - start for start, end in more)
+            if total > MAX_REQUEST_BYTES:
+                break
+            spans += more
+        return coalesce(spans)
 
     def release(self) -> None:
         """Drop the bytes this thread's files loaded (once a batch is decoded)."""

@@ -24,7 +24,6 @@ from iolib.forks import reset_after_fork
 from iolib.sources.dense import DenseColumns
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_fetch import RowGroupFetcher
-from iolib.sources.ranges import MAX_REQUEST_BYTES, Span, coalesce
 from iolib.sources.rgcache import EpochUses, PlannedCache
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
@@ -262,32 +261,15 @@ class ParquetReader:
             flight.done.set()
 
     def _fetch(self, group: int) -> pa.Table:
-        return self.fetcher.fetch(group, self._spans_for(group))
-
-    def _spans_for(self, group: int) -> list[Span]:
-        """The byte ranges to read for `group`: its column chunks, and those of the
-        batch's later row groups in the same file not cached or read by another thread
-        (up to one request's worth), so that a batch of small row groups costs one
-        request rather than one each."""
-        description = self.description
-        meta = description.group(group)[0]
-        spans = description.chunk_spans(group)
-        total = sum(end - start for start, end in spans)
+        # The batch's later row groups not held or read by another thread: their bytes
+        # may come in the same request (`RowGroupFetcher.spans`).
         with self._lock:
             later = [
                 g
                 for g in sorted(getattr(self._local, "wanted", ()))
                 if g > group and g not in self._cache and g not in self._in_flight
             ]
-        for other in later:
-            if description.group(other)[0] is not meta:
-                continue
-            more = description.chunk_spans(other)
-            total += sum(end - start for start, end in more)
-            if total > MAX_REQUEST_BYTES:
-                break
-            spans += more
-        return coalesce(spans)
+        return self.fetcher.fetch(group, later)
 
     def _count_read(self, group: int) -> None:
         """Count a read from storage (the lock is held); warn once at the first re-read."""
