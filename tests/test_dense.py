@@ -52,14 +52,16 @@ def test_dense_reads_equal_arrow_reads(tmp_path) -> None:
         got, want = dense.read(indices), arrow.read(indices)
         assert got.schema.equals(want.schema, check_metadata=False)
         assert got.equals(want)
-    assert dense._dense is not None and arrow._dense is None  # each path really ran
-    assert dense._dense.filled.all()
+    held = dense.reader.dense_row_groups()
+    assert held is not None and arrow.reader.dense_row_groups() is None  # each path ran
+    assert held.all()
 
 
 def test_dense_store_is_filled_as_row_groups_are_first_read(tmp_path) -> None:
     source = dense_source(write_mixed(tmp_path / "d"))
     source.read(np.array([0, 1, 2]))  # all in row group 0
-    assert source._dense.filled.tolist() == [True] + [False] * (len(source.blocks()) - 1)
+    held = source.reader.dense_row_groups()
+    assert held.tolist() == [True] + [False] * (len(source.blocks()) - 1)
 
 
 def test_a_null_sends_reads_back_to_arrow_with_the_null_kept(tmp_path) -> None:
@@ -69,7 +71,7 @@ def test_a_null_sends_reads_back_to_arrow_with_the_null_kept(tmp_path) -> None:
     got = dense.read(everything)
     assert got.equals(arrow.read(everything))
     assert got.column("small").null_count == 1
-    assert dense._dense is None  # gave up for good
+    assert dense.reader.dense_row_groups() is None  # gave up for good
     assert dense.read(everything).equals(got)
 
 
@@ -77,7 +79,7 @@ def test_other_types_keep_the_arrow_path(tmp_path) -> None:
     pq.write_table(pa.table({"x": [1, 2, 3], "s": ["a", "b", "c"]}), tmp_path / "s.parquet")
     source = dense_source(str(tmp_path / "s.parquet"))
     assert source.read(np.array([2, 0])).column("s").to_pylist() == ["c", "a"]
-    assert source._dense is None
+    assert source.reader.dense_row_groups() is None
 
 
 @pytest.mark.parametrize("shuffle", [False, "global", "block"])
@@ -89,7 +91,8 @@ def test_loader_batches_same_from_dense_and_arrow(tmp_path, shuffle) -> None:
         loader = DataLoader(source, batch_size=8, shuffle=shuffle, seed=3, **kw)
         batches = epoch_batches(loader, epoch=1)
         in_this_process = kw.get("worker_mode") != "process"
-        assert (source._dense is not None) == (cache_bytes is None and in_this_process)
+        held = source.reader.dense_row_groups()
+        assert (held is not None) == (cache_bytes is None and in_this_process)
         return batches
 
     reference = run(2**26)  # Arrow row groups
@@ -101,20 +104,11 @@ def test_each_row_group_is_read_once_by_racing_threads(tmp_path) -> None:
     """A thread that found a row group missing just before another filled it must not
     read it again (it did: the reader left the single-flight before filling the store)."""
     import threading
-    from collections import Counter
-
-    fetched: Counter = Counter()
-
-    class Counting(ParquetSource):
-        def _fetch_row_group(self, group: int):
-            fetched[group] += 1
-            return super()._fetch_row_group(group)
 
     url = write_mixed(tmp_path / "d", rows=900)
     for _ in range(5):
-        source = Counting(url)
+        source = ParquetSource(url)
         source.fit_cache(1)
-        fetched.clear()
         orders = [np.random.default_rng(seed).permutation(900) for seed in range(4)]
         threads = [
             threading.Thread(
@@ -126,5 +120,8 @@ def test_each_row_group_is_read_once_by_racing_threads(tmp_path) -> None:
             thread.start()
         for thread in threads:
             thread.join()
-        assert source._dense.complete
-        assert set(fetched.values()) == {1}, fetched
+        assert source.reader.dense_row_groups().all()
+        # Every read from storage is counted: each row group read once, none again.
+        stats = source.cache_stats()
+        assert stats["row_group_reads"] == len(source.blocks()), stats
+        assert stats["row_group_rereads"] == 0, stats

@@ -92,8 +92,8 @@ def test_the_bytes_read_for_a_batch_are_let_go_after_it(tmp_path) -> None:
     source = _throttled(tmp_path, cache_bytes=1)
     table = source.read(np.arange(50, 250))
     assert table.column("x").to_pylist() == list(range(50, 250))
-    files = source._local.handles  # this thread's open files
-    assert files and all(ranged.held_bytes == 0 for _, ranged in files.values())
+    files = source.reader.open_files()  # this thread's open files: bytes each holds
+    assert files and all(held == 0 for held in files.values())
 
 
 def test_a_ranged_file_serves_what_it_loaded_and_reads_the_rest() -> None:

@@ -85,7 +85,7 @@ def first_samples(url: str, storage_options: dict | None, column: str, n: int = 
 
     fs, path = open_filesystem(url, storage_options)
     with fs.open(path, "rb") as f:
-        # pre_buffer=False: see ParquetSource._read_row_group.
+        # pre_buffer=False: see iolib.sources.parquet_fetch.RowGroupFetcher._read.
         table = pq.ParquetFile(f, pre_buffer=False).read_row_group(0, columns=[column])
     col = table.column(0).slice(0, n)
     return [v.as_py() for v in col]

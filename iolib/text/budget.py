@@ -158,10 +158,7 @@ class TokenBudgetBatches(SeededSource):
     def lengths(self) -> np.ndarray:
         """Tokens per row (read once: the column alone, kept in no cache)."""
         if self._lengths is None:
-            projected = ParquetSource(
-                self.rows.urls, [self.column], self.rows.storage_options, cache_bytes=0,
-                retry=self.rows.retry, readahead=0,
-            )  # fmt: skip
+            projected = self.rows.uncached([self.column])
             lengths = row_lengths(projected, self.column)
             if lengths.size and lengths.max() > self.max_tokens:
                 row = int(lengths.argmax())

@@ -172,10 +172,7 @@ class PackedTokens(SeededSource):
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options)
         # The reader of row groups: no cache of its own (this source keeps segments).
-        self.parquet = ParquetSource(
-            source.urls, [column], source.storage_options, cache_bytes=0, retry=source.retry,
-            readahead=0,
-        )  # fmt: skip
+        self.parquet = source.uncached([column])
         self.column, self.seq_len, self.eos_id = column, seq_len, int(eos_id)
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)

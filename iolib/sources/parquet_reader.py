@@ -1,0 +1,376 @@
+"""A worker's reads of a Parquet description: `ParquetReader`.
+
+Each worker (a process, or the process whose threads share it) builds one from the
+description on first use; it holds what must not travel: the row-group cache (sized in
+decoded Arrow bytes, evicted by next use in the epoch plan: `iolib.sources.rgcache`),
+the reads in flight (threads that miss the same row group share one read), the
+read-ahead and fetch threads, the dense in-memory store (`iolib.sources.dense`), the
+open files (`iolib.sources.parquet_fetch`) and the counters. A batch's indices are
+grouped by row group; each row group is read once, and rows are taken from the Arrow
+tables without Python per-row work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+
+from iolib.forks import reset_after_fork
+from iolib.sources.dense import DenseColumns
+from iolib.sources.parquet_description import ParquetDescription
+from iolib.sources.parquet_fetch import RowGroupFetcher
+from iolib.sources.rgcache import EpochUses, PlannedCache
+from iolib.storage import count_bytes, take_counters
+from iolib.storage.counters import count_retries
+
+FETCH_THREADS = 8  # a batch's row-group reads in flight at once
+# One logger for the Parquet source, whichever of its modules speaks.
+log = logging.getLogger("iolib.sources.parquet")
+
+
+class _Flight:
+    """One row-group read that other threads wait on."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.table: pa.Table | None = None
+        self.error: BaseException | None = None
+
+
+class ParquetReader:
+    """Reads batches and row groups of a `ParquetDescription`, thread-safely. Building
+    one costs nothing (threads start on use); reads need the description `indexed`."""
+
+    def __init__(self, description: ParquetDescription) -> None:
+        self.description = description
+        self.fetcher = RowGroupFetcher(self.description)
+        self._lock = threading.Lock()
+        self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
+        self._rereads_warned = False
+        self._ahead: ThreadPoolExecutor | None = None  # the read-ahead thread, made on use
+        self._fetchers: ThreadPoolExecutor | None = None  # a batch's reads in parallel
+        self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
+        self._ahead_io = (0, 0)  # bytes and retries read ahead, not yet in a batch's count
+        self._local = threading.local()  # this thread's epoch and batch's row groups
+        self._in_flight: dict[int, _Flight] = {}
+        self._dense: DenseColumns | None = None
+        self._dense_wanted = self.description.keep_dense
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked worker: the parent's threads are gone, and with them the reads
+        they had in flight, the read-ahead thread and any lock they held. What was read
+        stays (the in-memory store is shared copy-on-write)."""
+        self._lock = threading.Lock()
+        self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
+        self._ahead, self._ahead_sent, self._ahead_io = None, set(), (0, 0)
+        self._fetchers = None
+        self._local = threading.local()
+        self.fetcher.after_fork()
+        self._in_flight = {}
+        if self._dense is not None:
+            self._dense.after_fork()
+
+    def update(self, description: ParquetDescription) -> None:
+        """Read by `description` from now on (the same files: a new cache budget, other
+        storage options, or the in-memory store chosen or not)."""
+        with self._lock:
+            self.description = self.fetcher.description = description
+            self._dense_wanted = description.keep_dense
+            if not description.keep_dense:
+                self._dense = None
+            if description.cache_bytes != self._cache.budget:
+                self._cache.resize(description.cache_bytes)
+
+    def close(self) -> None:
+        """Stop the read-ahead and fetch threads and drop what is held."""
+        with self._lock:
+            pools = [self._ahead, self._fetchers]
+            self._ahead = self._fetchers = None
+            self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
+            self._dense, self._ahead_sent = None, set()
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- what a caller can observe ---------------------------------------------------------
+    def cache_stats(self) -> dict[str, int]:
+        """Row-group reads and re-reads (same row group, same epoch), cache hits and
+        evictions, in this process."""
+        with self._lock:
+            return self._cache.stats()
+
+    def dense_row_groups(self) -> np.ndarray | None:
+        """Which row groups the in-memory store holds (one bool each), or None when
+        batches are gathered from Arrow tables (no store, or one given up on a null)."""
+        dense = self._dense
+        return None if dense is None else dense.filled.copy()
+
+    def open_files(self) -> dict[str, int]:
+        """Path -> bytes still loaded, for each file the calling thread holds open."""
+        return self.fetcher.open_files()
+
+    def plan_epoch(self, epoch: int, batches: Sequence[np.ndarray]) -> None:
+        """The epoch's batches on this rank: the cache evicts by next use, not recency."""
+        starts = self.description.row_starts
+        uses = EpochUses.build(
+            epoch, batches, lambda i: np.searchsorted(starts, i, side="right") - 1
+        )
+        with self._lock:
+            self._cache.plan(uses)
+
+    # -- batches ---------------------------------------------------------------------------
+    def read(self, indices: np.ndarray, epoch: int) -> pa.Table:
+        """Rows at `indices` (int64, in range), in that order, as a fresh Arrow table.
+
+        From the dense store when there is one (one `np.take` per column); else Arrow's
+        `take` per row group plus one reordering `take` (two copies, GIL released)."""
+        thread = threading.get_ident()
+        self._local.epoch = epoch
+        with self._lock:  # which batch this thread assembles: the cache protects it
+            k = self._cache.begin(thread, epoch, int(indices[0]) if indices.size else None)
+        if k is not None and self.description.readahead:
+            self._read_ahead(epoch, k)
+        try:
+            return self._read(indices)
+        finally:
+            with self._lock:
+                self._cache.end(thread)
+                (read, retries), self._ahead_io = self._ahead_io, (0, 0)
+            self.release()
+            count_bytes(read)  # what was read ahead counts in the batch that took it over
+            count_retries(retries)
+
+    def _read(self, indices: np.ndarray) -> pa.Table:
+        starts = self.description.row_starts
+        dense = self._dense_columns()
+        if dense is not None and indices.size and self._fill_dense(dense, indices):
+            return dense.take(indices)
+        groups = np.searchsorted(starts, indices, side="right") - 1
+        self._local.wanted = set(groups.tolist())
+        self._read_in_parallel(sorted(self._local.wanted), None)
+        order = np.argsort(groups, kind="stable")
+        pieces, boundaries = [], np.flatnonzero(np.diff(groups[order])) + 1
+        for chunk in np.split(order, boundaries) if indices.size else []:
+            group = int(groups[chunk[0]])
+            table = self._row_group(group)
+            pieces.append(table.take(pa.array(indices[chunk] - starts[group])))
+        if not pieces:
+            return self.description.schema.empty_table()
+        batch = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return batch.take(pa.array(inverse))
+
+    def release(self) -> None:
+        """Drop this thread's loaded bytes once a batch is decoded."""
+        self.fetcher.release()
+        self._local.wanted = ()
+
+    # -- the dense store -------------------------------------------------------------------
+    def _dense_columns(self) -> DenseColumns | None:
+        """The contiguous column store, made on first use where fit_cache chose it."""
+        if self._dense is not None or not self._dense_wanted or self.description.fixed_cache:
+            return self._dense  # the per-batch path: no lock once the store exists
+        with self._lock:
+            if self._dense is None and self._dense_wanted:
+                d = self.description
+                self._dense = DenseColumns(d.schema, d.row_starts, d.capacities())
+            return self._dense
+
+    def _fill_dense(self, dense: DenseColumns, indices: np.ndarray) -> bool:
+        """Copy in the row groups `indices` need; False if one holds a null (the store is
+        then dropped and the caller reads Arrow tables)."""
+        if dense.complete:
+            return True
+        groups = np.searchsorted(self.description.row_starts, indices, side="right") - 1
+        missing = list(dense.missing(groups))
+        self._local.wanted = set(missing)
+        self._read_in_parallel(missing, dense)
+        for group in missing:
+            table = self._row_group(group, dense=dense)
+            if not dense.filled[group] and not dense.fill(group, table):
+                self._drop_dense(group)
+                return False
+        return True
+
+    def _drop_dense(self, group: int) -> None:
+        """A row group held nulls: go back to Arrow tables for good (nulls survive there)."""
+        log.info("%s: row group %d holds nulls; batches are gathered from Arrow tables",
+                 self.description.describe(), group)  # fmt: skip
+        with self._lock:
+            self._dense_wanted, self._dense = False, None
+
+    # -- row groups ------------------------------------------------------------------------
+    def row_group(self, group: int) -> pa.Table:
+        """Row group `group` of the projected columns, through the cache."""
+        try:
+            return self._row_group(group)  # type: ignore[return-value]
+        finally:
+            self.release()
+
+    def fetch_row_group(self, group: int) -> pa.Table:
+        """Row group `group` from storage with retries and counted, bypassing the cache."""
+        try:
+            return self._fetch(group)
+        finally:
+            self.release()
+
+    def _row_group(self, group: int, dense: DenseColumns | None = None) -> pa.Table | None:
+        """A row group from the cache, else from storage. Threads that miss the same row
+        group at once share one read (the first reads, the others wait for it).
+
+        With `dense`, the reader copies the row group into that store before the others
+        are let go, and it is not cached; None when the store already holds it (another
+        thread filled it since this one looked)."""
+        with self._lock:
+            if dense is not None and dense.filled[group]:
+                return None
+            cached = self._cache.get(group)
+            if cached is not None:
+                return cached
+            flight = self._in_flight.get(group)
+            leader = flight is None
+            if leader:
+                flight = self._in_flight[group] = _Flight()
+                self._count_read(group)
+        if not leader:
+            flight.done.wait()  # the leader always sets it, on success or error
+            if flight.error is not None:
+                raise flight.error
+            return flight.table
+        try:
+            table = self._fetch(group)
+            if dense is not None:
+                dense.fill(group, table)  # unfilled if it holds a null: the caller checks
+            flight.table = table
+            return table
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                if dense is None and flight.table is not None:
+                    self._cache.put(group, flight.table, threading.get_ident())
+                del self._in_flight[group]
+            flight.done.set()
+
+    def _fetch(self, group: int) -> pa.Table:
+        # The batch's later row groups not held or read by another thread: their bytes
+        # may come in the same request (`RowGroupFetcher.spans`).
+        with self._lock:
+            later = [
+                g
+                for g in sorted(getattr(self._local, "wanted", ()))
+                if g > group and g not in self._cache and g not in self._in_flight
+            ]
+        return self.fetcher.fetch(group, later)
+
+    def _count_read(self, group: int) -> None:
+        """Count a read from storage (the lock is held); warn once at the first re-read."""
+        epoch = getattr(self._local, "epoch", 0)
+        if not self._cache.record_read(group, epoch) or self._rereads_warned:
+            return
+        self._rereads_warned = True
+        meta, local = self.description.group(group)
+        log.warning(
+            "%s: %r row group %d is read again in epoch %d: the row-group cache (%.0f MiB) "
+            "holds less than this shuffle needs. Use shuffle='block', a larger "
+            "`cache_bytes`, or smaller row groups; loader.stats()['row_group_rereads'] "
+            "counts the re-reads.",
+            self.description.describe(),
+            meta.url,
+            local,
+            epoch,
+            self.description.cache_bytes / 2**20,
+        )
+
+    # -- reads ahead of need ---------------------------------------------------------------
+    def _read_ahead(self, epoch: int, k: int) -> None:
+        """Submit the row groups of batches k..k+readahead not yet held or read, latest
+        first (the batch's own thread reads its row groups in ascending order: the two
+        meet in the middle), where the cache or the in-memory store has room."""
+        dense = self._dense_columns()
+        with self._lock:
+            plan = self._cache.plans.get(epoch)
+            # No plan, or sizes unknown: no room.
+            if plan is None or self.description.sizes is None:
+                return
+            # From the earliest batch in progress (other threads'), whose row groups
+            # must stay, to `readahead` batches past this one.
+            start = min([b for e, b in self._cache.active.values() if e == epoch] + [k])
+            upcoming = plan.upcoming(start, k - start + self.description.readahead + 1)
+            sizes = self.description.sizes
+            # Room for everything these batches read that is not held yet, in order of
+            # first use, so that a read ahead never displaces what is needed sooner (it
+            # would then be read twice); held row groups needed later give way.
+            needed = set(upcoming)
+            room = self._cache.budget - sum(sizes[g] for g in self._cache.tables if g in needed)
+            # Other threads may be about to read a row group this count missed (the
+            # active set moves while we look): leave each of them one row group's room.
+            room -= len(self._cache.active) * max(sizes, default=0)
+            wanted = []
+            for group in upcoming:
+                if group in self._cache or (dense is not None and dense.filled[group]):
+                    continue
+                room -= sizes[group]
+                if dense is None and room < 0:
+                    break
+                if (epoch, group) in self._ahead_sent or group in self._in_flight:
+                    continue
+                wanted.append(group)
+                self._ahead_sent.add((epoch, group))
+            self._ahead_sent = {(e, g) for e, g in self._ahead_sent if e >= epoch - 1}
+            if not wanted:
+                return
+            if self._ahead is None:
+                self._ahead = ThreadPoolExecutor(1, thread_name_prefix="iolib-readahead")
+        for group in reversed(wanted):
+            self._ahead.submit(self._read_one_ahead, epoch, group, dense)
+
+    def _read_in_parallel(self, groups: list[int], dense: DenseColumns | None) -> None:
+        """Start reading all but the first of a batch's row groups that are neither held
+        nor being read, FETCH_THREADS at a time: on object storage a request's latency,
+        not the link, bounds one reader, and a batch of a global shuffle over many files
+        needs dozens of them. The batch's own thread reads the first and then takes the
+        others over (shared reads: `_row_group`)."""
+        with self._lock:
+            missing = [g for g in groups if g not in self._cache and g not in self._in_flight]
+            if dense is not None:
+                missing = [g for g in missing if not dense.filled[g]]
+            elif (sizes := self.description.sizes) is not None:
+                # Only what the cache has room for: no evictions.
+                room = self._cache.budget - self._cache.held
+                fits = np.cumsum([sizes[g] for g in missing]) <= room
+                missing = [g for g, fit in zip(missing, fits, strict=True) if fit]
+            else:
+                missing = []
+            if len(missing) < 2:
+                return
+            if self._fetchers is None:
+                self._fetchers = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="iolib-fetch")
+            pool = self._fetchers
+        epoch = getattr(self._local, "epoch", 0)
+        for group in missing[1:]:
+            pool.submit(self._read_one_ahead, epoch, group, dense)
+
+    def _read_one_ahead(self, epoch: int, group: int, dense: DenseColumns | None) -> None:
+        """One read ahead of need. A failure is left to the batch that needs the row
+        group: it reads it again, with retries, and reports the error with its batch."""
+        self._local.epoch = epoch
+        try:
+            self._row_group(group, dense=dense)
+        except Exception:  # reported by the batch that needs it
+            pass
+        finally:
+            self.release()
+            # Storage counts per thread, and this one makes no batch: the next batch
+            # counts what it read and retried.
+            read, retries = take_counters()
+            with self._lock:
+                self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
