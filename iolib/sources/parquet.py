@@ -474,6 +474,9 @@ class ParquetSource(Source):
                 log.info("%s: sizing the cache without row group %d: %s", self.describe(),
                          group, exc)  # fmt: skip
                 continue
+            read, retries = take_counters()  # this thread makes no batch: the next one counts it
+            with self._lock:
+                self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
             return max(1.0, table.nbytes / max(sizes[group], 1))
         return 1.0
 
