@@ -28,7 +28,7 @@ Install (the peers never go into the project's venv: they may pull another torch
     python3 -m venv /work/peers-venv
     /work/peers-venv/bin/pip install torch==2.13.0          # first, pinned (as the Makefile)
     /work/peers-venv/bin/pip install -e '.[test,s3]' -r benchmarks/requirements-peers.txt \\
-        -c <(echo torch==2.13.0)
+        -c benchmarks/constraints-peers.txt                  # why: requirements-peers.txt
 
 Run (about 10 minutes here with the defaults; --tokens/--images scale it up):
 

@@ -253,3 +253,21 @@ def test_row_group_cache_holds_a_block_shuffle_window(tmp_path) -> None:
     source = loader.source
     one_pass = sum(v for f in source.files for g in f.column_bytes for v in g.values())
     assert loader.stats()["bytes_read"] == one_pass
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bytes_read_to_size_the_cache_are_counted(tmp_path, workers) -> None:
+    """Binary values have no size in the footer: planning reads a row group to size the
+    cache, on a thread that makes no batch. Its bytes count like any other's."""
+    rng = np.random.default_rng(0)
+    blobs = [rng.bytes(int(n)) for n in rng.integers(100, 3000, 400)]
+    table = pa.table({"image": pa.array(blobs, pa.binary()), "label": np.arange(400)})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=50)
+    loader = DataLoader(
+        ParquetSource(str(tmp_path)), batch_size=32, shuffle=True, num_workers=workers
+    )
+    list(loader)
+    source = loader.source
+    one_pass = sum(v for f in source.files for g in f.column_bytes for v in g.values())
+    assert loader.stats()["row_group_reads"] == 8
+    assert loader.stats()["bytes_read"] == one_pass

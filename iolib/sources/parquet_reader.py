@@ -87,6 +87,13 @@ class ParquetReader:
             if description.cache_bytes != self._cache.budget:
                 self._cache.resize(description.cache_bytes)
 
+    def defer_counts(self) -> None:
+        """Storage counts per thread: this one makes no batch (read-ahead, planning), so
+        the next batch counts what it read and retried."""
+        read, retries = take_counters()
+        with self._lock:
+            self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
+
     def close(self) -> None:
         """Stop the read-ahead and fetch threads and drop what is held."""
         with self._lock:
@@ -369,8 +376,4 @@ class ParquetReader:
             pass
         finally:
             self.release()
-            # Storage counts per thread, and this one makes no batch: the next batch
-            # counts what it read and retried.
-            read, retries = take_counters()
-            with self._lock:
-                self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
+            self.defer_counts()

@@ -49,21 +49,21 @@ IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
 FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is far below its total
 MIN_GROUPS_HELD = 4  # a chunk's row group, its two edges and one read ahead
-READAHEAD_BATCHES = 4  # batches ahead whose row groups are read while this one is cut
+READAHEAD_BATCHES = 64  # batches ahead whose row groups may be read while this one is cut
+BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 log = logging.getLogger(__name__)
 
 
 class Segment:
     """One row group's part of an epoch's stream: its non-empty documents in the epoch's
-    order, each followed by eos (`tokens`); a flag on each eos (`ends`, so that eos_id
-    may also be an ordinary token); where each document starts (with the length as the
-    last entry) and its row across the dataset."""
+    order, each followed by eos (`tokens`); where each document starts (with the length
+    as the last entry: document j's eos is at ``starts[j + 1] - 1``, so that eos_id may
+    also be an ordinary token) and its row across the dataset. It holds exactly the
+    bytes `PackedTokens` budgets for it: its tokens and 16 a document."""
 
-    def __init__(
-        self, tokens: np.ndarray, ends: np.ndarray, starts: np.ndarray, rows: np.ndarray
-    ) -> None:
-        self.tokens, self.ends, self.starts, self.rows = tokens, ends, starts, rows
-        self.nbytes = tokens.nbytes + ends.nbytes + starts.nbytes + rows.nbytes
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> None:
+        self.tokens, self.starts, self.rows = tokens, starts, rows
+        self.nbytes = tokens.nbytes + starts.nbytes + rows.nbytes
 
     @classmethod
     def build(
@@ -85,10 +85,8 @@ class Segment:
         sizes, firsts = lengths[docs].tolist(), offsets[docs].tolist()
         for at, first, size in zip(starts[:-1].tolist(), firsts, sizes, strict=True):
             tokens[at : at + size] = values[first : first + size]
-        ends = np.zeros(tokens.size, dtype=bool)
-        ends[starts[1:] - 1] = True
-        tokens[ends] = eos
-        return cls(tokens, ends, starts, docs + first_row)
+        tokens[starts[1:] - 1] = eos
+        return cls(tokens, starts, docs + first_row)
 
 
 class PackedTokens(SeededSource):
@@ -257,6 +255,15 @@ class PackedTokens(SeededSource):
         """Memory of each row group's segment: its stream tokens, 16 bytes a document."""
         return index.stream * self._itemsize + 16 * index.documents + 8
 
+    @property
+    def _group_bytes(self) -> np.ndarray:
+        """`_segment_bytes` of this source's index, computed once: reads ask it for
+        every row group they start."""
+        sizes = self.__dict__.get("_group_bytes_")
+        if sizes is None:
+            sizes = self.__dict__["_group_bytes_"] = self._segment_bytes(self.index)
+        return sizes
+
     def _check_budget(self, index: tokenindex.TokenIndex) -> None:
         largest = int(self._segment_bytes(index).max(initial=0))
         if MIN_GROUPS_HELD * largest > self.cache_bytes:
@@ -385,10 +392,13 @@ class PackedTokens(SeededSource):
         return np.unique(spans)
 
     # -- reads ---------------------------------------------------------------------------
-    def _fetch(self, epoch: int, position: int, ahead: bool = False) -> Segment | Future | None:
+    def _fetch(
+        self, epoch: int, position: int, ahead: bool = False, keep: set | None = None
+    ) -> Segment | Future | None:
         """The segment at `position` of the epoch's row-group order if held, else its
         read: shared if in flight (one read however many threads want it), else started;
-        None when reading ahead finds no room."""
+        None when reading ahead finds no room, even after dropping the held segments
+        not in `keep` (those the batches around this one read)."""
         order, _ = self._epoch(epoch)
         key = (epoch, int(order[position]))
         with self._lock:
@@ -398,13 +408,7 @@ class PackedTokens(SeededSource):
             flight = self._flights.get(key)
             if flight is not None:
                 return flight
-            if (
-                ahead
-                and self._segments.currsize
-                + self._in_flight_bytes()
-                + int(self._segment_bytes(self.index)[key[1]])
-                > self.cache_bytes
-            ):
+            if ahead and not self._room_for(key, keep):
                 return None  # no room to read ahead: the batch that needs it will
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="iolib-tokens")
@@ -412,8 +416,22 @@ class PackedTokens(SeededSource):
             flight = self._flights[key] = self._pool.submit(self._load, key)
         return flight
 
+    def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
+        """Whether the cache has room to read `key` ahead, made by dropping held segments
+        not in `keep`, oldest read first: when the next chunk's row groups are due the
+        cache is full of the last chunk's, which it would otherwise keep until a batch
+        has to wait for its reads. Under the lock."""
+        size, budget = int(self._group_bytes[key[1]]), self.cache_bytes
+        if self._segments.currsize + self._in_flight_bytes() + size <= budget:
+            return True
+        for old in [k for k in self._segments if k not in keep] if keep is not None else ():
+            del self._segments[old]
+            if self._segments.currsize + self._in_flight_bytes() + size <= budget:
+                return True
+        return False
+
     def _in_flight_bytes(self) -> int:
-        sizes = self._segment_bytes(self.index)
+        sizes = self._group_bytes
         return int(sum(sizes[group] for _, group in self._flights))
 
     def _load(self, key: tuple[int, int]) -> Segment:
@@ -433,17 +451,28 @@ class PackedTokens(SeededSource):
                 self._io[0] += read
                 self._io[1] += retries
                 self._flights.pop(key, None)
+                idle = not self._flights
+            if idle:
+                # Arrow's pool (mimalloc) keeps freed pages on the thread that read: eight
+                # read threads held ~130 MB beyond the cache. Returned when the reads pause
+                # (after each one, it cost ~15% more CPU a batch).
+                pa.default_memory_pool().release_unused()
 
-    def _planned(self, epoch: int, k: int) -> np.ndarray:
-        """Windows of batch k of the plan (the few recent ones are kept: each costs an
-        order lookup, and read-ahead asks for the same batches several times)."""
+    def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int], frozenset]:
+        """Windows of batch k of the plan, the positions of their row groups and the
+        keys of their segments (the batches read ahead are kept: each costs an order
+        lookup, and they are asked for again to find this batch and to know which
+        segments to keep)."""
         key = (epoch, k)
         found = self._recent.get(key)
         if found is None:
-            found = np.asarray(self._plans[epoch][k], dtype=np.int64)
+            windows = np.asarray(self._plans[epoch][k], dtype=np.int64)
+            positions = self._groups_of(windows, epoch).tolist()
+            order, _ = self._epoch(epoch)
+            found = (windows, positions, frozenset((epoch, int(order[p])) for p in positions))
             with self._lock:
                 self._recent[key] = found
-                while len(self._recent) > 4 * READAHEAD_BATCHES:
+                while len(self._recent) > READAHEAD_BATCHES + 4 * BEHIND_BATCHES:
                     del self._recent[next(iter(self._recent))]
         return found
 
@@ -455,7 +484,7 @@ class PackedTokens(SeededSource):
             return
         total, first, hint = len(batches), int(windows[0]), self._hint
         for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
-            planned = self._planned(epoch, k) if 0 <= k < total else None
+            planned = self._planned(epoch, k)[0] if 0 <= k < total else None
             if planned is not None and planned.size and int(planned[0]) == first:
                 self._hint = k
                 break
@@ -465,10 +494,21 @@ class PackedTokens(SeededSource):
         done_epoch, done = self._ahead
         start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
         for k in range(start, min(total, self._hint + 1 + READAHEAD_BATCHES)):
-            for position in self._groups_of(self._planned(epoch, k), epoch):
-                if self._fetch(epoch, int(position), ahead=True) is None:
+            keep = None
+            for position in self._planned(epoch, k)[1]:
+                found = self._fetch(epoch, position, ahead=True)
+                if found is None:  # make room from segments no batch near this one reads
+                    keep = keep or self._needed(epoch, k)
+                    found = self._fetch(epoch, position, ahead=True, keep=keep)
+                if found is None:
                     return  # no room: this batch is looked at again next time
             self._ahead = (epoch, k)
+
+    def _needed(self, epoch: int, upto: int) -> set[tuple[int, int]]:
+        """Keys of the segments that the batches from a few before this one (other
+        workers may still be reading them) up to batch `upto` read."""
+        near = range(max(0, self._hint - BEHIND_BATCHES), upto + 1)
+        return set().union(*(self._planned(epoch, b)[2] for b in near))
 
     def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
@@ -489,44 +529,106 @@ class PackedTokens(SeededSource):
     def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
         """The windows' columns: each window's tokens (and the one after, its last
         label) copied from a slice or two of its segments, then every column computed
-        for the whole batch at once."""
+        for the whole batch at once from where the eos fall."""
         _, cum = self._epoch(epoch)
-        length, end = self.seq_len, int(cum[-1])
-        ids = np.zeros((windows.size, length + 1), dtype=np.int64)
-        eos = np.ones((windows.size, length + 1), dtype=bool)  # past the stream: an eos
-        docs = np.zeros((windows.size, length + 1), dtype=np.int64) if self.document_ids else None
-        for row, window in enumerate(windows.tolist()):
-            lo = window * length
-            hi = min(lo + length + 1, end)
-            position, out = int(np.searchsorted(cum, lo, side="right") - 1), 0
-            while lo < hi:
-                segment, base = segments[position], int(cum[position])
-                stop = min(hi, int(cum[position + 1]))
-                a, b, n = lo - base, stop - base, stop - lo
-                ids[row, out : out + n] = segment.tokens[a:b]
-                eos[row, out : out + n] = segment.ends[a:b]
-                if docs is not None:
-                    at = np.searchsorted(segment.starts, np.arange(a, b), side="right") - 1
-                    docs[row, out : out + n] = segment.rows[at]
-                lo, out, position = stop, out + n, position + 1
+        length, count = self.seq_len, windows.size
+        ids = np.empty((count, length + 1), dtype=np.int64)
+        docs = np.zeros((count, length + 1), dtype=np.int64) if self.document_ids else None
+        starts = windows * length
+        firsts = np.searchsorted(cum, starts, side="right") - 1
+        # Most windows lie inside one segment: one slice each, their eos found together.
+        whole = (starts + length + 1 <= cum[firsts + 1]) & (docs is None)
+        eos = [np.zeros(0, dtype=np.int64)]
+        if whole.any():
+            eos += self._copy_whole(ids, np.flatnonzero(whole), starts, firsts, cum, segments)
+        for row in np.flatnonzero(~whole).tolist():
+            eos += self._copy_pieces(ids, docs, row, int(starts[row]), cum, segments)
+        rows, cols = np.divmod(np.sort(np.concatenate(eos)), length + 1)
         labels = ids[:, 1:].copy()
-        labels[eos[:, :-1]] = self.ignore_index
-        # A sequence starts at a window's first token and after each eos.
-        steps = np.broadcast_to(np.arange(length), (windows.size, length))
-        begins = np.zeros((windows.size, length), dtype=bool)
-        begins[:, 0], begins[:, 1:] = True, eos[:, : length - 1]
-        positions = steps - np.maximum.accumulate(np.where(begins, steps, 0), axis=1)
-        columns = {"input_ids": ids[:, :length], "labels": labels, "position_ids": positions}
+        inside = cols < length
+        labels[rows[inside], cols[inside]] = self.ignore_index
+        after = cols + 1 < length  # a sequence starts after each eos, and at each window's
+        begins = np.concatenate([np.arange(count) * length, (rows * length + cols + 1)[after]])
+        columns = {"input_ids": ids[:, :length], "labels": labels,
+                   "position_ids": _positions(np.sort(begins), count * length)}  # fmt: skip
         if docs is not None:
             columns["document_ids"] = docs[:, :length]
         return pa.table(
             {
-                k: pa.FixedSizeListArray.from_arrays(
-                    pa.array(np.ascontiguousarray(v).reshape(-1)), length
-                )
+                k: pa.FixedSizeListArray.from_arrays(pa.array(_flat(v)), length)
                 for k, v in columns.items()
             }
         )
+
+    def _copy_whole(
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        starts: np.ndarray,
+        firsts: np.ndarray,
+        cum: np.ndarray,
+        segments: dict[int, Segment],
+    ) -> list[np.ndarray]:
+        """Copy rows whose window (and next token) lie inside one segment; return where
+        (flat, in `ids`) their eos fall."""
+        width = self.seq_len + 1
+        at, spans = firsts[rows], np.empty((rows.size, 3), dtype=np.int64)
+        spans[:, 0] = starts[rows] - cum[at]
+        spans[:, 1] = spans[:, 0] + width
+        spans[:, 2] = rows * width
+        for row, position, a in zip(rows.tolist(), at.tolist(), spans[:, 0].tolist(), strict=True):
+            ids[row] = segments[position].tokens[a : a + width]
+        return [_eos_at(segments[p].starts, spans[at == p]) for p in np.unique(at).tolist()]
+
+    def _copy_pieces(
+        self,
+        ids: np.ndarray,
+        docs: np.ndarray | None,
+        row: int,
+        lo: int,
+        cum: np.ndarray,
+        segments: dict[int, Segment],
+    ) -> list[np.ndarray]:
+        """Copy one window that spans segments (or the stream's end) piece by piece;
+        return where (flat, in `ids`) its eos fall, an eos past the stream's end."""
+        width, end = self.seq_len + 1, int(cum[-1])
+        position = int(np.searchsorted(cum, lo, side="right") - 1)
+        hi, out, eos = min(lo + width, end), 0, []
+        while lo < hi:
+            segment, base = segments[position], int(cum[position])
+            stop = min(hi, int(cum[position + 1]))
+            a, b, n = lo - base, stop - base, stop - lo
+            ids[row, out : out + n] = segment.tokens[a:b]
+            eos.append(_eos_at(segment.starts, np.array([[a, b, row * width + out]])))
+            if docs is not None:
+                at = np.searchsorted(segment.starts, np.arange(a, b), side="right") - 1
+                docs[row, out : out + n] = segment.rows[at]
+            lo, out, position = stop, out + n, position + 1
+        if out < width:
+            ids[row, out:] = 0
+            eos.append(np.arange(row * width + out, (row + 1) * width))
+        return eos
+
+
+def _eos_at(starts: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Where, in the batch's flat [B, L + 1] array, the eos of a segment's documents land,
+    given the pieces (start, stop, flat position of start) copied from it: document j's
+    eos is at ``starts[j + 1] - 1``, inside [a, b) exactly when j + 1 is in
+    [searchsorted(a + 1), searchsorted(b + 1))."""
+    a, b, at = spans[:, 0], spans[:, 1], spans[:, 2]
+    first = np.searchsorted(starts, a + 1)
+    counts = np.searchsorted(starts, b + 1) - first
+    j = np.arange(int(counts.sum())) + np.repeat(first - (np.cumsum(counts) - counts), counts)
+    return starts[j] - 1 + np.repeat(at - a, counts)
+
+
+def _positions(begins: np.ndarray, size: int) -> np.ndarray:
+    """Position of each token in its sequence, given where (flat, sorted, the first at 0)
+    sequences begin: the flat index less that of its sequence's first token (one
+    `repeat`, where a running maximum over the batch took ten times as long)."""
+    flat = np.arange(size, dtype=np.int64)
+    flat -= np.repeat(begins, np.diff(begins, append=size))
+    return flat
 
 
 def _flat(matrix: np.ndarray) -> np.ndarray:
