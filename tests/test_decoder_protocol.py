@@ -63,6 +63,17 @@ def test_a_decode_that_is_not_callable_is_refused(token_dir) -> None:
         _loader(token_dir, decode="pil")
 
 
+def test_half_a_decoder_is_refused_not_half_ignored(token_dir) -> None:
+    class SkipsOnly:
+        on_error = "skip"
+
+        def __call__(self, batch, indices, *, seed, epoch):
+            return batch, []
+
+    with pytest.raises(ConfigError, match=r"declares 'on_error' .* add columns = \(\)"):
+        _loader(token_dir, decode=SkipsOnly())
+
+
 @pytest.mark.parametrize("value", ["ignore", "Skip", None, True])
 def test_every_on_error_is_parsed_by_one_rule(token_dir, value) -> None:
     expected = f"`on_error` must be one of ('raise', 'skip'). Found: {value!r}."

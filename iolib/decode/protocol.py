@@ -86,4 +86,14 @@ def as_decoder(decode: Any) -> Decoder | None:
             "`decode` must be a Decoder (e.g. iolib.images.ImagePipeline) or a function "
             f"decode(batch, indices, *, seed, epoch). Found: {decode!r}."
         )
+    # Half a Decoder would lose the half it declares (a skip policy, its columns).
+    declared = [name for name in ("columns", "on_error") if hasattr(decode, name)]
+    if declared:
+        missing = {"columns": "columns = () when unknown", "on_error": 'on_error = "raise"'}
+        lacks = [text for name, text in missing.items() if name not in declared]
+        raise ConfigError(
+            f"`decode` declares {declared[0]!r} but not all of iolib.decode.Decoder: add "
+            f"{lacks[0]}, or wrap the function in iolib.decode.FunctionDecoder. "
+            f"Found: {decode!r}."
+        )
     return FunctionDecoder(decode)
