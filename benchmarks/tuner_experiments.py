@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iolib import DataLoader
+from iolib.decode import FunctionDecoder
 from iolib.sources import ParquetSource
 
 HERE = Path(__file__).parent
@@ -134,7 +135,7 @@ def set_slowdown(source: ParquetSource, factor: float) -> None:
     _SLOWDOWN[source.storage_options["throttled"]["tag"]] = factor
 
 
-def decode_images(batch: dict, indices: np.ndarray, *, seed: int, epoch: int):
+def _decode_images(batch: dict, indices: np.ndarray, *, seed: int, epoch: int):
     from PIL import Image
 
     images = [
@@ -144,7 +145,8 @@ def decode_images(batch: dict, indices: np.ndarray, *, seed: int, epoch: int):
     return {**batch, "image": np.stack(images)}, []
 
 
-decode_images.columns = ("image",)  # type: ignore[attr-defined]
+# Named columns let a pipeline stage without images run without the decoder.
+decode_images = FunctionDecoder(_decode_images, columns=("image",))
 
 
 def run(

@@ -6,6 +6,11 @@ them and the training loop catches them, so they must not pull anything heavy in
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
 
 class IolibError(Exception):
     """Base class of every error iolib raises on purpose."""
@@ -16,7 +21,34 @@ class ConfigError(IolibError, ValueError):
 
 
 class DataError(IolibError):
-    """Input data is missing or malformed: the message names the file, row group or sample."""
+    """Input data is missing or malformed: the message names the file, row group or sample.
+
+    The same facts ride in typed fields, for code that handles the error (the fetcher
+    blames `samples`; under on_error="skip" it leaves out the whole block of a failed
+    sample unless `whole_block` is False). A field the raiser does not know stays empty.
+
+    samples: global indices of the bad samples. column: the column that holds them.
+    file, row_group: where they are stored (the row group's number within `file`).
+    whole_block: the fault is the storage block's (a corrupt row group), not the
+        samples' own (a null label), so its other samples fail too.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        samples: Sequence[int] = (),
+        column: str | None = None,
+        file: str | None = None,
+        row_group: int | None = None,
+        whole_block: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.samples = [int(s) for s in samples]
+        self.column = column
+        self.file = file
+        self.row_group = row_group
+        self.whole_block = whole_block
 
 
 class StorageError(IolibError, OSError):
@@ -54,6 +86,51 @@ class WorkerError(IolibError, RuntimeError):
 
 class WorkerDied(WorkerError):
     """A process worker exited (killed by a signal, out of memory) with batches pending."""
+
+
+class OnError(str, Enum):
+    """What to do with a sample whose data is bad: "raise" a DataError naming it, or
+    "skip" it (left out of its batch and counted in ``stats()``).
+
+    One value parsed once from the string a user passes (``on_error="skip"``) to the
+    loader or a decoder; it compares equal to that string."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: OnError | str) -> OnError:
+        """The policy named by `value`, or a ConfigError naming the choices."""
+        try:
+            return cls(value)
+        except ValueError:
+            choices = tuple(m.value for m in cls)
+            raise ConfigError(f"`on_error` must be one of {choices}. Found: {value!r}.") from None
+
+
+# A user's transform or Dataset raised it and its type must reach the training loop
+# unchanged, so the failed sample travels as an attribute on the exception itself.
+_SAMPLE_TAG = "iolib_sample"
+
+
+def tag_sample(exc: BaseException, key: Any) -> None:
+    """Record on `exc` (any exception) the sample it was raised for."""
+    with contextlib.suppress(Exception):  # an exception type that refuses attributes
+        setattr(exc, _SAMPLE_TAG, key)
+
+
+def blamed_samples(exc: BaseException) -> list[Any] | None:
+    """The samples `exc` names as the culprits, or None when it names none: a tagged
+    sample (`tag_sample`), else the `samples` of iolib's own errors."""
+    tagged = getattr(exc, _SAMPLE_TAG, None)
+    if tagged is not None:
+        return [tagged]
+    if isinstance(exc, (DataError, WorkerError)) and exc.samples:
+        return list(exc.samples)
+    return None
 
 
 def require_positive_int(name: str, value: object) -> int:

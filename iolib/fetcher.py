@@ -13,18 +13,17 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from iolib.collate import batch_nbytes, collate_rows, collate_table, table_rows
-from iolib.errors import ConfigError, DataError, WorkerError
+from iolib.decode.protocol import Decoder
+from iolib.errors import DataError, OnError, WorkerError, blamed_samples, tag_sample
 from iolib.redact import Redactor
 from iolib.rng import sample_rng
 from iolib.sources.base import Source
 from iolib.storage import helper_cpu_s, take_counters
-
-OnError = Literal["raise", "skip"]
 
 
 @dataclass(frozen=True)
@@ -151,9 +150,9 @@ class Failure:
         return exc
 
 
-def skips(on_error: str, decode: Any) -> bool:
+def skips(on_error: OnError, decode: Decoder | None) -> bool:
     """Can a batch lose samples: under the loader's on_error="skip", or a decoder's?"""
-    return on_error == "skip" or getattr(decode, "on_error", "raise") == "skip"
+    return on_error == OnError.SKIP or (decode is not None and decode.on_error == OnError.SKIP)
 
 
 class _StageError(Exception):
@@ -175,12 +174,10 @@ class BatchFetcher:
         seed: int,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         transform: Callable[[Any, np.random.Generator], Any] | None = None,
-        decode: Any = None,
-        on_error: OnError = "raise",
+        decode: Decoder | None = None,
+        on_error: OnError = OnError.RAISE,
         unbatched: bool = False,
     ) -> None:
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"`on_error` must be 'raise' or 'skip'. Found: {on_error!r}.")
         self.source = source
         self.seed = seed
         self.collate_fn = collate_fn
@@ -227,9 +224,7 @@ class BatchFetcher:
         try:
             return fn()
         except Exception as exc:
-            culprit = getattr(exc, "iolib_sample", None)
-            named = [culprit] if culprit is not None else getattr(exc, "samples", None)
-            raise _StageError(stage, list(named or samples), exc) from exc
+            raise _StageError(stage, blamed_samples(exc) or list(samples), exc) from exc
         finally:
             wall = time.perf_counter() - start
             used = time.thread_time() - cpu + helper_cpu_s() - helper
@@ -251,7 +246,7 @@ class BatchFetcher:
         try:
             return self._read(indices, epoch), indices
         except Exception:
-            if self.on_error == "raise":
+            if self.on_error == OnError.RAISE:
                 raise
         block_of = getattr(self.source, "block_of", None)
         kept, parts, failed_blocks = [], [], set()
@@ -266,7 +261,7 @@ class BatchFetcher:
             except Exception as exc:
                 meta.skipped.append(index)
                 # A sample's own fault (a null label) says so; others fail its block.
-                if block is not None and getattr(exc, "whole_block", True):
+                if block is not None and _fails_block(exc):
                     failed_blocks.add(block)
         if not parts:
             return None, np.zeros(0, dtype=np.int64)
@@ -358,9 +353,15 @@ class BatchFetcher:
             try:
                 out.append(self.transform(row, sample_rng(self.seed, task.epoch, index)))
             except Exception as exc:
-                exc.iolib_sample = index  # type: ignore[attr-defined]
+                tag_sample(exc, index)
                 raise
         return out
+
+
+def _fails_block(exc: BaseException) -> bool:
+    """Does a sample's failure fail its whole block? Yes, unless the error says the
+    fault is the sample's own (a null label)."""
+    return not isinstance(exc, DataError) or exc.whole_block
 
 
 def as_batch_of_one(indices: Any, key: Any) -> Any:

@@ -26,17 +26,19 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from iolib.decode import BACKENDS, Backend, OutputSpec, dali_available, dali_package
 from iolib.decode import geometry as geo
 from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS
-from iolib.errors import ConfigError, require_positive_int
-from iolib.rng import sample_rng
+from iolib.errors import ConfigError, OnError, require_positive_int
 
 __all__ = ["ImagePipeline"]
+
+if TYPE_CHECKING:
+    from iolib.decode.batch import BatchSettings
 
 log = logging.getLogger("iolib.images")
 _notice_logged = False
@@ -46,7 +48,8 @@ _DTYPES = ("float16", "float32", "uint8")
 
 @dataclass(frozen=True)
 class ImagePipeline:
-    """Decode encoded images (JPEG, PNG, ...) of one column into a tensor batch.
+    """Decode encoded images (JPEG, PNG, ...) of one column into a tensor batch: an
+    ``iolib.decode.Decoder`` (it consumes `columns`, skips or raises by `on_error`).
 
     size: output side in pixels (crops are size x size).
     train: random-resized crop + flip (True) or the eval center crop (False).
@@ -73,7 +76,7 @@ class ImagePipeline:
     backend: str = "auto"
     device: str | None = None
     image_column: str = "image"
-    on_error: str = "raise"
+    on_error: OnError | str = OnError.RAISE
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     scale: tuple[float, float] = geo.DEFAULT_SCALE
     ratio: tuple[float, float] = geo.DEFAULT_RATIO
@@ -88,7 +91,7 @@ class ImagePipeline:
             require_positive_int("threads", self.threads)
         _require_choice("layout", self.layout, tuple(_LAYOUT_DTYPES))
         _require_choice("backend", self.backend, ("auto", *BACKENDS))
-        _require_choice("on_error", self.on_error, ("raise", "skip"))
+        object.__setattr__(self, "on_error", OnError.parse(self.on_error))
         if self.dtype is not None:
             _require_choice("dtype", self.dtype, _DTYPES)
         for name in ("mean", "std"):
@@ -148,14 +151,25 @@ class ImagePipeline:
             )
         return self.backend
 
-    def _decoder(self) -> Backend:
-        backend = self._runtime.get("backend")
-        if backend is None:
-            from iolib.decode import make_backend
+    def crop_spec(self) -> geo.CropSpec:
+        """The windows and flips this pipeline draws (see ``draw_crops``)."""
+        return geo.CropSpec(self.size, self.train, self.scale, self.ratio, self.crop_fraction)
 
-            backend = make_backend(self.resolved_backend(), self.output_spec())
-            self._runtime["backend"] = backend  # a racing thread builds an equal one
-        return backend
+    def _resolved(self) -> tuple[BatchSettings, Backend]:
+        """What decoding a batch needs, built on first use (a racing thread builds an
+        equal pair): the settings, and the backend with its DALI pipelines."""
+        resolved = self._runtime.get("resolved")
+        if resolved is None:
+            from iolib.decode import make_backend
+            from iolib.decode.batch import BatchSettings
+
+            spec = self.output_spec()
+            backend = make_backend(self.resolved_backend(), spec)
+            settings = BatchSettings(
+                self.image_column, self.max_image_pixels, self.on_error, self.crop_spec(), spec
+            )
+            resolved = self._runtime["resolved"] = (settings, backend)
+        return resolved
 
     def __call__(
         self, batch: dict[str, Any], indices: np.ndarray, *, seed: int, epoch: int
@@ -166,18 +180,15 @@ class ImagePipeline:
         removed from every column, the others keep their order."""
         from iolib.decode.batch import decode_batch
 
-        return decode_batch(self, self._decoder(), batch, indices, seed=seed, epoch=epoch)
+        settings, backend = self._resolved()
+        return decode_batch(settings, backend, batch, indices, seed=seed, epoch=epoch)
 
-    def plan(
+    def draw_crops(
         self, sizes: list[tuple[int, int]], indices: np.ndarray, *, seed: int, epoch: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Crop windows ``[N, 4]`` (x, y, w, h) and flips ``[N]`` for images of the given
         (width, height): window first, then flip, from each sample's own generator."""
-        if not self.train:
-            windows = [geo.center_crop(w, h, self.size, self.crop_fraction) for w, h in sizes]
-            return np.array(windows, dtype=np.int32).reshape(-1, 4), np.zeros(len(sizes), bool)
-        rngs = [sample_rng(seed, epoch, int(i)) for i in indices]
-        return geo.plan_batch(sizes, rngs, size=self.size, scale=self.scale, ratio=self.ratio)
+        return self.crop_spec().draw(sizes, indices, seed=seed, epoch=epoch)
 
 
 def _require_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

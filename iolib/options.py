@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from iolib.errors import ConfigError
+from iolib.decode.protocol import as_decoder
+from iolib.errors import ConfigError, OnError
 from iolib.plan import SHUFFLE_MODES
 from iolib.tuning import parse_bytes
 
-ON_ERROR = ("raise", "skip")
 WORKER_MODES = ("auto", "thread", "process")
 
 
@@ -192,8 +192,8 @@ class LoaderOptions:
             raise ConfigError(
                 f"`worker_mode` must be one of {WORKER_MODES}. Found: {self.worker_mode!r}."
             )
-        if self.on_error not in ON_ERROR:
-            raise ConfigError(f"`on_error` must be 'raise' or 'skip'. Found: {self.on_error!r}.")
+        object.__setattr__(self, "on_error", OnError.parse(self.on_error))
+        object.__setattr__(self, "decode", as_decoder(self.decode))
         prefetch = self.prefetch
         if prefetch is not None and not (
             prefetch == "auto" or hasattr(prefetch, "decide") or isinstance(prefetch, int)

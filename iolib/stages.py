@@ -35,6 +35,7 @@ import torch
 
 from iolib.collate import list_companions
 from iolib.errors import ConfigError, DataError, require_non_negative_int, require_positive_int
+from iolib.fetcher import skips
 from iolib.sources.base import Source
 
 DEFAULT_LABELS: tuple[str, ...] = ("label", "labels", "target", "y")
@@ -285,9 +286,7 @@ class StageFeed:
 
     def _reductions(self) -> dict[str, Any]:
         loader, decode = self.loader, self.loader.decode
-        if loader.options.on_error == "skip":
-            return {}
-        if getattr(decode, "on_error", "raise") == "skip":
+        if skips(loader.options.on_error, decode):
             return {}
         plain = loader.transform is None and loader.options.collate_fn is None
         names = _source_columns(loader.source) if plain else None
@@ -301,8 +300,8 @@ class StageFeed:
             self.reads, self.decodes = "nothing", False
             return {"dataset": _IndexOnly(loader.source), "decode": None}
         changes: dict[str, Any] = {}
-        wanted_by_decoder = set(getattr(decode, "columns", ()) or ())
-        if decode is not None and wanted_by_decoder and not wanted_by_decoder & set(picked):
+        wanted_by_decoder = set(decode.columns) if decode is not None else set()
+        if wanted_by_decoder and not wanted_by_decoder & set(picked):
             changes["decode"], self.decodes = None, False
         if set(picked) != set(names):
             projected = _project(loader.source, list(picked))

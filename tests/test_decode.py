@@ -81,11 +81,11 @@ def test_center_crop_matches_resize_then_crop():
     assert geo.center_crop(1, 1, 224) == geo.Window(0, 0, 1, 1)
 
 
-def test_plan_draws_window_then_flip_from_sample_rng():
+def test_crops_draw_window_then_flip_from_sample_rng():
     from iolib.rng import sample_rng
 
     pipe = _pil()
-    windows, flips = pipe.plan([(128, 96)] * 3, np.array([5, 6, 7]), seed=3, epoch=1)
+    windows, flips = pipe.draw_crops([(128, 96)] * 3, np.array([5, 6, 7]), seed=3, epoch=1)
     for row, index in enumerate([5, 6, 7]):
         rng = sample_rng(3, 1, index)
         assert tuple(windows[row]) == geo.random_resized_crop(rng, 128, 96)
@@ -252,7 +252,7 @@ def test_dali_cpu_batches_outlive_later_runs_and_their_pipeline(blobs):
     for lo in range(16, N, 8):  # later runs of the same pipeline
         _run(pipe, blobs[lo : lo + 8], idx[lo : lo + 8])
     _run(pipe, blobs, idx)  # a larger batch: this thread's pipeline is rebuilt
-    pipe._runtime.clear()  # and the backend holding the pipelines dropped
+    del pipe  # and the backend holding the pipelines dropped with it
     import gc
 
     gc.collect()

@@ -1,4 +1,8 @@
-"""Image decode backends behind one interface: DALI (default), Pillow, nvJPEG.
+"""Decoders: what the loader asks of one, and image decode backends behind one interface.
+
+``Decoder`` (protocol.py) is what ``DataLoader(decode=...)`` takes: ``ImagePipeline``,
+or any function ``decode(batch, indices, *, seed, epoch)``. The rest of this package is
+the image decoding behind ``iolib.images.ImagePipeline``: DALI (default), Pillow, nvJPEG.
 
 Why several: DALI decodes on the GPU (``device="mixed"``) or on the CPU and is the
 default wherever it is installed; Pillow is the fallback where DALI cannot be
@@ -7,6 +11,9 @@ torchvision+CUDA but no DALI. All of them execute crop windows and flips drawn b
 ``iolib.decode.geometry`` from ``iolib.rng.sample_rng``, so they crop the same pixels.
 
 Module map:
+  protocol.py  Decoder: what the fetcher, the stage feeds and the loader may ask of a decoder
+  spec.py      OutputSpec and Backend: what a backend is asked for and must do
+  batch.py     one batch through a backend: header checks, crops, bad-sample handling
   geometry.py  crop windows (RandomResizedCrop, eval center crop) and flips: pure numpy
   probe.py     header read (size, format) and early rejection of bad values
   dali.py      DALI pipelines fed by ``external_source``, one per thread
@@ -20,16 +27,15 @@ eagerly (DALI, torchvision and torch load on first use).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:
-    import numpy as np
-    import torch
+from iolib.decode.protocol import Decoder, FunctionDecoder
+from iolib.decode.spec import Backend, OutputSpec
 
 __all__ = [
     "BACKENDS",
     "Backend",
+    "Decoder",
+    "FunctionDecoder",
     "OutputSpec",
     "dali_available",
     "dali_package",
@@ -38,39 +44,6 @@ __all__ = [
 
 BACKENDS = ("dali", "nvjpeg", "pil")
 DISABLE_DALI_ENV = "IOLIB_DISABLE_DALI"
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    """What a backend must produce: ``size x size`` crops, in `layout` and `dtype`,
-    normalized with `mean`/`std` (given on the 0–1 scale) unless dtype is uint8."""
-
-    size: int
-    layout: str  # "NCHW" | "NHWC"
-    dtype: str  # "float32" | "float16" | "uint8"
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    device: str  # "cpu" | "cuda" | "cuda:N"
-    threads: int  # decode threads per pipeline (DALI)
-
-    @property
-    def normalize(self) -> bool:
-        return self.dtype != "uint8"
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.device.startswith("cuda")
-
-
-class Backend(Protocol):
-    """Decodes a batch of encoded images given per-sample windows and flips.
-
-    `windows` is ``int32 [N, 4]`` (x, y, w, h), `flips` ``bool [N]``. Returns one tensor
-    ``[N, C, H, W]`` or ``[N, H, W, C]`` on the spec's device. Raises on any failure;
-    the caller then finds the culprit sample by sample."""
-
-    def decode(self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray) -> torch.Tensor:
-        """Decode, crop, resize, flip and normalize one batch."""
 
 
 def dali_available() -> bool:

@@ -12,24 +12,35 @@ their order; their global indices go back to the loader, which counts them.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from iolib.decode.geometry import CropSpec
 from iolib.decode.probe import BadImage, probe
-from iolib.errors import ConfigError, DataError
-
-if TYPE_CHECKING:
-    from iolib.decode import Backend
-    from iolib.images import ImagePipeline
+from iolib.decode.spec import Backend, OutputSpec
+from iolib.errors import ConfigError, DataError, OnError
 
 _CONTEXT_COLUMNS = ("path",)
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
 
 
+@dataclass(frozen=True)
+class BatchSettings:
+    """What decoding a batch needs, resolved by its ImagePipeline: the column of
+    encoded images, the header limit, the bad-sample policy, the crops and the output."""
+
+    column: str
+    max_image_pixels: int
+    on_error: OnError
+    crops: CropSpec
+    output: OutputSpec
+
+
 def decode_batch(
-    pipeline: ImagePipeline,
+    settings: BatchSettings,
     backend: Backend,
     batch: dict[str, Any],
     indices: np.ndarray,
@@ -38,7 +49,7 @@ def decode_batch(
     epoch: int,
 ) -> tuple[dict[str, Any], list[int]]:
     """The body of ``ImagePipeline.__call__`` (see there)."""
-    column = pipeline.image_column
+    column, raises = settings.column, settings.on_error == OnError.RAISE
     if column not in batch:
         raise ConfigError(
             f"The batch has no column {column!r} (it has {sorted(batch)}); "
@@ -48,15 +59,16 @@ def decode_batch(
     indices = np.asarray(indices, dtype=np.int64)
     if len(blobs) != len(indices):
         raise ValueError(f"{len(blobs)} images but {len(indices)} indices in one batch")
-    sizes, bad = probe_all(blobs, pipeline.max_image_pixels)
-    if bad and pipeline.on_error == "raise":
+    sizes, bad = probe_all(blobs, settings.max_image_pixels)
+    if bad and raises:
         raise _data_error(bad, batch, indices, column)
     good = [p for p in range(len(blobs)) if p not in bad]
-    windows, flips = pipeline.plan([sizes[p] for p in good], indices[good], seed=seed, epoch=epoch)
-    images, failed = _decode_or_isolate(backend, [blobs[p] for p in good], windows, flips, pipeline)
+    crops = settings.crops.draw([sizes[p] for p in good], indices[good], seed=seed, epoch=epoch)
+    chosen = [blobs[p] for p in good]
+    images, failed = _decode_or_isolate(backend, chosen, *crops, settings.output)
     for pos_in_good, reason in failed.items():
         bad[good[pos_in_good]] = reason
-    if failed and pipeline.on_error == "raise":
+    if failed and raises:
         raise _data_error(bad, batch, indices, column)
     keep = [p for p in range(len(blobs)) if p not in bad]
     out = take_rows(batch, keep, len(blobs), skip=column)
@@ -83,10 +95,10 @@ def _decode_or_isolate(
     blobs: list[Any],
     windows: np.ndarray,
     flips: np.ndarray,
-    pipeline: ImagePipeline,
+    output: OutputSpec,
 ) -> tuple[torch.Tensor, dict[int, str]]:
     if not blobs:
-        return _empty(pipeline), {}
+        return _empty(output), {}
     try:
         return backend.decode(blobs, windows, flips), {}
     except Exception as batch_exc:
@@ -101,7 +113,7 @@ def _decode_or_isolate(
     if len(blobs) > 1 and len(failed) == len(blobs):
         # Every sample failing alone points at the decoder, not the data: don't skip it all.
         raise first_error
-    return (torch.cat(parts) if parts else _empty(pipeline)), failed
+    return (torch.cat(parts) if parts else _empty(output)), failed
 
 
 def take_rows(batch: dict[str, Any], keep: list[int], n: int, skip: str = "") -> dict[str, Any]:
@@ -135,18 +147,18 @@ def _data_error(
                 where += f" ({name}={values[pos]!r})"
         lines.append(f"{where}: {bad[pos]}")
     more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
-    error = DataError(
+    return DataError(
         f"Bad image in column {column!r}:\n  "
         + "\n  ".join(lines)
         + more
-        + "\nPass on_error='skip' to ImagePipeline to leave such samples out."
+        + "\nPass on_error='skip' to ImagePipeline to leave such samples out.",
+        samples=[int(indices[p]) for p in sorted(bad)],
+        column=column,
+        whole_block=False,
     )
-    error.samples = [int(indices[p]) for p in sorted(bad)]  # type: ignore[attr-defined]
-    return error
 
 
-def _empty(pipeline: ImagePipeline) -> torch.Tensor:
-    spec = pipeline.output_spec()
+def _empty(spec: OutputSpec) -> torch.Tensor:
     s = spec.size
     shape = (0, 3, s, s) if spec.layout == "NCHW" else (0, s, s, 3)
     return torch.empty(shape, dtype=_TORCH_DTYPES[spec.dtype], device=spec.device)

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from iolib.decode import OutputSpec
 from iolib.decode.native_threads import cpu_seconds, started_threads
 from iolib.decode.probe import as_buffer
+from iolib.decode.spec import OutputSpec
 from iolib.storage.counters import count_helper_cpu
 
 # One iteration at a time (prefetch_queue_depth=1): run() returns when the batch is

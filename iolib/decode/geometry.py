@@ -24,9 +24,12 @@ Example::
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from iolib.rng import sample_rng
 
 # torchvision's RandomResizedCrop defaults, and the classic ImageNet eval crop
 # (resize the shorter side to 256, center crop 224: 224 / 256 = 0.875).
@@ -97,26 +100,31 @@ def draw_flip(rng: np.random.Generator) -> bool:
     return bool(rng.random() < 0.5)
 
 
-def plan_batch(
-    sizes: list[tuple[int, int]],
-    rngs: list[np.random.Generator] | None,
-    *,
-    size: int,
-    scale: tuple[float, float] = DEFAULT_SCALE,
-    ratio: tuple[float, float] = DEFAULT_RATIO,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Windows ``int32 [N, 4]`` (x, y, w, h) and flips ``bool [N]`` for a batch.
+@dataclass(frozen=True)
+class CropSpec:
+    """Which window and flip each sample of a batch gets: in training, a
+    RandomResizedCrop window (`scale`, `ratio`) then a flip, drawn from the sample's own
+    generator; in evaluation, the center crop of ``size / crop_fraction`` and no flip."""
 
-    `sizes` holds each image's (width, height) from its header. With `rngs` (training)
-    each sample draws its window, then its flip, from its own generator; without
-    (evaluation) windows are center crops and nothing flips."""
-    n = len(sizes)
-    windows = np.zeros((n, 4), dtype=np.int32)
-    flips = np.zeros(n, dtype=bool)
-    for i, (width, height) in enumerate(sizes):
-        if rngs is None:
-            windows[i] = center_crop(width, height, size)
-        else:
-            windows[i] = random_resized_crop(rngs[i], width, height, scale, ratio)
-            flips[i] = draw_flip(rngs[i])
-    return windows, flips
+    size: int
+    train: bool = True
+    scale: tuple[float, float] = DEFAULT_SCALE
+    ratio: tuple[float, float] = DEFAULT_RATIO
+    crop_fraction: float = EVAL_CROP_FRACTION
+
+    def draw(
+        self, sizes: list[tuple[int, int]], indices: np.ndarray, *, seed: int, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Windows ``int32 [N, 4]`` (x, y, w, h) and flips ``bool [N]`` for images of the
+        given (width, height), sample i drawing from ``sample_rng(seed, epoch, indices[i])``."""
+        n = len(sizes)
+        windows = np.zeros((n, 4), dtype=np.int32)
+        flips = np.zeros(n, dtype=bool)
+        for i, (width, height) in enumerate(sizes):
+            if not self.train:
+                windows[i] = center_crop(width, height, self.size, self.crop_fraction)
+                continue
+            rng = sample_rng(seed, epoch, int(indices[i]))
+            windows[i] = random_resized_crop(rng, width, height, self.scale, self.ratio)
+            flips[i] = draw_flip(rng)
+        return windows, flips

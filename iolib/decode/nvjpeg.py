@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from iolib.decode import OutputSpec
 from iolib.decode.pil import to_output
 from iolib.decode.probe import as_buffer
+from iolib.decode.spec import OutputSpec
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 

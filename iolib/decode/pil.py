@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from iolib.decode import OutputSpec
 from iolib.decode.probe import as_buffer
 from iolib.decode.resize import resize_window
+from iolib.decode.spec import OutputSpec
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
 

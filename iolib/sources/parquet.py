@@ -348,14 +348,14 @@ class ParquetSource(Source):
         for name, rows in null_numbers(table).items():
             samples = [int(i) for i in indices[rows]]
             kind = self.schema.field(name).type
-            error = DataError(
+            raise DataError(
                 f"Column {name!r} ({kind}) is null in {len(samples)} of the batch's rows, first "
                 f"at {self.locate(samples[0])}: a tensor cannot hold a null. Fill the column "
-                "when writing the data, or pass on_error='skip' to leave those rows out."
+                "when writing the data, or pass on_error='skip' to leave those rows out.",
+                samples=samples,
+                column=name,
+                whole_block=False,
             )
-            error.samples = samples  # type: ignore[attr-defined]
-            error.whole_block = False  # type: ignore[attr-defined]
-            raise error
 
     def row_group(self, group: int) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns, through

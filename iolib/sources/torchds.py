@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from iolib.errors import ConfigError
+from iolib.errors import ConfigError, tag_sample
 from iolib.sources.base import Source
 
 _MASK64 = (1 << 64) - 1
@@ -236,7 +236,7 @@ class TorchDatasetSource(Source):
         try:
             return self.dataset[key]
         except Exception as exc:
-            exc.iolib_sample = key  # type: ignore[attr-defined]  # names the culprit
+            tag_sample(exc, key)
             raise
 
 
