@@ -16,17 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("iolib", "predictors")
 
-# Private names still imported across modules, as (importer, module, name): debts found
-# when this test was written (the storage wrappers share their base class and helpers
-# privately). The list only shrinks: give a name a public home, then delete its entry.
-PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str, str]] = {
-    ("iolib.storage.faults", "iolib.storage.wrapper", "_WrapperFileSystem"),
-    ("iolib.storage.faults", "iolib.storage.wrapper", "_unit"),
-    ("iolib.storage.retries", "iolib.storage.counters", "_counters"),
-    ("iolib.storage.retries", "iolib.storage.timeouts", "_with_timeout"),
-    ("iolib.storage.throttle", "iolib.storage.wrapper", "_WrapperFileSystem"),
-    ("iolib.storage.throttle", "iolib.storage.wrapper", "_unit"),
-}
+# Private names still imported across modules, as (importer, module, name): none. A name
+# another module needs gets a public home instead of an entry here.
+PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str, str]] = set()
 
 
 def _modules() -> dict[str, Path]:
