@@ -20,7 +20,13 @@ from iolib.collate import is_numeric_list
 from iolib.errors import DataError
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_files import FileMeta, is_corrupt
-from iolib.sources.ranges import MAX_REQUEST_BYTES, RangedFile, Span, coalesce
+from iolib.sources.ranges import (
+    GROUP_HOLE_BYTES,
+    MAX_REQUEST_BYTES,
+    RangedFile,
+    Span,
+    coalesce,
+)
 from iolib.sources.schemas import conform
 from iolib.storage import call_with_retries, count_bytes, open_filesystem
 
@@ -57,19 +63,21 @@ class RowGroupFetcher:
         spans = self.spans(group, later)
         # This thread's open files: the read itself runs on a helper thread (timeouts).
         handles = self._local.__dict__.setdefault("handles", {})
-        table = call_with_retries(
-            lambda: self._read(meta, local, spans, handles),
-            what=what,
-            policy=description.retry,
-            redact=description.redact,
-        )
+        fetched = [0]  # bytes every attempt received (the helper's counts are not ours)
+        try:
+            table = call_with_retries(
+                lambda: self._read(meta, local, spans, handles, fetched),
+                what=what,
+                policy=description.retry,
+                redact=description.redact,
+            )
+        finally:
+            count_bytes(fetched[0])  # what crossed the network, holes included
         # The file now holding this batch's bytes: let go once the batch is decoded (only
         # these: a thread may have thousands of files open, and this is per batch).
         self._local.__dict__.setdefault("loaded", set()).add(handles[meta.path][1])
         table = conform(table, description.schema)
         self._check_types(table, meta, local)
-        sizes = meta.column_bytes[local]
-        count_bytes(sum(sizes[c] for c in (description.columns or sizes) if c in sizes))
         return table
 
     def spans(self, group: int, later: Sequence[int]) -> list[Span]:
@@ -78,17 +86,17 @@ class RowGroupFetcher:
         small row groups costs one request rather than one each."""
         description = self.description
         meta = description.group(group)[0]
-        spans = description.chunk_spans(group)
+        spans = coalesce(description.chunk_spans(group))  # holes between its columns
         total = sum(end - start for start, end in spans)
         for other in later:
             if description.group(other)[0] is not meta:
                 continue
-            more = description.chunk_spans(other)
+            more = coalesce(description.chunk_spans(other))
             total += sum(end - start for start, end in more)
             if total > MAX_REQUEST_BYTES:
                 break
             spans += more
-        return coalesce(spans)
+        return coalesce(spans, hole=GROUP_HOLE_BYTES)  # neighbours only, across groups
 
     def release(self) -> None:
         """Drop the bytes this thread's files loaded (once a batch is decoded)."""
@@ -102,7 +110,9 @@ class RowGroupFetcher:
         handles = self._local.__dict__.get("handles", {})
         return {path: ranged.held_bytes for path, (_, ranged) in handles.items()}
 
-    def _read(self, meta: FileMeta, local: int, spans: list[Span], handles: dict) -> pa.Table:
+    def _read(
+        self, meta: FileMeta, local: int, spans: list[Span], handles: dict, fetched: list[int]
+    ) -> pa.Table:
         # Taken out of `handles` while in use: an attempt abandoned on a timeout keeps
         # its file to itself, and the retry opens another.
         description = self.description
@@ -119,10 +129,14 @@ class RowGroupFetcher:
                 # the process ("terminate called without an active exception").
                 ranged = RangedFile(fs, meta.path, meta.size)
                 reader = pq.ParquetFile(ranged, metadata=meta.footer, pre_buffer=False)
-            ranged.load(spans)
-            columns = list(description.columns) if description.columns is not None else None
-            table = reader.read_row_group(meta.first_group + local, columns=columns,
-                                          use_threads=False)  # fmt: skip
+            before = ranged.fetched_bytes
+            try:
+                ranged.load(spans)
+                columns = list(description.columns) if description.columns is not None else None
+                table = reader.read_row_group(meta.first_group + local, columns=columns,
+                                              use_threads=False)  # fmt: skip
+            finally:  # a read outside the loaded ranges is a request too
+                fetched[0] += ranged.fetched_bytes - before
             handles[meta.path] = (reader, ranged)
             return table
         except Exception as exc:

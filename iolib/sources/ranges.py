@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 # another request: a request costs 2 ms on nas (0.5 MB at 250 MB/s) and 50 ms on object
 # storage (5 MB at 100 MB/s); 1 MiB sits between them.
 HOLE_BYTES = 1 << 20
+# Row groups of one batch are merged into one request only across gaps up to this: a
+# wider gap is another row group, whose bytes nobody asked for (1 MB row groups of a
+# shuffle window once fetched 2.0x the data, bridged by HOLE_BYTES).
+GROUP_HOLE_BYTES = 64 << 10
 # One request reads at most this much (a batch of many small row groups is read in
 # several): the bytes stay in memory until the batch is decoded.
 MAX_REQUEST_BYTES = 64 << 20
@@ -104,6 +108,7 @@ class RangedFile(io.RawIOBase):
         self._starts: list[int] = []
         self._blocks: list[memoryview] = []
         self.requests = 0  # for tests: how many requests this file made
+        self.fetched_bytes = 0  # every byte the requests returned, holes included
 
     def load(self, spans: Sequence[Span]) -> None:
         """Hold the bytes of `spans` (already coalesced), reading those not held yet."""
@@ -118,6 +123,7 @@ class RangedFile(io.RawIOBase):
             starts, ends = [a for a, _ in missing], [b for _, b in missing]
             datas = self.fs.cat_ranges(paths, starts, ends, on_error="raise")
         self.requests += len(missing)
+        self.fetched_bytes += sum(len(data) for data in datas)
         for (start, end), data in zip(missing, datas, strict=True):
             self._check_length(start, end, data)
             if len(data) > min(end, self.size) - start:
@@ -136,6 +142,7 @@ class RangedFile(io.RawIOBase):
         if len(data) != self.size:
             data = self.fs.cat_file(self.path)
             self.requests += 1
+            self.fetched_bytes += len(data)
             if len(data) != self.size:
                 raise ShortReadError(
                     f"read of {self.path} returned {len(data)} bytes where its footer says "
