@@ -285,7 +285,7 @@ class StageFeed:
 
     def _reductions(self) -> dict[str, Any]:
         loader, decode = self.loader, self.loader.decode
-        if loader.options.on_error == "skip":
+        if loader.options.sample.on_error == "skip":
             return {}
         if getattr(decode, "on_error", "raise") == "skip":
             return {}

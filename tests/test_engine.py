@@ -127,7 +127,8 @@ def test_killed_process_worker_is_reported_with_exit_code() -> None:
     with pytest.raises(WorkerDied, match=r"exited with code -9 while holding batches \[[0-9, ]*4"):
         list(loader)
     assert time.monotonic() - start < 30
-    assert loader._pipeline.engine is None, "workers must be released after an error"
+    stats = loader.stats()
+    assert not stats["worker_pids"], "workers must be released after an error"
 
 
 def test_persistent_workers_survive_epochs_and_close() -> None:
@@ -142,12 +143,12 @@ def test_persistent_workers_survive_epochs_and_close() -> None:
         Plain(), batch_size=3, num_workers=2, worker_mode="thread", persistent_workers=True
     )
     list(loader)
-    engine = loader._pipeline.engine
-    assert engine is not None
+    threads = loader.stats()["worker_threads"]
+    assert threads, "persistent workers outlive the epoch"
     list(loader)
-    assert loader._pipeline.engine is engine, "persistent workers are reused across epochs"
+    assert loader.stats()["worker_threads"] == threads, "persistent workers are reused"
     loader.close()
-    assert loader._pipeline.engine is None
+    assert loader.stats()["worker_threads"] == []
 
 
 def test_follow_reads_the_next_sequence_ahead_and_advance_keeps_it() -> None:
