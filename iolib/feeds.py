@@ -95,6 +95,7 @@ def make_feed(dataset: Any, options: LoaderOptions) -> Feed:
 
 
 def _warn_if_out_of_order(o: LoaderOptions) -> None:
+    """torch may reorder batches under in_order=False; iolib never does: say so once."""
     if not o.in_order and o.num_workers > 0:
         warnings.warn(
             "in_order=False is ignored: iolib always delivers batches in the plan's order "

@@ -1,10 +1,13 @@
 """The DataLoader's arguments, validated once: torch's rules and exception types, then
 iolib's additions.
 
-Why a frozen dataclass: the loader, a stage feed and a resumed run all need the same
+Why frozen dataclasses: the loader, a stage feed and a resumed run all need the same
 validated configuration, and rebuilding a loader with one argument changed
-(`DataLoader.replace`) is `dataclasses.replace` on it. Every check raises ConfigError,
-a ValueError, as torch raises ValueError for the same mistakes.
+(`DataLoader.replace`) starts from `arguments()`. torch's arguments stay flat; iolib's
+own are grouped by what they change (`OrderOptions`: which samples in which order;
+`SampleOptions`: what a sample becomes; `PaceOptions`: pace and memory, never content),
+as grain groups its `ReadOptions` and `MultiprocessingOptions`. Every check raises
+ConfigError, a ValueError, as torch raises ValueError for the same mistakes.
 """
 
 from __future__ import annotations
