@@ -113,15 +113,18 @@ class Engine:
     def _closed(self) -> bool:
         return self._pool.closed
 
-    @property
-    def _procs(self) -> list[list[Any]]:
-        """[process, task queue, retiring] per process worker started (for tests)."""
-        return self._pool.procs
+    def worker_pids(self) -> list[int]:
+        """The pids of the process workers alive now, by worker slot (for `stats()`: a
+        script or a test can watch or signal them)."""
+        with self._pool.cv:
+            procs = [entry[0] for entry in self._pool.procs]
+        return [proc.pid for proc in procs if proc.is_alive()]
 
-    @property
-    def _threads(self) -> list[threading.Thread]:
-        """The worker threads started and not known to have exited (for tests)."""
-        return self._pool.threads
+    def worker_threads(self) -> list[int]:
+        """The native ids of the worker threads alive now (for `stats()`)."""
+        with self._pool.cv:
+            threads = list(self._pool.threads)
+        return [t.native_id for t in threads if t.is_alive() and t.native_id is not None]
 
     def set_depth(self, depth: int) -> None:
         """Change how many batches may be in flight or ready; takes effect at once."""

@@ -1,10 +1,13 @@
 """The DataLoader's arguments, validated once: torch's rules and exception types, then
 iolib's additions.
 
-Why a frozen dataclass: the loader, a stage feed and a resumed run all need the same
+Why frozen dataclasses: the loader, a stage feed and a resumed run all need the same
 validated configuration, and rebuilding a loader with one argument changed
-(`DataLoader.replace`) is `dataclasses.replace` on it. Every check raises ConfigError,
-a ValueError, as torch raises ValueError for the same mistakes.
+(`DataLoader.replace`) starts from `arguments()`. torch's arguments stay flat; iolib's
+own are grouped by what they change (`OrderOptions`: which samples in which order;
+`SampleOptions`: what a sample becomes; `PaceOptions`: pace and memory, never content),
+as grain groups its `ReadOptions` and `MultiprocessingOptions`. Every check raises
+ConfigError, a ValueError, as torch raises ValueError for the same mistakes.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import multiprocessing.context
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -22,7 +25,7 @@ from torch.utils.data import IterableDataset
 from iolib.decode.protocol import as_decoder
 from iolib.errors import ConfigError, OnError
 from iolib.plan import SHUFFLE_MODES
-from iolib.tuning import parse_bytes
+from iolib.tuning import cpu_count, parse_bytes
 
 WORKER_MODES = ("auto", "thread", "process")
 
@@ -58,10 +61,106 @@ def shuffle_mode(shuffle: Any) -> str:
 
 
 @dataclass(frozen=True)
+class OrderOptions:
+    """Which samples each rank reads, in which order: iolib's own order (a user's sampler
+    decides both itself). ``seed`` None is resolved by LoaderOptions (the generator's
+    initial seed, else ``torch.initial_seed()``)."""
+
+    seed: int | None = None
+    rank: int | None = None  # None: from torch.distributed or torchrun
+    world_size: int | None = None
+    shuffle_window: int = 8  # row groups shuffled together by shuffle="block"
+
+    def __post_init__(self) -> None:
+        if self.seed is not None:
+            object.__setattr__(self, "seed", _count("seed", self.seed, minimum=0))
+        _count("shuffle_window", self.shuffle_window, minimum=1)
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """How a sample becomes what a batch holds: ``transform(sample, rng)``, a decoder
+    (e.g. ``iolib.images.ImagePipeline``) and what a bad sample does ("raise", "skip")."""
+
+    transform: Callable[[Any, np.random.Generator], Any] | None = None
+    decode: Any = None
+    on_error: OnError | str = "raise"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_error", OnError.parse(self.on_error))
+        object.__setattr__(self, "decode", as_decoder(self.decode))
+
+
+@dataclass(frozen=True)
+class PaceOptions:
+    """How batches are made: worker kind and read-ahead. They change pace and memory,
+    never content. ``prefetch``: batches in flight or ready (an int), "auto" (the learned
+    tuner) or a tuner object; ``memory_budget`` (bytes or "2GiB") is parsed once here."""
+
+    worker_mode: str = "auto"
+    prefetch: int | str | Any = None
+    target_utilization: float = 0.9
+    memory_budget: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.worker_mode not in WORKER_MODES:
+            raise ConfigError(
+                f"`worker_mode` must be one of {WORKER_MODES}. Found: {self.worker_mode!r}."
+            )
+        prefetch = self.prefetch
+        if prefetch is not None and not (
+            prefetch == "auto" or hasattr(prefetch, "decide") or isinstance(prefetch, int)
+        ):
+            raise ConfigError(
+                "`prefetch` must be a positive integer (batches in flight or ready), 'auto' "
+                f"(the learned tuner) or a tuner with a decide() method. Found: {prefetch!r}."
+            )
+        if isinstance(prefetch, int):
+            _count("prefetch", prefetch, minimum=1)
+        target = self.target_utilization
+        if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
+            raise ConfigError(
+                "`target_utilization` must be a number strictly between 0 and 1 (the share "
+                f"of time the GPU should compute, e.g. 0.9). Found: {target!r}."
+            )
+        object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget))
+
+    @property
+    def tuned(self) -> bool:
+        """A tuner sets the depth and worker count (num_workers is then its upper bound)."""
+        return self.prefetch is not None and not isinstance(self.prefetch, int)
+
+
+@dataclass(frozen=True)
+class TunerSpec:
+    """The online tuner a loader runs: "auto" (the learned one) or an object with
+    decide(), its utilization goal, memory budget (bytes) and the CPUs it plans for."""
+
+    tuner: Any
+    target: float
+    memory_budget: int | None
+    cpus: int
+
+
+@dataclass(frozen=True)
+class Readahead:
+    """`prefetch` resolved: the depth to begin with (batches in flight or ready), and the
+    tuner that may change it and the worker count (None: both stay as given)."""
+
+    depth: int
+    tuner: TunerSpec | None = None
+
+
+# iolib's own arguments, by group: each group's fields are the DataLoader's keywords.
+GROUPS = {"order": OrderOptions, "sample": SampleOptions, "pace": PaceOptions}
+
+
+@dataclass(frozen=True)
 class LoaderOptions:
-    """Every DataLoader argument but the dataset. torch's come first, with its defaults;
-    the rest are iolib's (see DataLoader's docstring). Values are checked and
-    normalized at construction: a LoaderOptions is always valid."""
+    """Every DataLoader argument but the dataset: torch's, flat and with its defaults,
+    then iolib's own in three groups (`order`, `sample`, `pace`). Values are checked and
+    normalized at construction: a LoaderOptions is always valid. Build one from the
+    constructor's keywords with `from_arguments`; `arguments()` gives them back."""
 
     batch_size: int | None = 1
     shuffle: Any = None
@@ -79,22 +178,39 @@ class LoaderOptions:
     persistent_workers: bool = False
     pin_memory_device: str = ""
     in_order: bool = True
-    seed: int | None = None
-    rank: int | None = None
-    world_size: int | None = None
-    shuffle_window: int = 8
-    transform: Callable[[Any, np.random.Generator], Any] | None = None
-    decode: Any = None
-    worker_mode: str = "auto"
-    prefetch: Any = None
-    target_utilization: float = 0.9
-    memory_budget: int | str | None = None
-    on_error: str = "raise"
-    iterable: bool = False  # the dataset is an IterableDataset (set by the loader)
+    order: OrderOptions = OrderOptions()
+    sample: SampleOptions = SampleOptions()
+    pace: PaceOptions = PaceOptions()
+    iterable: bool = False  # the dataset is an IterableDataset (set by from_arguments)
     datapipe: bool = False  # ... and an IterDataPipe, which takes `shuffle` (as in torch)
+    # shuffle="global" spelled out keeps a full shuffle where shuffle=True would let a
+    # streaming source shuffle in windows (sampling.EpochPlan.windowed_ok).
+    full_shuffle: bool = False
     # `seed` was not given: it came from torch.initial_seed() (set here); a loaded state's
     # seed then replaces it, so a resume is exact whatever the new process's torch seed.
     seed_from_torch: bool = False
+    readahead: Readahead = field(init=False)  # `pace.prefetch` resolved once
+
+    @classmethod
+    def from_arguments(
+        cls, dataset: Any, arguments: dict[str, Any], **derived: Any
+    ) -> LoaderOptions:
+        """The DataLoader's keywords (all but `dataset`), grouped; `derived` sets the
+        flags a rebuilt loader keeps (`full_shuffle`, `seed_from_torch`)."""
+        flat = dict(arguments)
+        groups = {
+            name: kind(**{f.name: flat.pop(f.name) for f in fields(kind) if f.name in flat})
+            for name, kind in GROUPS.items()
+        }
+        shuffle = flat.get("shuffle")
+        derived.setdefault("full_shuffle", isinstance(shuffle, str) and shuffle == "global")
+        return cls(
+            **flat,
+            **groups,
+            iterable=is_iterable(dataset),
+            datapipe=is_datapipe(dataset),
+            **derived,
+        )
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -115,14 +231,36 @@ class LoaderOptions:
             raise ConfigError(
                 f"`generator` must be a torch.Generator or None. Found: {self.generator!r}."
             )
-        if self.seed is None and self.generator is not None:
-            put("seed", self.generator.initial_seed())
-        elif self.seed is None:
+        if self.order.seed is None:
             # What torch.manual_seed(args.seed) sets moves the shuffle, as under torch.
-            put("seed", torch.initial_seed())
-            put("seed_from_torch", True)
-        put("seed", _count("seed", self.seed, minimum=0))
-        self._check_iolib()
+            from_torch = self.generator is None
+            seed = torch.initial_seed() if from_torch else self.generator.initial_seed()
+            put("order", replace(self.order, seed=seed))
+            put("seed_from_torch", from_torch)
+        put("readahead", self._readahead())
+
+    def _readahead(self) -> Readahead:
+        """Batches in flight or ready: `prefetch`, else torch's prefetch_factor × workers
+        (a tuner's safe start replaces it on first use)."""
+        pace = self.pace
+        if isinstance(pace.prefetch, int):
+            return Readahead(pace.prefetch)
+        depth = max(1, (self.prefetch_factor or 2) * max(self.num_workers, 1))
+        if not pace.tuned:
+            return Readahead(depth)
+        spec = TunerSpec(pace.prefetch, float(pace.target_utilization), pace.memory_budget,
+                         cpu_count())  # fmt: skip
+        return Readahead(depth, spec)
+
+    @property
+    def batched(self) -> bool:
+        """Samples are collated into batches (torch's auto-collation)."""
+        return self.batch_size is not None or self.batch_sampler is not None
+
+    @property
+    def seed(self) -> int:
+        """The resolved seed (given, the generator's, or torch's initial seed)."""
+        return self.order.seed  # type: ignore[return-value]
 
     def _check_workers(self, put: Callable[[str, Any], None]) -> None:
         workers, factor = self.num_workers, self.prefetch_factor
@@ -186,58 +324,21 @@ class LoaderOptions:
             raise ConfigError(f"`drop_last` must be True or False. Found: {self.drop_last!r}.")
         put("drop_last", bool(self.drop_last))
 
-    def _check_iolib(self) -> None:
-        _count("shuffle_window", self.shuffle_window, minimum=1)
-        if self.worker_mode not in WORKER_MODES:
-            raise ConfigError(
-                f"`worker_mode` must be one of {WORKER_MODES}. Found: {self.worker_mode!r}."
-            )
-        object.__setattr__(self, "on_error", OnError.parse(self.on_error))
-        object.__setattr__(self, "decode", as_decoder(self.decode))
-        prefetch = self.prefetch
-        if prefetch is not None and not (
-            prefetch == "auto" or hasattr(prefetch, "decide") or isinstance(prefetch, int)
-        ):
-            raise ConfigError(
-                "`prefetch` must be a positive integer (batches in flight or ready), 'auto' "
-                f"(the learned tuner) or a tuner with a decide() method. Found: {prefetch!r}."
-            )
-        if isinstance(prefetch, int):
-            _count("prefetch", prefetch, minimum=1)
-        target = self.target_utilization
-        if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
-            raise ConfigError(
-                "`target_utilization` must be a number strictly between 0 and 1 (the share "
-                f"of time the GPU should compute, e.g. 0.9). Found: {target!r}."
-            )
-        parse_bytes(self.memory_budget)
-
-    # -- derived ---------------------------------------------------------------------------
-    @property
-    def tuner(self) -> dict[str, Any] | None:
-        """The online tuner's spec, or None for a fixed depth."""
-        if self.prefetch is None or isinstance(self.prefetch, int):
-            return None
-        return {
-            "tuner": self.prefetch,
-            "target": float(self.target_utilization),
-            "budget": parse_bytes(self.memory_budget),
-        }
-
-    @property
-    def depth(self) -> int:
-        """Batches in flight or ready: `prefetch`, else torch's prefetch_factor × workers."""
-        if isinstance(self.prefetch, int):
-            return self.prefetch
-        return max(1, (self.prefetch_factor or 2) * max(self.num_workers, 1))
-
     def arguments(self) -> dict[str, Any]:
         """The constructor's keyword arguments that rebuild an equal loader."""
-        derived = ("iterable", "datapipe", "seed_from_torch")
-        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in derived}
+        kwargs = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_ARGUMENTS
+        }
+        for group in (self.order, self.sample, self.pace):
+            kwargs.update({f.name: getattr(group, f.name) for f in fields(group)})
         if self.batch_sampler is not None:
             kwargs["batch_size"] = 1  # normalized to None above; torch wants it left at 1
         return kwargs
+
+
+# LoaderOptions' fields that are not DataLoader keywords: the groups (their fields are)
+# and what the loader derives.
+_NOT_ARGUMENTS = (*GROUPS, "iterable", "datapipe", "full_shuffle", "seed_from_torch", "readahead")
 
 
 def _context(context: Any, workers: int) -> Any:

@@ -286,7 +286,7 @@ class StageFeed:
 
     def _reductions(self) -> dict[str, Any]:
         loader, decode = self.loader, self.loader.decode
-        if skips(loader.options.on_error, decode):
+        if skips(loader.options.sample.on_error, decode):
             return {}
         plain = loader.transform is None and loader.options.collate_fn is None
         names = _source_columns(loader.source) if plain else None

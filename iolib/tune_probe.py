@@ -180,6 +180,7 @@ def why_missed(drivers: dict[str, Any], request: TuneRequest, last: Any) -> str:
 
 
 def cpu_count() -> int:
-    import os
+    """The CPUs the probe plans for (`iolib.tuning.cpu_count`, imported when asked)."""
+    from iolib.tuning import cpu_count as count
 
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+    return count()

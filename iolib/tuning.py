@@ -49,6 +49,11 @@ def parse_bytes(value: int | float | str | None, name: str = "memory_budget") ->
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity), counted in this one place."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+
+
 def _predictor_error(exc: Exception) -> ConfigError:
     return ConfigError(str(exc))
 
@@ -66,6 +71,7 @@ class AutoPrefetch:
         memory_budget: int | None,
         target: float | None,
         background: bool = True,
+        cpus: int | None = None,
     ) -> None:
         self.tuner = tuner
         self.background = background
@@ -74,7 +80,7 @@ class AutoPrefetch:
         self.max_workers = max_workers
         self.memory_budget = memory_budget
         self.target = target
-        self.cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+        self.cpu_count = cpu_count() if cpus is None else cpus
         self.applied: list[dict[str, Any]] = []
         self._batch = 0
         self.last = None
@@ -96,6 +102,7 @@ class AutoPrefetch:
         max_workers: int,
         batch_size: int,
         rows_per_read: int,
+        cpus: int | None = None,
     ) -> AutoPrefetch:
         """The learned tuner with the default model (the queueing model if none loads)."""
         try:
@@ -116,6 +123,7 @@ class AutoPrefetch:
             max_workers=max_workers,
             memory_budget=memory_budget,
             target=target,
+            cpus=cpus,
         )
 
     def start(self) -> tuple[int, int]:

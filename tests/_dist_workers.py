@@ -150,7 +150,11 @@ def failing_rank(rank: int, world: int, init_file: str, out: str, bad_rank: int)
     barrier, which must fail (peer gone or timeout) rather than hang."""
     _init(rank, world, init_file, timeout_s=10)
     loader = DataLoader(FailsOn(24, bad=None), batch_size=2, shuffle=True, seed=0)
-    first_of_bad_rank = int(loader._plan.order(0)[2 * world + bad_rank * 2])
+    # The epoch's whole order: what one rank of one reads (`loader.sampler`).
+    whole = DataLoader(
+        FailsOn(24, bad=None), batch_size=2, shuffle=True, seed=0, rank=0, world_size=1
+    )
+    first_of_bad_rank = list(whole.sampler)[2 * world + bad_rank * 2]
     bad = loader.replace(dataset=FailsOn(24, bad=first_of_bad_rank))
     record: dict[str, Any] = {"rank": rank}
     try:

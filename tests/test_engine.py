@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -127,7 +128,8 @@ def test_killed_process_worker_is_reported_with_exit_code() -> None:
     with pytest.raises(WorkerDied, match=r"exited with code -9 while holding batches \[[0-9, ]*4"):
         list(loader)
     assert time.monotonic() - start < 30
-    assert loader._pipeline.engine is None, "workers must be released after an error"
+    stats = loader.stats()
+    assert not stats["worker_pids"], "workers must be released after an error"
 
 
 def test_persistent_workers_survive_epochs_and_close() -> None:
@@ -142,12 +144,37 @@ def test_persistent_workers_survive_epochs_and_close() -> None:
         Plain(), batch_size=3, num_workers=2, worker_mode="thread", persistent_workers=True
     )
     list(loader)
-    engine = loader._pipeline.engine
-    assert engine is not None
+    threads = loader.stats()["worker_threads"]
+    assert threads, "persistent workers outlive the epoch"
     list(loader)
-    assert loader._pipeline.engine is engine, "persistent workers are reused across epochs"
+    assert loader.stats()["worker_threads"] == threads, "persistent workers are reused"
     loader.close()
-    assert loader._pipeline.engine is None
+    assert loader.stats()["worker_threads"] == []
+
+
+class Numbers(Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int):
+        return torch.tensor(index)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_stats_name_the_live_workers_and_none_once_closed(mode: str) -> None:
+    loader = DataLoader(
+        Numbers(), batch_size=2, num_workers=2, worker_mode=mode, persistent_workers=True
+    )
+    next(iter(loader))
+    stats = loader.stats()
+    if mode == "process":
+        children = {p.pid for p in psutil.Process().children()}
+        assert len(stats["worker_pids"]) == 2 and set(stats["worker_pids"]) <= children
+    else:
+        ours = {t.native_id for t in threading.enumerate()}
+        assert stats["worker_threads"] and set(stats["worker_threads"]) <= ours
+    loader.close()
+    assert loader.stats()["worker_pids"] == loader.stats()["worker_threads"] == []
 
 
 def test_follow_reads_the_next_sequence_ahead_and_advance_keeps_it() -> None:

@@ -111,7 +111,7 @@ class Slow(Dataset):
 
 loader = DataLoader(Slow(), batch_size=2, num_workers=2, worker_mode="process")
 it = iter(loader)
-print(" ".join(str(p[0].pid) for p in loader._pipeline.engine._procs), flush=True)
+print(" ".join(str(pid) for pid in loader.stats()["worker_pids"]), flush=True)
 threading.Thread(target=next, args=(it,), daemon=True).start()  # the workers take tasks
 time.sleep(600)
 """
@@ -377,14 +377,14 @@ def test_nothing_survives_the_loader(mode: str, end: str) -> None:
     else:
         it = iter(loader)
         next(it)
-        engine = weakref.ref(loader._pipeline.engine)
+        held = weakref.ref(loader)
     if end == "close":
         loader.close()
         assert _settled(before)[1:] == (0, set()), "close() joins its threads and processes"
         del it  # its frame holds the last batch: in process mode, a shared-memory fd
     elif end == "del":
         del it, loader
-        assert engine() is None, "the engine is freed with its loader, without a collection"
+        assert held() is None, "the loader (and its workers) is freed without a collection"
     elif end == "break":
         for _batch in it:
             break
@@ -414,10 +414,10 @@ def test_huge_worker_count_starts_only_threads_that_can_have_work() -> None:
         Plain(), batch_size=1, num_workers=100_000, worker_mode="thread", prefetch=4
     )
     for k, _ in enumerate(loader):
-        assert len(loader._pipeline.engine._threads) <= 4, "at most one thread per batch in flight"
+        assert len(loader.stats()["worker_threads"]) <= 4, "one thread per batch in flight"
         if k == 5:
             break
-    assert loader._pipeline.engine is None
+    assert not loader.stats()["worker_threads"]
     assert not _iolib_threads() - before, "close() joins every thread it started"
 
 

@@ -1,15 +1,14 @@
-"""The running side of a loader: its engine, telemetry and tuner (a `Pipeline`), and the
-iterator a `for batch in loader` loop holds (a `LoaderIterator`).
+"""The running side of a map-style loader: its engine, telemetry and tuner (a `Runner`),
+and the iterator a `for batch in loader` loop holds (a `LoaderIterator`).
 
 Why an iterator class, not a generator: torch's iterator stays usable after a batch
 raised (the script may catch the error and go on); a generator is finished once it
-raised. Why the pipeline holds no reference to the loader: a dropped loader must be
+raised. Why the runner holds no reference to the loader: a dropped loader must be
 freed at once, and its workers with it, without waiting for the cycle collector.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ import torch
 
 from iolib.engine import Engine
 from iolib.fetcher import BatchFetcher, Failure, Fetched, key_list
+from iolib.options import Readahead
 from iolib.sampling import Cursor, EpochTasks
 from iolib.telemetry import Telemetry
 from iolib.tuning import AutoPrefetch
@@ -39,7 +39,7 @@ NOTES = {
 }
 
 
-class Pipeline:
+class Runner:
     """Engine, telemetry and tuner for one loader; it outlives iterators when
     `persistent` (torch's persistent_workers), else each iterator releases it."""
 
@@ -48,18 +48,18 @@ class Pipeline:
         fetcher: BatchFetcher,
         *,
         workers: int,
-        depth: int,
+        readahead: Readahead,
         mode: str,
         persistent: bool,
         engine_options: dict[str, Any],
-        tuner: dict[str, Any] | None,
         pin_memory: bool = False,
         pin_memory_device: str = "",
         batch_size: int = 1,
     ) -> None:
         self.batch_size = batch_size
-        self.fetcher, self.workers, self.depth, self.mode = fetcher, workers, depth, mode
-        self.persistent, self.engine_options, self.tuner_spec = persistent, engine_options, tuner
+        self.fetcher, self.workers, self.depth, self.mode = fetcher, workers, readahead.depth, mode
+        self.persistent, self.engine_options = persistent, engine_options
+        self.tuner_spec = readahead.tuner
         self.pin_memory, self.pin_memory_device = pin_memory, pin_memory_device
         self.telemetry = Telemetry()
         self.engine: Engine | None = None
@@ -112,17 +112,18 @@ class Pipeline:
         if self.tuner_spec is None or self.autotune is not None:
             return
         spec, blocks = self.tuner_spec, self.fetcher.source.blocks()
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
         options = dict(
             batch_size=self.batch_size,
             rows_per_read=int(np.median(blocks)) if blocks else 1,
-            max_workers=self.workers or max(2, 2 * cpus),
-            memory_budget=spec["budget"],
+            max_workers=self.workers or max(2, 2 * spec.cpus),
+            memory_budget=spec.memory_budget,
+            target=spec.target,
+            cpus=spec.cpus,
         )
-        if spec["tuner"] == "auto":
-            self.autotune = AutoPrefetch.learned(target=spec["target"], **options)
+        if spec.tuner == "auto":
+            self.autotune = AutoPrefetch.learned(**options)
         else:
-            self.autotune = AutoPrefetch(spec["tuner"], target=spec["target"], **options)
+            self.autotune = AutoPrefetch(spec.tuner, **options)
         self.workers, self.depth = self.autotune.start()
 
     # -- per batch -----------------------------------------------------------------------
@@ -194,6 +195,9 @@ class Pipeline:
             worker_mode=self.mode if self.workers else "inline",
             batches_ready=engine.batches_ready() if engine else 0,
             bytes_in_flight=engine.bytes_in_flight() if engine else 0,
+            # The OS ids of the live workers: process pids, thread native ids.
+            worker_pids=engine.worker_pids() if engine else [],
+            worker_threads=engine.worker_threads() if engine else [],
         )
         if self.autotune is not None:
             snapshot["tuner"] = self.autotune.report()
@@ -207,7 +211,7 @@ class LoaderIterator:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        runner: Runner,
         iteration: int,
         engine: Engine,
         tasks: Sequence[Any],
@@ -217,7 +221,7 @@ class LoaderIterator:
         # The loader lives while an iterator of it does (as in torch): dropping it would
         # stop the workers this iterator reads from.
         self._owner = owner
-        self._pipeline, self._iteration, self._engine = pipeline, iteration, engine
+        self._runner, self._iteration, self._engine = runner, iteration, engine
         self._tasks, self._cursor = tasks, cursor
         self._epoch = cursor.epoch
         self._delivered = 0
@@ -230,7 +234,7 @@ class LoaderIterator:
         return len(self._tasks)
 
     def _live(self) -> bool:
-        return self._pipeline.iteration == self._iteration
+        return self._runner.iteration == self._iteration
 
     def __next__(self) -> Any:
         if self._done:
@@ -250,9 +254,9 @@ class LoaderIterator:
 
     def _next_batch(self) -> tuple[Any, BaseException | None]:
         """(the next batch, None), or (None, the error its worker reported)."""
-        pipeline, engine = self._pipeline, self._engine
+        runner, engine = self._runner, self._engine
         requested = time.perf_counter()
-        pipeline.telemetry.on_request(requested)
+        runner.telemetry.on_request(requested)
         try:
             result, _ = engine.next()
         except StopIteration:
@@ -270,12 +274,12 @@ class LoaderIterator:
                 result.samples = key_list(task.indices)
             return None, result.to_exception(task.number, task.epoch)
         if result.meta.notes:
-            pipeline.note(result.meta.notes)
-        pipeline.telemetry.on_memory(engine.bytes_in_flight() + result.nbytes)
-        pipeline.tune(engine, result.meta, time.perf_counter() - requested, epoch_start=k == 0)
-        batch = pipeline.pin(result.batch)
+            runner.note(result.meta.notes)
+        runner.telemetry.on_memory(engine.bytes_in_flight() + result.nbytes)
+        runner.tune(engine, result.meta, time.perf_counter() - requested, epoch_start=k == 0)
+        batch = runner.pin(result.batch)
         # The consumer waited for all of __next__ (unwrapping, tuning, pinning too).
-        pipeline.telemetry.on_batch(time.perf_counter() - requested, result.meta)
+        runner.telemetry.on_batch(time.perf_counter() - requested, result.meta)
         return batch, None
 
     def _finish(self) -> None:
@@ -291,7 +295,7 @@ class LoaderIterator:
         # Only the live iterator owns the engine: a superseded one must not stop the
         # workers its successor is using.
         if self._live():
-            self._pipeline.release(force=force)
+            self._runner.release(force=force)
 
     def __del__(self) -> None:
         # A pass abandoned mid-epoch (break, an exception in the training loop) frees

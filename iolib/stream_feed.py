@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import BatchSampler, Sampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from iolib.errors import ConfigError
@@ -25,15 +26,30 @@ from iolib.sampling import Cursor
 from iolib.telemetry import Telemetry
 
 
-class IterableFeed:
-    """Runs an IterableDataset through torch's DataLoader with the loader's options."""
+class _InfiniteConstantSampler(Sampler[None]):
+    """`loader.sampler` for an IterableDataset, as in torch: it yields None forever."""
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None
+
+
+class StreamFeed:
+    """Runs an IterableDataset through torch's DataLoader with the loader's options (the
+    `iolib.feeds.Feed` protocol: the cursor counts batches, the fingerprint is the
+    dataset's type)."""
+
+    # What a script sees on the loader, as torch sets it for an IterableDataset.
+    rank, world_size, worker_mode = 0, 1, "process"
+    num_samples = 0  # no bound on the cursor: a stream's length is its own business
 
     def __init__(self, dataset: Any, options: LoaderOptions) -> None:
+        sample, pace = options.sample, options.pace
         unsupported = [
-            name for name in ("transform", "decode") if getattr(options, name) is not None
+            name for name in ("transform", "decode") if getattr(sample, name) is not None
         ]
-        if options.prefetch is not None or options.on_error != "raise":
-            unsupported.append("prefetch" if options.prefetch is not None else "on_error")
+        if pace.prefetch is not None or sample.on_error != "raise":
+            unsupported.append("prefetch" if pace.prefetch is not None else "on_error")
         if unsupported:
             raise ConfigError(
                 f"{unsupported} are not supported with an IterableDataset (iolib cannot plan "
@@ -41,6 +57,13 @@ class IterableFeed:
                 "__len__ to use them."
             )
         self.dataset, self.options = dataset, options
+        self.cursor = Cursor()  # batches consumed in the epoch
+        self.sampler = _InfiniteConstantSampler()
+        self.batch_sampler = (
+            BatchSampler(self.sampler, options.batch_size, options.drop_last)
+            if options.batch_size is not None
+            else None
+        )
         self.telemetry = Telemetry()
         self._torch: TorchDataLoader | None = None
 
@@ -71,15 +94,37 @@ class IterableFeed:
     def __len__(self) -> int:
         return len(self._loader())
 
-    def begin(self, cursor: Cursor, owner: Any = None) -> Iterator[Any]:
+    def begin(self, owner: Any = None) -> Iterator[Any]:
         self.telemetry.start_epoch()
-        return _StreamIterator(iter(self._loader()), cursor, self.telemetry, owner)
+        return _StreamIterator(iter(self._loader()), self.cursor, self.telemetry, owner)
 
     def close(self) -> None:
         loader, self._torch = self._torch, None
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()  # persistent workers, as torch's own __del__ does
+
+    def release(self) -> None:
+        """Nothing to do when the loader is dropped: torch's loader stops its workers."""
+
+    def fingerprint(self) -> str:
+        kind = type(self.dataset)
+        return f"{kind.__module__}.{kind.__qualname__}"
+
+    def dataset_fields(self) -> dict[str, str]:
+        return {}
+
+    def stats(self) -> dict[str, Any]:
+        snapshot = self.telemetry.snapshot()
+        snapshot.update(workers=self.options.num_workers, worker_mode="torch")
+        return snapshot
+
+    @property
+    def autotune(self) -> None:
+        return None  # prefetch (and so a tuner) is refused above
+
+    def set_prefetch(self, depth: int | None, workers: int | None) -> None:
+        raise ConfigError("set_prefetch() is not available for an IterableDataset.")
 
 
 class _StreamIterator:
