@@ -109,8 +109,9 @@ def test_label_stage_reads_only_the_label_column(token_dir) -> None:
         for _ in feed:
             pass
     read = [feed.stats()["bytes_read"] for feed in (whole, first, last)]
-    # The two stages' columns partition the dataset's: their reads add up to a full read.
-    assert 0 < read[2] < read[1] < read[0] == read[1] + read[2]
+    # The two stages' columns partition the dataset's: their reads add up to at least a
+    # full read (each counts the bytes it fetched, a gap between its columns included).
+    assert 0 < read[2] < read[1] <= read[0] <= read[1] + read[2]
     assert last.stats()["stage"]["columns"] == ["label"]
 
 
