@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from iolib import DataLoader
+from iolib.resources import parse_bytes
 from iolib.sources import ParquetSource
 from iolib.storage import RetryPolicy, wrap_url
-from iolib.tuning import parse_bytes
 
 FAULTS = {"error_rate": 0.02, "truncate_rate": 0.01, "slow_rate": 0.01, "slow_ms": 200}
 THROTTLE = {"latency_ms": 20.0, "bandwidth_mbps": 50.0, "jitter": 0.3}

@@ -199,7 +199,7 @@ class ByteSize(click.ParamType):
     name = "size"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from iolib.tuning import parse_bytes
+        from iolib.resources import parse_bytes
 
         text = str(value).strip()
         try:

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from iolib.errors import ConfigError, WorkerDied, WorkerError, require_non_negative_int
 from iolib.pool import Pool, drain, read_results
+from iolib.shutdown import register_stopper
 from iolib.workers import (
     RETIRE,
     Stop,
@@ -490,3 +491,6 @@ def close_live_engines(timeout: float = 5.0) -> None:
     for pool in list(_LIVE):
         with contextlib.suppress(Exception):
             pool.shutdown(timeout)
+
+
+register_stopper(close_live_engines)

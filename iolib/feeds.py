@@ -8,7 +8,7 @@ IterableDataset run through torch's worker loop (`StreamFeed`, in stream_feed.py
 The protocol follows torchdata's ``BaseNode`` (``reset(initial_state)``, ``next()``,
 ``get_state()``): ``begin(cursor)`` starts a pass at a cursor (epoch, position), the
 iterator it returns moves the cursor as batches are delivered, and the cursor with
-``fingerprint()`` and ``dataset_fields()`` is the state (state.py). Each feed owns what
+``fingerprint()`` and ``dataset_fields()`` is the state (checkpoint.py). Each feed owns what
 its mode needs (the plan, the user's sampler, torch's loader) and nothing else.
 """
 
@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from torch.utils.data import BatchSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
+from iolib.checkpoint import dataset_fields
 from iolib.distributed import resolve_rank
 from iolib.errors import ConfigError
 from iolib.fetcher import BatchFetcher, skips
@@ -37,7 +38,6 @@ from iolib.sampling import (
 )
 from iolib.sources.base import Source
 from iolib.sources.torchds import as_source
-from iolib.state import dataset_fields
 from iolib.stream_feed import StreamFeed
 from iolib.workers import worker_base_seed
 

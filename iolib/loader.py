@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, default_convert
 
+from iolib.checkpoint import LoaderState, check_state
 from iolib.errors import ConfigError, require_positive_int
 from iolib.feeds import make_feed
 from iolib.options import LoaderOptions
 from iolib.sampling import Cursor
 from iolib.sources.base import Source
-from iolib.state import LoaderState, check_state
 
 T_co = TypeVar("T_co", covariant=True)
 # Attributes torch refuses to change after construction (they define the batches).
@@ -280,7 +280,7 @@ class DataLoader(Generic[T_co]):
 
     @property
     def autotune(self) -> Any:
-        """The online tuner (`iolib.tuning.AutoPrefetch`) of prefetch="auto" or a tuner
+        """The online tuner (`iolib.autotune.AutoPrefetch`) of prefetch="auto" or a tuner
         object, once iteration started it; None otherwise."""
         return self._feed.autotune
 

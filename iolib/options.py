@@ -25,7 +25,7 @@ from torch.utils.data import IterableDataset
 from iolib.decode.protocol import as_decoder
 from iolib.errors import ConfigError, OnError
 from iolib.plan import SHUFFLE_MODES
-from iolib.tuning import cpu_count, parse_bytes
+from iolib.resources import cpu_count, parse_bytes
 
 WORKER_MODES = ("auto", "thread", "process")
 

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from iolib.autotune import AutoPrefetch
 from iolib.engine import Engine
 from iolib.fetcher import BatchFetcher, Failure, Fetched, key_list
 from iolib.options import Readahead
 from iolib.sampling import Cursor, EpochTasks
 from iolib.telemetry import Telemetry
-from iolib.tuning import AutoPrefetch
 
 TaskMaker = Callable[[int, int], Sequence[Any]]  # (epoch, position) -> tasks
 

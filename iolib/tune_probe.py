@@ -180,7 +180,7 @@ def why_missed(drivers: dict[str, Any], request: TuneRequest, last: Any) -> str:
 
 
 def cpu_count() -> int:
-    """The CPUs the probe plans for (`iolib.tuning.cpu_count`, imported when asked)."""
-    from iolib.tuning import cpu_count as count
+    """The CPUs the probe plans for (`iolib.resources.cpu_count`, imported when asked)."""
+    from iolib.resources import cpu_count as count
 
     return count()

@@ -88,3 +88,25 @@ def test_epochs_draw_new_crops(shard):
     loader.set_epoch(1)
     two = _collect(loader)
     assert not torch.equal(one[0]["image"], two[0]["image"])
+
+
+def test_exit_after_an_epoch_with_persistent_dali_workers_is_clean(shard):
+    """DALI's exit hook asserts that no pipeline is alive; persistent workers reading the
+    next epoch ahead held one. iolib's hook (iolib.shutdown) stops them first."""
+    import subprocess
+    import sys
+
+    script = f"""
+from iolib import DataLoader
+from iolib.images import ImagePipeline
+from iolib.sources import ParquetSource
+decode = ImagePipeline(size=32, device="cpu", threads=1, on_error="skip", backend="dali")
+loader = DataLoader(ParquetSource({shard!r}), batch_size=8, shuffle=True, seed=3,
+                    decode=decode, num_workers=2, persistent_workers=True)
+print(sum(len(b["label"]) for b in loader))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(ROWS - 1)
+    assert "Traceback" not in done.stderr and "AssertionError" not in done.stderr, done.stderr

@@ -12,9 +12,9 @@ from torch.utils.data import Dataset
 
 from iolib import DataLoader
 from iolib.errors import ConfigError
+from iolib.resources import parse_bytes
 from iolib.sources import ParquetSource
 from iolib.testing import assert_batches_equal, epoch_batches
-from iolib.tuning import parse_bytes
 
 
 class SlowReads(Dataset):

@@ -28,6 +28,7 @@ import torch
 from iolib.decode.native_threads import cpu_seconds, started_threads
 from iolib.decode.probe import as_buffer
 from iolib.decode.spec import OutputSpec
+from iolib.shutdown import stop_all
 from iolib.storage.counters import count_helper_cpu
 
 # One iteration at a time (prefetch_queue_depth=1): run() returns when the batch is
@@ -51,9 +52,7 @@ def _release_at_exit() -> None:
     runs. That hook shuts down the pipelines alive at exit and asserts none is left: a
     worker thread still decoding (persistent workers read the next epoch ahead) built or
     held one meanwhile, and the AssertionError's traceback printed at exit."""
-    from iolib.engine import close_live_engines  # lazily: decode never needs the engine
-
-    close_live_engines()
+    stop_all()  # the engine's workers, registered by the engine itself
     gc.collect()  # pipelines in reference cycles go before DALI looks
 
 

@@ -1,0 +1,35 @@
+"""Bytes and CPUs, read once: what a memory budget says and how many cores this process
+may use. Options, the tuner and the command line all ask here, so each is parsed and
+counted one way."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from iolib.errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+_UNITS.update({"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12})
+
+
+def parse_bytes(value: int | float | str | None, name: str = "memory_budget") -> int | None:
+    """Bytes from an int or a string like "2GiB", "512MB", "1.5 GB" (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    match = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(value))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(
+            f"`{name}` must be a positive number of bytes or a size like '2GiB' or '512MB'. "
+            f"Found: {value!r}."
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity), counted in this one place."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
