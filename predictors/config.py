@@ -28,7 +28,6 @@ class TunerConfig:
     shift_threshold: float = 8.0  # the CUSUM's alarm level (standardized units)
     shift_headroom: float = 1.5  # reads taken this much slower after a large slowdown
     burst_batches: int = 40  # a slowdown over within this many batches was a burst
-    own_change: bool = True  # an alarm on the tuner's own new configuration is its contention
     warmup_batches: int = 3  # settled batches before any decision
     # --- regimes ----------------------------------------------------------------------
     large_slowdown: float = 4.0  # a service this many times slower is a new regime

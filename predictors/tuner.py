@@ -25,9 +25,7 @@ Loop, per batch (`decide`):
    is not measured yet, and a few batches of extra memory cost less than a second
    step. A slowdown over within `burst_batches`, back to about the service before
    it, was a burst: its batches rejoin the regime before it, so the plan keeps the
-   depth that rides out the next one instead of chasing each. An alarm whose batches
-   are all of the configuration the tuner just chose, and less than `large_slowdown`
-   times off, is that change's own contention, not a regime (`own_change`).
+   depth that rides out the next one instead of chasing each.
 
 Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, and every
 number of `predictors.config.TunerConfig` (`confidence`: z of the lower bound,
@@ -167,8 +165,6 @@ class LearnedTuner:
         self._regime: list[TunerState] = []  # settled batches since the last shift
         self._episode: Episode | None = None
         self._in_effect = True
-        self._changed = False  # the current configuration is the tuner's change, not the start
-        self._since_change = 0  # settled batches of the current configuration
         self._settle_ms = 0.0
         self._contention: dict[tuple[int, int], float] = {}
         self._since_plan = 0
@@ -194,7 +190,6 @@ class LearnedTuner:
             estimate = self._last.service_ms if self._last else state.service_ms
             self._settle_ms = c.settle_services * estimate
             self._samples, self._since_plan = [], 0
-            self._changed, self._since_change = True, 0
             self.detector.rebase(self._contention.get(config, 1.0))
         if state.batch_index == 0 or state.epoch_start:
             return self._current  # waited for an empty pipeline: no sample
@@ -205,10 +200,7 @@ class LearnedTuner:
         self._regime = [*self._regime[-(c.regime_window - 1) :], state]
         self._since_plan += 1
         self._records[config].add(state)
-        self._since_change += 1
         shift = self.detector.update(state.service_ms)
-        if shift is not None and self._own_change():
-            shift = None  # the detector has re-referenced itself on the new level
         if shift is not None:
             fresh = max(self.detector.run, c.fresh_batches)
             before = self._last.service_ms if self._last else float("nan")
@@ -231,21 +223,6 @@ class LearnedTuner:
         if self._due():
             return self._plan(state, "measured")
         return self._current
-
-    def _own_change(self) -> bool:
-        """An alarm whose rising batches are all of the configuration the tuner just
-        chose, less than `large_slowdown` x off the plan's service, is that change's own
-        contention (workers sharing cores or a link serve each batch slower, or faster,
-        than the prior expected), not a regime: the records are kept and the detector
-        re-referenced. Dropping them made the tuner move between configurations where
-        one static choice holds (CPU-bound decode on two cores, bursty reads;
-        benchmarks/results/controller-notes.md, eighth round)."""
-        c = self.config
-        if not c.own_change or not self._changed or self.detector.run < self._since_change:
-            return False
-        before = self._last.service_ms if self._last else float("nan")
-        after = summarize(self._samples[-max(self.detector.run, c.fresh_batches) :]).service_ms
-        return before / c.large_slowdown < after < c.large_slowdown * before
 
     def _transient(self, state: TunerState, after: float) -> bool:
         """A faster alarm soon after a slower one, back to about the service before it
