@@ -64,6 +64,7 @@ SEEDS = {
     "heldout7": 70_000,
     "heldout8": 80_000,
     "heldout9": 90_000,  # chosen after the prior-alone default and the online model
+    "heldout14": 140_000,  # chosen after issue 32 moved the lab and the own-change trial
 }
 MAX_WORKERS = 16
 
