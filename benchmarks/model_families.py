@@ -14,8 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.tuner_lab.training import TrainablePredictor, correction_weight, evaluate
 from predictors.baselines import QueueingModel
-from predictors.model import Predictor, correction_weight, evaluate, read_observations
+from predictors.model import read_observations
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = [
@@ -27,7 +28,7 @@ COLUMNS = ["rows", "r2_throughput", "mdape_throughput", "mae_stall", "p80_util_e
 
 def main() -> None:
     frame = read_observations(SWEEPS)
-    models = {"learned": Predictor, "queueing": QueueingModel}
+    models = {"learned": TrainablePredictor, "queueing": QueueingModel}
     lines = [
         "# The learned model against the queueing prior, by family left out",
         "",
@@ -94,10 +95,10 @@ def transfer_rows(family: str, seed: int, candidates: int = 12) -> list[dict]:
     import numpy as np
 
     from benchmarks.scenarios import MAX_WORKERS, draw, static_windows
+    from benchmarks.tuner_lab.synthetic import run_tuner
+    from benchmarks.tuner_lab.transfer import TRANSFER_FEATURES, transfer_features
     from predictors.measure import summarize
     from predictors.planning import Planner
-    from predictors.synthetic import run_tuner
-    from predictors.transfer import TRANSFER_FEATURES, transfer_features
 
     s = draw(family, seed)
     rng = np.random.default_rng([seed, 99])
@@ -141,7 +142,7 @@ def transfer(seeds: list[int], out: Path) -> dict:
     from sklearn.ensemble import HistGradientBoostingRegressor
 
     from benchmarks.scenarios import FAMILIES
-    from predictors.transfer import TRANSFER_FEATURES
+    from benchmarks.tuner_lab.transfer import TRANSFER_FEATURES
 
     steady = [f for f in FAMILIES if f != "shift"]
     jobs = [(f, s) for f in steady for s in seeds]
@@ -179,7 +180,7 @@ def transfer(seeds: list[int], out: Path) -> dict:
         "(the planner's `Service` estimate from batches 8-63), up to 12 candidates "
         "predicted by the planner and run for 240 batches on another seed (utilization "
         "over the last two thirds). The model (HistGradientBoosting on "
-        "`predictors.transfer.TRANSFER_FEATURES`) learns the planner's error and is "
+        "`benchmarks.tuner_lab.transfer.TRANSFER_FEATURES`) learns the planner's error and is "
         "scored on the family it never saw; `half` adds half its correction.",
         "",
         "`small`: only the lateness and depth features (spread, tails, headroom, depth "

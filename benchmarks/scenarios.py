@@ -1,7 +1,7 @@
 """Randomized workloads the tuner was never tuned on, and how it does on them.
 
 A scenario is drawn from a family (its parameters at random from `seed`) and run on
-the SYNTHETIC simulated loader (`predictors.synthetic`). Its oracle is a measured sweep:
+the SYNTHETIC simulated loader (`benchmarks.tuner_lab.synthetic`). Its oracle is a measured sweep:
 every (workers, depth) the tuner may choose, three runs each, and the least memory whose
 mean utilization met the target (and, as `reliable`, the least that met it in every
 run). Develop on `--seeds dev` and `validation`; report on a held-out range nobody
@@ -34,9 +34,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.tuner_lab.synthetic import SimulatedLoader, SimWorkload, run_tuner
 from predictors.baselines import HillClimbTuner, QueueingModel, StaticDefaultTuner
 from predictors.planning import Planner
-from predictors.synthetic import SimulatedLoader, SimWorkload, run_tuner
 from predictors.tuner import LearnedTuner
 
 RESULTS = Path(__file__).parent / "results"
@@ -54,6 +54,7 @@ FAMILIES = (
 SEEDS = {
     "dev": 0,
     "validation": 500,
+    "dev2": 600,  # a second development range (issue 31, round two)
     "heldout": 10_000,
     "heldout2": 20_000,
     "heldout3": 30_000,
@@ -63,6 +64,7 @@ SEEDS = {
     "heldout7": 70_000,
     "heldout8": 80_000,
     "heldout9": 90_000,  # chosen after the prior-alone default and the online model
+    "heldout14": 140_000,  # chosen after issue 32 moved the lab and the own-change trial
 }
 MAX_WORKERS = 16
 

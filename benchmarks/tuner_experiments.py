@@ -341,7 +341,7 @@ def find_oracle(
 
 # (workload, storage, step ms, batches per run): cases where the loader, not the step, is
 # the bottleneck at the default configuration; why each was chosen, with the runs, is in
-# benchmarks/results/tuning-history.md.
+# benchmarks/results/tuner-history.md (the full text: its git history).
 STEADY = (
     ("tokens", "nas", 2.0, 480),
     ("tokens", "nas", 3.0, 480),

@@ -14,9 +14,12 @@ met the target, else the best measured, said to miss it and why. The report
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import click
@@ -26,6 +29,27 @@ from iolib.errors import ConfigError
 from iolib.tune_probe import TuneRequest
 
 DEFAULT_OBSERVATIONS = Path(__file__).parent.parent / "predictors" / "data" / "sweep"
+CHECKOUT = Path(__file__).resolve().parent.parent  # a source checkout holds benchmarks/ here
+
+
+def lab_training() -> ModuleType:
+    """The model training (`benchmarks.tuner_lab.training`): research that the package
+    does not ship, found in the source checkout iolib runs from, with scikit-learn."""
+    fix = (
+        "Fix: run it from a source checkout of iolib (it holds benchmarks/tuner_lab/) "
+        "installed with `pip install -e '.[lab]'`."
+    )
+    if importlib.util.find_spec("sklearn") is None:
+        raise ConfigError(f"--evaluate and --retrain need scikit-learn. {fix}")
+    if (CHECKOUT / "benchmarks" / "tuner_lab").is_dir() and str(CHECKOUT) not in sys.path:
+        sys.path.append(str(CHECKOUT))
+    try:
+        return importlib.import_module("benchmarks.tuner_lab.training")
+    except ImportError as exc:
+        raise ConfigError(
+            f"--evaluate and --retrain need the tuner's lab, which the installed "
+            f"package does not include ({exc}). {fix}"
+        ) from exc
 
 
 def _observation_files(paths: tuple[str, ...]) -> list[Path]:
@@ -275,21 +299,22 @@ def tune(**kw: Any) -> None:
 
 
 def _model_command(retrain: bool, model_out: str | None, files: tuple[str, ...]) -> None:
-    from predictors.model import evaluate, read_observations, train_default
+    from predictors.model import read_observations
 
+    training = lab_training()
     paths = _observation_files(files)
     try:
         if retrain:
             from predictors.model import MODEL_ENV, user_model_path
 
             out = Path(model_out) if model_out else user_model_path()
-            model = train_default(paths, out=out)
+            model = training.train_default(paths, out=out)
             click.echo(
                 f"Trained on {len(paths)} file(s); wrote {out}. Use it: export {MODEL_ENV}={out}"
             )
             click.echo(json.dumps(getattr(model, "metrics", {}), indent=2, default=str))
             return
-        result = evaluate(read_observations(paths))
+        result = training.evaluate(read_observations(paths))
     except ValueError as exc:  # predictors' schema and version errors
         raise ConfigError(str(exc)) from exc
     click.echo("Grouped cross-validation (each score on workload/storage groups never seen):")

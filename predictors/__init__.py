@@ -1,7 +1,8 @@
 """predictors: the learned model behind iolib's prefetch tuner.
 
 Imports nothing from `iolib` and works on plain numbers. Names load lazily, so
-importing the package does no work (scikit-learn and matplotlib load on first use).
+importing the package does no work (matplotlib loads on first use). Training,
+the simulator and the scenarios are research and live in `benchmarks/tuner_lab/`.
 See predictors/README.md for a map of the modules.
 """
 
@@ -22,10 +23,8 @@ _NAMES = {
     "Tuner": "predictors.state",
     "TunerConfig": "predictors.config",
     "TunerState": "predictors.state",
-    "evaluate": "predictors.model",
     "load": "predictors.model",
     "load_default": "predictors.model",
-    "train_default": "predictors.model",
     "validate_observations": "predictors.features",
     "write_report": "predictors.report",
 }

@@ -4,7 +4,7 @@
 change them; nothing in `predictors.tuner`, `predictors.planning` or
 `predictors.measure` hides a number of its own. Each field says what it is and why it
 has its value (the measurements are in benchmarks/results/controller-notes.md and
-tuning-history.md).
+tuner-history.md).
 """
 
 from __future__ import annotations

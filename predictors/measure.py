@@ -1,7 +1,7 @@
 """What the batches say: per-configuration utilization, the service estimate, and a
 change detector. No decisions here (those are in `predictors.tuner`).
 
-Rules of measurement that proved right on real runs (benchmarks/results/tuning-history.md):
+Rules of measurement that proved right on real runs (benchmarks/results/tuner-history.md):
 the pipeline's first batch and each epoch's first batch waited for an empty pipeline
 whatever the configuration, so they are no sample; settling counts from when a change
 takes effect, not from when it was decided; and windows are sized in service times,

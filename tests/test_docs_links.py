@@ -24,3 +24,18 @@ def test_readme_lists_every_guide() -> None:
     readme = (ROOT / "README.md").read_text()
     unlisted = [p.name for p in GUIDES[1:] if f"(docs/{p.name})" not in readme]
     assert not unlisted, f"README.md's documentation table omits {unlisted}"
+
+
+RESULT = re.compile(r"benchmarks/results/([A-Za-z0-9_.-]+\.(?:md|json|png))")
+NOT_YET_RUN = {"gpu_check.md"}  # written by benchmarks/gpu_check.py, which needs a GPU
+
+
+@pytest.mark.parametrize(
+    "guide", [*GUIDES, ROOT / "predictors" / "README.md"], ids=lambda p: p.name
+)
+def test_named_results_exist(guide: Path) -> None:
+    named = set(RESULT.findall(guide.read_text()))
+    missing = sorted(
+        n for n in named - NOT_YET_RUN if not (ROOT / "benchmarks" / "results" / n).exists()
+    )
+    assert not missing, f"{guide.name} names results that are gone: {missing}"

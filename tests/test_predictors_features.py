@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.tuner_lab.synthetic import make_observations
 from predictors.errors import LeakageError, SchemaError
 from predictors.features import (
     CONFIG_COLUMNS,
@@ -20,7 +21,8 @@ from predictors.features import (
     service_ms_per_batch,
     validate_observations,
 )
-from predictors.synthetic import make_observations
+
+pytestmark = pytest.mark.lab  # the lab's simulator (benchmarks/tuner_lab)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Models, grouped cross-validation, save/load and fallback, on SYNTHETIC observations.
 
-The observations come from `predictors.synthetic` (a simulated loader), never from
-the shipped training data.
+The observations come from `benchmarks.tuner_lab.synthetic` (a simulated loader), never from
+the shipped training data; fitting is the lab's (`benchmarks.tuner_lab.training`).
 """
 
 from __future__ import annotations
@@ -13,19 +13,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.tuner_lab.synthetic import make_observations
+from benchmarks.tuner_lab.training import TrainablePredictor, evaluate, train_default
 from predictors.baselines import ConstantModel, QueueingModel
 from predictors.errors import ModelVersionError, SchemaError
 from predictors.features import SCHEMA_VERSION, group_labels
-from predictors.model import (
-    MODEL_ENV,
-    Predictor,
-    evaluate,
-    load,
-    load_default,
-    train_default,
-)
+from predictors.model import MODEL_ENV, Predictor, load, load_default
 from predictors.model_file import SHIPPED_SHA256, sha256
-from predictors.synthetic import make_observations
+
+pytestmark = pytest.mark.lab  # trains models: the lab's simulator and scikit-learn
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +31,7 @@ def synthetic() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def fitted(synthetic) -> Predictor:
-    return Predictor().fit(synthetic)
+    return TrainablePredictor().fit(synthetic)
 
 
 def test_predict_shapes_and_ranges(fitted, synthetic):
@@ -49,7 +45,7 @@ def test_predict_shapes_and_ranges(fitted, synthetic):
 def test_grouped_cv_scores_every_unseen_group(synthetic):
     ev = evaluate(
         synthetic,
-        {"learned": Predictor, "queueing": QueueingModel, "constant": ConstantModel},
+        {"learned": TrainablePredictor, "queueing": QueueingModel, "constant": ConstantModel},
         n_splits=4,
     )
     groups = set(group_labels(synthetic))
@@ -64,14 +60,14 @@ def test_grouped_cv_scores_every_unseen_group(synthetic):
 
 def test_grouped_cv_never_trains_on_the_scored_group(synthetic, monkeypatch):
     seen: list[set[str]] = []
-    original = Predictor.fit
+    original = TrainablePredictor.fit
 
     def spy(self, frame):
         seen.append(set(group_labels(frame)))
         return original(self, frame)
 
-    monkeypatch.setattr(Predictor, "fit", spy)
-    ev = evaluate(synthetic, {"learned": Predictor}, n_splits=None)  # leave one group out
+    monkeypatch.setattr(TrainablePredictor, "fit", spy)
+    ev = evaluate(synthetic, {"learned": TrainablePredictor}, n_splits=None)  # leave one group out
     groups = set(group_labels(synthetic))
     assert len(seen) == len(groups)
     assert all(len(groups - trained) == 1 for trained in seen)

@@ -24,11 +24,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.tuner_lab.synthetic import SimWorkload, make_observations, run_tuner
+from benchmarks.tuner_lab.training import TrainablePredictor
 from predictors.baselines import QueueingModel
 from predictors.model import Predictor, load_default
 from predictors.model_file import sha256
-from predictors.synthetic import SimWorkload, make_observations, run_tuner
 from predictors.tuner import LearnedTuner
+
+pytestmark = pytest.mark.lab  # the lab's simulator (benchmarks/tuner_lab)
 
 WORKLOAD = SimWorkload(
     "files",
@@ -48,7 +51,7 @@ WORKLOAD = SimWorkload(
 def saved(tmp_path_factory) -> tuple[dict[str, np.ndarray], dict]:
     """A small fitted model's arrays and sidecar, trusted fully."""
     obs = make_observations(n_workloads=4, workers=(1, 2, 4), depths=(1, 2, 4), n_batches=40)
-    path = Predictor().fit(obs).save(tmp_path_factory.mktemp("model") / "m.npz")
+    path = TrainablePredictor().fit(obs).save(tmp_path_factory.mktemp("model") / "m.npz")
     with np.load(path) as data:
         arrays = {k: data[k] for k in data.files}
     meta = json.loads((path.parent / "m.npz.json").read_text())

@@ -1,4 +1,4 @@
-"""Tuners on the SYNTHETIC simulated loader (`predictors.synthetic`), judged by outcomes:
+"""Tuners on the SYNTHETIC simulated loader (`benchmarks.tuner_lab.synthetic`), judged by outcomes:
 utilization over the last third, memory against a measured oracle, reaction to a
 tenfold slowdown. Scenarios are drawn at random from families
 (`benchmarks/scenarios.py`) with test seeds (500 on) that are neither the development
@@ -14,14 +14,16 @@ import pandas as pd
 import pytest
 
 from benchmarks.scenarios import draw, oracle, recovery_batches, time_weighted_utilization
+from benchmarks.tuner_lab.synthetic import SimWorkload, run_tuner
+from benchmarks.tuner_lab.synthetic import measure as measure_static
 from predictors import measure
 from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
 from predictors.errors import TunerConfigError
 from predictors.measure import ChangeDetector
 from predictors.state import TunerState, name_bottleneck
-from predictors.synthetic import SimWorkload, run_tuner
-from predictors.synthetic import measure as measure_static
 from predictors.tuner import LearnedTuner
+
+pytestmark = pytest.mark.lab  # the lab's simulator (benchmarks/tuner_lab)
 
 GiB = 2**30
 TOKENS = SimWorkload(
