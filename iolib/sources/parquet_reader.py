@@ -34,12 +34,16 @@ log = logging.getLogger("iolib.sources.parquet")
 
 
 class _Flight:
-    """One row-group read that other threads wait on."""
+    """One row-group read that other threads wait on. `owner`: the thread that claimed
+    it for later (its bytes come with an earlier request of that thread's batch), which
+    leads it when its batch gets there; None when whoever made it leads it at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: int | None = None) -> None:
         self.done = threading.Event()
         self.table: pa.Table | None = None
         self.error: BaseException | None = None
+        self.owner = owner
+        self.led = owner is None
 
 
 class ParquetReader:
@@ -175,7 +179,8 @@ class ParquetReader:
         return batch.take(pa.array(inverse))
 
     def release(self) -> None:
-        """Drop this thread's loaded bytes once a batch is decoded."""
+        """Drop this thread's loaded bytes and claims once a batch is decoded."""
+        self._let_go_of_claims()
         self.fetcher.release()
         self._local.wanted = ()
 
@@ -224,7 +229,7 @@ class ParquetReader:
     def fetch_row_group(self, group: int) -> pa.Table:
         """Row group `group` from storage with retries and counted, bypassing the cache."""
         try:
-            return self._fetch(group)
+            return self.fetcher.fetch(group)
         finally:
             self.release()
 
@@ -242,14 +247,19 @@ class ParquetReader:
             if cached is not None:
                 return cached
             flight = self._in_flight.get(group)
-            leader = flight is None
-            if leader:
-                flight = self._in_flight[group] = _Flight()
+            if flight is None:
+                leader, flight = True, _Flight()
+                self._in_flight[group] = flight
                 self._count_read(group)
+            else:  # this thread's own claim: lead it now (others wait for it)
+                leader = not flight.led and flight.owner == threading.get_ident()
+                flight.led = flight.led or leader
         if not leader:
             flight.done.wait()  # the leader always sets it, on success or error
             if flight.error is not None:
                 raise flight.error
+            if flight.table is None:  # a claim let go unread (its request failed): read it
+                return self._row_group(group, dense)
             return flight.table
         return self._lead(group, flight, dense)
 
@@ -257,7 +267,7 @@ class ParquetReader:
         """Read `group` for everyone waiting on `flight` (claimed by this thread or for it),
         then cache it and let them go."""
         try:
-            table = self._fetch(group)
+            table = self._fetch(group, dense)
             if dense is not None:
                 dense.fill(group, table)  # unfilled if it holds a null: the caller checks
             flight.table = table
@@ -272,16 +282,45 @@ class ParquetReader:
                 del self._in_flight[group]
             flight.done.set()
 
-    def _fetch(self, group: int) -> pa.Table:
-        # The batch's later row groups not held or read by another thread: their bytes
-        # may come in the same request (`RowGroupFetcher.spans`).
+    def _fetch(self, group: int, dense: DenseColumns | None) -> pa.Table:
+        """`group` from storage, with the batch's later row groups that no thread holds
+        or reads in the same request (`RowGroupFetcher.spans`). Those are claimed for
+        this thread, which reads them from the loaded bytes when its batch gets there: a
+        thread that needs one meanwhile waits instead of reading it again. No wait can
+        close a cycle: a batch takes its row groups in ascending order, and claims only
+        row groups above the one it reads."""
+        me = threading.get_ident()
         with self._lock:
             later = [
                 g
                 for g in sorted(getattr(self._local, "wanted", ()))
-                if g > group and g not in self._cache and g not in self._in_flight
+                if g > group
+                and g not in self._cache
+                and g not in self._in_flight
+                and (dense is None or not dense.filled[g])
             ]
+            for g in later:
+                self._in_flight[g] = _Flight(owner=me)
+                self._count_read(g)
+        self._local.__dict__.setdefault("claims", set()).update(later)
         return self.fetcher.fetch(group, later)
+
+    def _let_go_of_claims(self) -> None:
+        """Claims this thread did not lead (its batch failed or stopped early): unread,
+        so a thread waiting on one reads it itself."""
+        claims = self._local.__dict__.get("claims")
+        if not claims:
+            return
+        me, freed = threading.get_ident(), []
+        with self._lock:
+            for group in claims:
+                flight = self._in_flight.get(group)
+                if flight is not None and flight.owner == me and not flight.led:
+                    del self._in_flight[group]
+                    freed.append(flight)
+        claims.clear()
+        for flight in freed:
+            flight.done.set()
 
     def _count_read(self, group: int) -> None:
         """Count a read from storage (the lock is held); warn once at the first re-read."""
