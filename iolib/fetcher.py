@@ -20,7 +20,6 @@ import numpy as np
 from iolib.collate import batch_nbytes, collate_rows, collate_table, table_rows
 from iolib.decode.protocol import Decoder
 from iolib.errors import DataError, OnError, WorkerError, blamed_samples, tag_sample
-from iolib.redact import Redactor
 from iolib.rng import sample_rng
 from iolib.sources.base import Source
 from iolib.storage import helper_cpu_s, take_counters
@@ -214,7 +213,7 @@ class BatchFetcher:
         raw = f"{type(exc).__name__}: {exc} [{where}]"
         raw_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         # Credentials of the source's URLs and options never leave in an error.
-        redact = getattr(self.source, "_redact", None) or Redactor()
+        redact = self.source.redactor()
         text, tb = redact(raw), redact(raw_tb, assignments=False)
         keep = exc if tb == raw_tb and redact(str(exc)) == str(exc) else None
         return Failure(stage, text, tb, samples, keep, type(exc))

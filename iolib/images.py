@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +33,7 @@ from iolib.decode import BACKENDS, Backend, OutputSpec, dali_available, dali_pac
 from iolib.decode import geometry as geo
 from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS
 from iolib.errors import ConfigError, OnError, require_positive_int
+from iolib.resources import cpu_count
 
 __all__ = ["ImagePipeline"]
 
@@ -137,7 +137,7 @@ class ImagePipeline:
             mean=self.mean,
             std=self.std,
             device=self.device or _default_device(),
-            threads=self.threads or os.cpu_count() or 1,
+            threads=self.threads or cpu_count(),
         )
 
     def resolved_backend(self) -> str:

@@ -88,6 +88,21 @@ def test_api_errors_stats_and_descriptions_hold_no_secret(memory_data) -> None:
     assert not _leaks("\n".join(shown)), shown
 
 
+def _leaky_transform(sample: dict, rng: np.random.Generator) -> dict:
+    raise ValueError(f"could not fetch {PLAIN}/train with secret {SECRET}")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failed_batch_names_no_secret_of_its_source(memory_data, workers) -> None:
+    """A transform's error that quotes the source's URL and options: the loader re-raises
+    it with the source's own redaction (each source says what hides its secrets)."""
+    source = ParquetSource(f"{memory_data}/train", storage_options={"secret": SECRET})
+    loader = DataLoader(source, batch_size=8, num_workers=workers, transform=_leaky_transform)
+    with pytest.raises(ValueError) as info:
+        next(iter(loader))
+    assert not _leaks(failure_text(info.value)), failure_text(info.value)
+
+
 @pytest.mark.parametrize("fmt", [[], ["--json"]], ids=["text", "json"])
 @pytest.mark.parametrize("url", ["train", "absent", "slash", "http"])
 def test_inspect_prints_no_secret(memory_data, capfd, url, fmt) -> None:

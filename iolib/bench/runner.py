@@ -26,6 +26,7 @@ from iolib.bench.profiles import Storage, prepare_storage
 from iolib.bench.records import machine_description, versions
 from iolib.bench.workloads import Workload, inspect_dataset, make_images, make_tokens
 from iolib.redact import redact_text, secrets_in
+from iolib.resources import cpu_count
 
 LOADERS = ("iolib", "torch")
 SHUFFLES = ("none", "block", "global")
@@ -124,7 +125,7 @@ def _features(wl: Workload, st: Storage, spec: BenchSpec) -> dict[str, dict[str,
         torch_bytes = sum(len(v) for v in values) / max(len(values), 1)
     else:
         torch_bytes = wl.seq_len * 4
-    common = {**storage, "decode_ms_per_sample": decode_ms, "cpu_count": os.cpu_count() or 1}
+    common = {**storage, "decode_ms_per_sample": decode_ms, "cpu_count": cpu_count()}
     return {
         "iolib": {**common, "bytes_per_sample": parquet_bytes, "rows_per_read": wl.rows_per_group},
         "torch": {**common, "bytes_per_sample": torch_bytes, "rows_per_read": torch_rows},

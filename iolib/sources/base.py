@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from iolib.redact import Redactor
+
 
 class Source(ABC):
     """An immutable, picklable description of a dataset that can read batches.
@@ -47,6 +49,11 @@ class Source(ABC):
     def blocks(self) -> tuple[int, ...]:
         """Contiguous blocks (row groups) in sample order, for block shuffling; () if none."""
         return ()
+
+    def redactor(self) -> Redactor:
+        """What hides this source's credentials (in its URLs and options) in messages;
+        default: the generic rules only (key=value pairs, URL passwords)."""
+        return Redactor()
 
     def close(self) -> None:
         """Let go of threads and caches now (a later read starts them again)."""

@@ -115,6 +115,9 @@ class ImageFolderSource(Source):
         digest = hashlib.sha256("\n".join(self._list()[1]).encode())
         return digest.hexdigest()[:16]
 
+    def redactor(self) -> Redactor:
+        return self._redact
+
     def describe(self) -> str:
         return f"ImageFolderSource({self._redact(self.url)!r})"
 

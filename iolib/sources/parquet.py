@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from iolib.collate import ListFormat
 from iolib.errors import DataError
+from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
 from iolib.sources.parquet_description import MIN_CACHE_BYTES, ParquetDescription
@@ -216,6 +217,9 @@ class ParquetSource(Source):
         """Paths, row counts, sizes, column chunk sizes and the store's version of each
         file: a corpus rewritten in place (same files, same row counts) is another one."""
         return self.description.fingerprint()
+
+    def redactor(self) -> Redactor:
+        return self.description.redact
 
     def describe(self) -> str:
         return self.description.describe()

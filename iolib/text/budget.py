@@ -36,6 +36,7 @@ import pyarrow as pa
 from iolib.collate import is_numeric_list
 from iolib.errors import ConfigError, DataError
 from iolib.plan import LaneOrder, default_blocks
+from iolib.redact import Redactor
 from iolib.sources.parquet import ParquetSource
 from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD
 from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
@@ -314,6 +315,9 @@ class TokenBudgetBatches(SeededSource):
         if self._chunks() is not None:  # the order follows the chunks, so a resume must too
             words += f"|chunks={self._chunks()}|lanes {self._lanes}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
+
+    def redactor(self) -> Redactor:
+        return self.rows.redactor()
 
     def describe(self) -> str:
         return f"TokenBudgetBatches({self.rows.describe()}, max_tokens={self.max_tokens})"

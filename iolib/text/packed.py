@@ -38,6 +38,7 @@ import torch
 from iolib.errors import ConfigError, DataError
 from iolib.forks import reset_after_fork
 from iolib.plan import LaneOrder, default_blocks
+from iolib.redact import Redactor
 from iolib.sources.parquet import ParquetSource
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
@@ -340,6 +341,9 @@ class PackedTokens(SeededSource):
         words = f"{self.parquet.fingerprint()}|{self.column}|{self.seq_len}|{self.eos_id}"
         words += f"|{self.shuffle_documents}|{len(self.blocks())}|lanes {self._lanes}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
+
+    def redactor(self) -> Redactor:
+        return self.parquet.redactor()
 
     def describe(self) -> str:
         return f"PackedTokens({self.parquet.describe()}, seq_len={self.seq_len})"
