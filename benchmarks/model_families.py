@@ -72,7 +72,7 @@ def main() -> None:
     print("\n".join(lines))
 
 
-# --- transfer: a model of the planner's error, one scenario family left out ---------
+# --- transfer: a model of the forecaster's error, one scenario family left out ---------
 
 
 class _Fixed:
@@ -90,19 +90,19 @@ class _Fixed:
 
 
 def transfer_rows(family: str, seed: int, candidates: int = 12) -> list[dict]:
-    """The planner's prediction from one measured configuration, and what every
+    """The forecaster's prediction from one measured configuration, and what every
     sampled candidate then measured (last two thirds of 240 batches, another seed)."""
     import numpy as np
 
     from benchmarks.scenarios import MAX_WORKERS, draw, static_windows
     from benchmarks.tuner_lab.synthetic import run_tuner
     from benchmarks.tuner_lab.transfer import TRANSFER_FEATURES, transfer_features
+    from predictors.forecast import Forecaster
     from predictors.measure import summarize
-    from predictors.planning import Planner
 
     s = draw(family, seed)
     rng = np.random.default_rng([seed, 99])
-    planner = Planner(
+    forecaster = Forecaster(
         None,
         target=s.target,
         budget=s.budget,
@@ -111,14 +111,14 @@ def transfer_rows(family: str, seed: int, candidates: int = 12) -> list[dict]:
         prior_error=0.059,
     )
     one = s.workload.memory_factor * s.workload.batch_bytes
-    grid = planner.grid(one, s.workload.cpu_count)
+    grid = forecaster.grid(one, s.workload.cpu_count)
     a = grid[int(rng.integers(len(grid)))]
     fixed = _Fixed(*a)
     run_tuner(fixed, s.workload, 64, seed=seed)
-    est = summarize(fixed.states[8:], planner.cores_share)
+    est = summarize(fixed.states[8:], forecaster.cores_share)
     picks = [grid[i] for i in rng.choice(len(grid), min(candidates, len(grid)), replace=False)]
-    point, _ = planner.predict(picks, est, s.workload.cpu_count)
-    x = transfer_features(est, picks, point, planner.cores_share)
+    point, _ = forecaster.predict(picks, est, s.workload.cpu_count)
+    x = transfer_features(est, picks, point, forecaster.cores_share)
     rows = []
     for k, (w, d) in enumerate(picks):
         truth = static_windows(s, w, d, 1)[0]
@@ -172,15 +172,15 @@ def transfer(seeds: list[int], out: Path) -> dict:
             per[family] = (prior_err, model_err, int(test.sum()))
         results[shrink_name] = per
     lines = [
-        "# A model of the planner's error, one scenario family left out",
+        "# A model of the forecaster's error, one scenario family left out",
         "",
         f"`python benchmarks/model_families.py --transfer` ({len(frame)} candidates, "
         f"{len(jobs)} scenarios: seeds {seeds[0]}-{seeds[-1]} of each steady family; "
         "SYNTHETIC simulator). Each scenario: one configuration measured for 64 batches "
-        "(the planner's `Service` estimate from batches 8-63), up to 12 candidates "
-        "predicted by the planner and run for 240 batches on another seed (utilization "
+        "(the forecaster's `Service` estimate from batches 8-63), up to 12 candidates "
+        "predicted by the forecaster and run for 240 batches on another seed (utilization "
         "over the last two thirds). The model (HistGradientBoosting on "
-        "`benchmarks.tuner_lab.transfer.TRANSFER_FEATURES`) learns the planner's error and is "
+        "`benchmarks.tuner_lab.transfer.TRANSFER_FEATURES`) learns the forecaster's error and is "
         "scored on the family it never saw; `half` adds half its correction.",
         "",
         "`small`: only the lateness and depth features (spread, tails, headroom, depth "
@@ -204,7 +204,7 @@ def transfer(seeds: list[int], out: Path) -> dict:
         "",
         "The real sweeps (predictors/data) are not in this table: they hold one row per "
         "configuration run (throughput, stall, p50/p99 batch time), not each batch's "
-        "service, so the planner's `Service` estimate (its lateness above all) cannot be "
+        "service, so the forecaster's `Service` estimate (its lateness above all) cannot be "
         "rebuilt from them; on them the earlier model (raw inputs) measured worse than "
         "the prior left one workload or profile out (model-families.md).",
         "",

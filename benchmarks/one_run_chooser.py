@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.scenario_limits import LONG_RUN_SEEDS, MARGINS, MEMORY_RATIO, RUN_SEED, clairvoyant
 from benchmarks.scenarios import MAX_WORKERS, RESULTS, draw, static_windows
-from predictors.planning import Planner
+from predictors.forecast import Forecaster
 
 
 def candidates(row: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
@@ -36,7 +36,7 @@ def candidates(row: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
     oracle's own configuration in that window."""
     s = draw(row["family"], row["seed"])
     one = s.workload.memory_factor * s.workload.batch_bytes
-    planner = Planner(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
+    forecaster = Forecaster(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
     rows = [
         {
             "memory": d * one,
@@ -44,7 +44,7 @@ def candidates(row: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
             "runs": [static_windows(s, w, d, LONG_RUN_SEEDS[0])[0]],
             "run": static_windows(s, w, d, RUN_SEED)[1],
         }
-        for w, d in planner.grid(one, s.workload.cpu_count)
+        for w, d in forecaster.grid(one, s.workload.cpu_count)
     ]
     o = row["oracle"]
     return rows, static_windows(s, o["workers"], o["depth"], RUN_SEED)[1]

@@ -41,7 +41,7 @@ from benchmarks.scenarios import (
     evaluate,
     static_windows,
 )
-from predictors.planning import Planner
+from predictors.forecast import Forecaster
 
 LONG_RUN_SEEDS = (1, 2, 3, 4, 5, 6, 8, 9, 10, 11)  # not 7: the run seed
 RUN_SEED = 7
@@ -53,9 +53,9 @@ def sweep(s: Scenario) -> list[dict[str, float]]:
     """Every candidate: its memory, its utilization on ten seeds (the oracle's window)
     and on the run seed (the tuners' window)."""
     one = s.workload.memory_factor * s.workload.batch_bytes
-    planner = Planner(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
+    forecaster = Forecaster(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
     rows = []
-    for w, d in planner.grid(one, s.workload.cpu_count):
+    for w, d in forecaster.grid(one, s.workload.cpu_count):
         runs = [static_windows(s, w, d, seed)[0] for seed in LONG_RUN_SEEDS]
         rows.append(
             {

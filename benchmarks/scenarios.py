@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.tuner_lab.synthetic import SimulatedLoader, SimWorkload, run_tuner
 from predictors.baselines import HillClimbTuner, QueueingModel, StaticDefaultTuner
-from predictors.planning import Planner
+from predictors.forecast import Forecaster
 from predictors.tuner import LearnedTuner
 
 RESULTS = Path(__file__).parent / "results"
@@ -162,10 +162,10 @@ def oracle(s: Scenario) -> dict[str, Any]:
     `reliable`: the least memory that met the target in every one of the runs (a
     configuration that meets it on average by 0.005 misses it on half the seeds, so a
     tuner that must meet the target nearly always cannot match it)."""
-    planner = Planner(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
+    forecaster = Forecaster(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
     one = s.workload.memory_factor * s.workload.batch_bytes
     rows = []
-    for w, d in planner.grid(one, s.workload.cpu_count):
+    for w, d in forecaster.grid(one, s.workload.cpu_count):
         utils = [static_run(s, w, d, seed)[0] for seed in ORACLE_SEEDS]
         rows.append((d * one, w, d, statistics.fmean(utils), min(utils)))
     rows.sort()

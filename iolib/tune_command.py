@@ -118,7 +118,7 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
             runs[(workers, depth)] = tune_probe.run(fixed, request.verify_batches, request.step_ms)
         bar.update(1)
     keys = list(runs)
-    predicted, lower = tuner.planner.predict(keys, drivers["estimate"], drivers["cpu_count"])
+    predicted, lower = tuner.forecaster.predict(keys, drivers["estimate"], drivers["cpu_count"])
     measured = pd.DataFrame(
         {
             "workers": [w for w, _ in keys],

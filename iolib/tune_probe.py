@@ -83,7 +83,7 @@ def checks(
     """What to verify: the probe's final configuration, the least memory the tuner
     predicted to meet the target, one depth step less, one worker more, torch's
     default; at most --max-workers, no more workers than depth, within the budget."""
-    from predictors.planning import DEPTH_GRID
+    from predictors.forecast import DEPTH_GRID
 
     budget = request.memory_budget
 
@@ -139,8 +139,8 @@ def drivers(probe: dict[str, Any], tuner: Any, request: TuneRequest) -> dict[str
     workers = [w for w in (1, 2, 4, 8, 16, 32) if w <= request.max_workers]
     depths = [1, 2, 4, 8, 16, 32]
     grid = [(w, d) for w in workers for d in depths if w <= d]
-    point, _ = tuner.planner.predict(grid, est, cpus)
-    cores = max(tuner.planner.cores_share * cpus, 1.0)
+    point, _ = tuner.forecaster.predict(grid, est, cpus)
+    cores = max(tuner.forecaster.cores_share * cpus, 1.0)
     service, read, decode, transform = est.service_ms, est.read_ms, est.decode_ms, est.transform_ms
     step, cpu = est.step_ms, est.cpu_ms
     return {

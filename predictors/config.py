@@ -1,7 +1,7 @@
 """Every number the online controller uses, in one frozen record.
 
 `LearnedTuner(config=TunerConfig(...))` or its keyword arguments (`confidence=0.8`)
-change them; nothing in `predictors.tuner`, `predictors.planning` or
+change them; nothing in `predictors.tuner`, `predictors.forecast` or
 `predictors.measure` hides a number of its own. Each field says what it is and why it
 has its value (the measurements are in benchmarks/results/controller-notes.md and
 tuner-history.md).

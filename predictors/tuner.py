@@ -15,7 +15,7 @@ Loop, per batch (`decide`):
    (a change of `large_slowdown` times or more either way is always a new regime);
 3. decide, when the current record's confidence interval excludes the goal or a
    window of `window_services` service times is full: predict every candidate
-   (`predictors.planning`; measured ones by their record), and take the least memory
+   (`predictors.forecast`; measured ones by their record), and take the least memory
    whose lower bound meets the goal, moving memory by at most `max_step` times a step
    (after a slowdown, `max_step` times as much more as the service slowed).
    The current configuration is kept while its measured mean meets the goal and no
@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from predictors.config import TunerConfig
+from predictors.forecast import Forecaster
 from predictors.measure import ChangeDetector, Measured, Service, summarize
-from predictors.planning import Planner
 from predictors.state import (
     Decision,
     PerformanceModel,
@@ -139,7 +139,7 @@ class LearnedTuner:
         self.target = check_target(target_utilization)
         self.budget = memory_budget_bytes
         self.start = start
-        self.planner = Planner(
+        self.forecaster = Forecaster(
             model,
             target=self.target,
             budget=memory_budget_bytes,
@@ -276,10 +276,10 @@ class LearnedTuner:
     ) -> Decision:
         c = self.config
         self._since_plan = 0
-        est = summarize(self._regime, self.planner.cores_share)
+        est = summarize(self._regime, self.forecaster.cores_share)
         sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
-        grid = self.planner.grid(state.one_batch_bytes, state.cpu_count)
+        grid = self.forecaster.grid(state.one_batch_bytes, state.cpu_count)
         if config not in grid:
             grid.append(config)
         self._calibrate(config, est, state.cpu_count)
@@ -287,14 +287,14 @@ class LearnedTuner:
         # The learned correction stands in for measurement until there is some: once a
         # configuration of this regime holds two blocks of batches, measurement decides.
         measured = any(len(r.blocks) >= c.measured_blocks for r in self._records.values())
-        features = state_features(state) if self.planner.weight > 0 and not measured else None
-        point, lower = self.planner.predict(
+        features = state_features(state) if self.forecaster.weight > 0 and not measured else None
+        point, lower = self.forecaster.predict(
             grid, sized, state.cpu_count, self._calibration, features
         )
-        prior = self.planner.last_prior.copy()
+        prior = self.forecaster.last_prior.copy()
         sd = np.zeros(len(grid))
         if features is not None:  # the learned correction was applied: its measured error
-            sd = np.full(len(grid), self._prior_spread * self.planner.weight)
+            sd = np.full(len(grid), self._prior_spread * self.forecaster.weight)
         if c.online:
             point, lower, log_sd = self._online(grid, point, lower)
             sd = (1.0 - point + c.online_stall_floor) * log_sd  # in utilization
@@ -304,7 +304,7 @@ class LearnedTuner:
         here = config[1] * state.one_batch_bytes
         # Little's law: the workers (and depth) a slowdown needs grow with its size.
         allowed = (memory <= here * c.max_step * jump) & (memory >= here / c.max_step)
-        choice = self.planner.choose(
+        choice = self.forecaster.choose(
             grid,
             point,
             lower,
@@ -329,7 +329,7 @@ class LearnedTuner:
             )
             return self._current
         self._current = dataclasses.replace(choice, reason=f"{why}: {choice.reason}")
-        self._contention = {new: self.planner.service_ratio(est, min(config), min(new))}
+        self._contention = {new: self.forecaster.service_ratio(est, min(config), min(new))}
         self._in_effect = False
         self.history.append((state.batch_index, self._current))
         return self._current
@@ -339,8 +339,8 @@ class LearnedTuner:
         """Which model moves the prior's predictions, in words."""
         if self.config.online:
             return "online: a Gaussian process on this run's measured errors of the prior"
-        if self.planner.weight > 0:
-            return f"learned trees, weight {self.planner.weight:.2f} (until measured)"
+        if self.forecaster.weight > 0:
+            return f"learned trees, weight {self.forecaster.weight:.2f} (until measured)"
         return "none: the queueing prior and the measurements alone"
 
     def _with_model_part(self, choice: Decision, i: int) -> Decision:
@@ -354,7 +354,7 @@ class LearnedTuner:
             "model_change": float(plan.model_shift[i]),
             "model_sd": float(plan.model_sd[i]),
         }
-        if self.config.online or self.planner.weight > 0:
+        if self.config.online or self.forecaster.weight > 0:
             words = (
                 f"; prior {part['prior_utilization']:.2f}, model {part['model_change']:+.3f} "
                 f"(sd {part['model_sd']:.3f})"
@@ -375,9 +375,9 @@ class LearnedTuner:
         if len(record.blocks) < c.measured_blocks or record.utilization >= c.saturated:
             return  # saturated or barely measured: says nothing of the model
         rate, depth = self._calibration.rate, self._calibration.depth
-        point, _ = self.planner.predict([config], est, cpu_count, Calibration(1.0, depth))
+        point, _ = self.forecaster.predict([config], est, cpu_count, Calibration(1.0, depth))
         active = min(config)
-        cores = max(self.planner.cores_share * cpu_count, 1.0)
+        cores = max(self.forecaster.cores_share * cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         headroom = active * est.step_ms / (est.wait_ms + cpu * max(1.0, active / cores))
         ratio = record.utilization / max(float(point[0]), c.min_prediction)

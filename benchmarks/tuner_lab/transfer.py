@@ -4,8 +4,8 @@ The shipped trees learned raw inputs (bytes, milliseconds, core counts) of four 
 workloads and did worse than the queueing prior on a fifth. What can carry over from
 one workload to another is a ratio: the service over the step, the workers' CPU over
 the cores, how late the late batches come, the depth against that lateness. So the
-features here are computed from the same `Service` estimate the planner reads (no
-outcome of the candidate), and the target is the planner's own error at the
+features here are computed from the same `Service` estimate the forecaster reads (no
+outcome of the candidate), and the target is the forecaster's own error at the
 candidate: measured utilization less the prior's point prediction.
 
 Measured in benchmarks/results/model-transfer.md (leave one scenario family out).

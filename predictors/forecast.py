@@ -32,14 +32,14 @@ import numpy as np
 from predictors.measure import Service
 from predictors.state import Decision, PerformanceModel, name_bottleneck, stage_text
 
-__all__ = ["DEPTH_GRID", "Planner"]
+__all__ = ["DEPTH_GRID", "Forecaster"]
 
 log = logging.getLogger(__name__)
 
 DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-class Planner:
+class Forecaster:
     """Predicts candidates from a `Service` estimate and chooses among them.
 
     `confidence`: z of the lower bound (1.0: about 84 % one-sided); `prior_error`: the
