@@ -370,6 +370,8 @@ def versions() -> dict:
 @click.option("--image-cache-mb", default=32.0,
               help="iolib's ParquetSource(cache_bytes=) for images (0: its default).")  # fmt: skip
 @click.option("--decode-threads", default=1, help="DALI threads per iolib worker.")
+@click.option("--image-backend", default="auto", type=click.Choice(["auto", "dali", "pil"]),
+              help="iolib's ImagePipeline(backend=) for images.")  # fmt: skip
 @click.option("--latency", default=0.04, help="Seconds to first byte of each response.")
 @click.option("--conn-mbps", default=5.0, help="MB/s on one connection.")
 @click.option("--total-mbps", default=20.0, help="MB/s over all connections.")
@@ -416,7 +418,7 @@ def main(**opts: Any) -> None:
                 "workers": cfg["workers"], "seq_len": cfg["seq_len"],
                 "batch": cfg["token_batch"] if workload == "tokens" else cfg["image_batch"],
                 "cache_mb": cfg["cache_mb"], "decode_threads": cfg["decode_threads"],
-                "image_cache_mb": cfg["image_cache_mb"],
+                "image_cache_mb": cfg["image_cache_mb"], "image_backend": cfg["image_backend"],
             }  # fmt: skip
             if system == "streaming":
                 # Forked workers stalled ~60 s before their first request (none in flight

@@ -114,7 +114,8 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
         return loader, lambda b: int(b["input_ids"].numel()), notes
     from iolib.images import ImagePipeline
 
-    decode = ImagePipeline(size=224, device="cpu", threads=spec["decode_threads"])
+    backend = spec.get("image_backend") or "auto"
+    decode = ImagePipeline(size=224, device="cpu", threads=spec["decode_threads"], backend=backend)
     notes["image_backend"] = decode.backend
     if decode.backend == "auto":
         dali = importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali")
