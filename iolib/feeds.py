@@ -15,6 +15,7 @@ its mode needs (the plan, the user's sampler, torch's loader) and nothing else.
 from __future__ import annotations
 
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -106,7 +107,7 @@ def _warn_if_out_of_order(o: LoaderOptions) -> None:
         )
 
 
-class _KeyedFeed:
+class _KeyedFeed(ABC):
     """Samples read by key (a map-style dataset or an iolib Source) through iolib's
     fetcher and engine: what the plan and the sampler modes share. Subclasses give the
     rank, the samplers, the tasks of a pass, `__len__` and whether the next epoch may be
@@ -150,17 +151,18 @@ class _KeyedFeed:
         )
         self.runner = self._runner()
 
-    def _ranks(self) -> tuple[int, int]:
-        raise NotImplementedError
+    @abstractmethod
+    def _ranks(self) -> tuple[int, int]: ...
 
-    def _samplers(self) -> tuple[Any, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def _samplers(self) -> tuple[Any, Any]: ...
 
+    @abstractmethod
     def _task_maker(self) -> TaskMaker:
         """(epoch, position) -> the tasks of a pass. The engine may keep it to read the
         next epoch ahead: it must not refer back to the feed (or the loader), or a
         dropped loader's workers live on until the cycle collector runs."""
-        raise NotImplementedError
+        ...
 
     def _source(self, dataset: Any) -> Source:
         """The dataset as an iolib Source, checked against the loader's options."""

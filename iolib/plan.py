@@ -19,6 +19,7 @@ with the epoch's first samples so every rank still gets the same number of batch
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,7 +48,7 @@ def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> np
     return sizes
 
 
-class _Order:
+class _Order(ABC):
     """What every epoch order offers: ``order[positions]`` (an int, a slice or an int
     array, negative positions counting from the end) and the whole order as an array.
     Subclasses compute `_at(positions)` for valid, non-negative positions."""
@@ -67,8 +68,8 @@ class _Order:
         out = self._at(np.where(p < 0, p + self.num_samples, p))
         return out[0] if scalar else out
 
-    def _at(self, p: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+    @abstractmethod
+    def _at(self, p: np.ndarray) -> np.ndarray: ...
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
         """The whole order (O(samples): for tests and small datasets)."""
