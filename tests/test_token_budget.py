@@ -169,7 +169,8 @@ def test_windowed_budget_batches_keep_every_guarantee(wide) -> None:
         ids = np.concatenate([b["id"] for b in batches])
         assert sorted(ids.tolist()) == list(range(len(WIDE)))  # every row once
         assert all(int(b["tokens_lengths"].sum()) <= BUDGET for b in batches)
-    assert_same_batches_across_workers(make, ({"num_workers": 0}, {"num_workers": 2}), (0, 1))
+    workers = ({"num_workers": 0}, {"num_workers": 2}, {"num_workers": 2, "worker_mode": "process"})
+    assert_same_batches_across_workers(make, workers, (0, 1))
     assert_checkpoint_roundtrip(make, stop_after=[3, 20], epoch=1, num_workers=2)
     counts = {len(epoch_batches(make(rank=r, world_size=3), 0)) for r in range(3)}
     assert len(counts) == 1
