@@ -23,6 +23,7 @@ Worked example: documents [a a a], [b], [c c c c] in one row group with eos E, s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import weakref
@@ -50,7 +51,7 @@ IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
 FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is far below its total
 MIN_GROUPS_HELD = 4  # a chunk's row group, its two edges and one read ahead
-READAHEAD_BATCHES = 64  # batches ahead whose row groups may be read while this one is cut
+READAHEAD_BATCHES = 64  # batches ahead read at least (a chunk's batches where chunks are larger)
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 log = logging.getLogger(__name__)
 
@@ -278,14 +279,15 @@ class PackedTokens(SeededSource):
 
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes: as many of the largest
-        as the cache holds, less three (a chunk's two edges and one read ahead); all if
-        the corpus fits that room."""
+        as half the cache holds, less three (a chunk's two edges and one read ahead),
+        so that the next chunk is read while this one is cut; all if the corpus fits
+        the cache less those three."""
         sizes = self._segment_bytes(self.index)
         largest = max(int(sizes.max(initial=0)), 1)
         room = self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest
         if int(sizes.sum()) <= room:
             return int(sizes.size)
-        return max(1, room // largest)
+        return max(1, room // 2 // largest)
 
     def blocks(self) -> np.ndarray:
         """Chunks of consecutive windows, each about one shuffle window of row groups:
@@ -476,7 +478,7 @@ class PackedTokens(SeededSource):
             found = (windows, positions, frozenset((epoch, int(order[p])) for p in positions))
             with self._lock:
                 self._recent[key] = found
-                while len(self._recent) > READAHEAD_BATCHES + 4 * BEHIND_BATCHES:
+                while len(self._recent) > self._horizon + 4 * BEHIND_BATCHES:
                     del self._recent[next(iter(self._recent))]
         return found
 
@@ -497,7 +499,7 @@ class PackedTokens(SeededSource):
         # Batches up to `_ahead` were looked at already: only the newest one is new.
         done_epoch, done = self._ahead
         start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
-        for k in range(start, min(total, self._hint + 1 + READAHEAD_BATCHES)):
+        for k in range(start, min(total, self._hint + 1 + self._horizon)):
             keep = None
             for position in self._planned(epoch, k)[1]:
                 found = self._fetch(epoch, position, ahead=True)
@@ -507,6 +509,22 @@ class PackedTokens(SeededSource):
                 if found is None:
                     return  # no room: this batch is looked at again next time
             self._ahead = (epoch, k)
+
+    @property
+    def _horizon(self) -> int:
+        """Batches ahead whose row groups are read where the cache has room: a chunk's
+        worth at least, so that the next chunk's row groups are read while this one's
+        windows are cut (half the cache each)."""
+        granule = max(1, getattr(self, "_granule", 1))
+        found = self.__dict__.get("_horizon_")  # (batch size, horizon): asked every batch
+        if found is None or found[0] != granule:
+            blocks = self.blocks()
+            per_chunk = int(blocks[0]) if len(blocks) > 1 else 0
+            found = self.__dict__["_horizon_"] = (
+                granule,
+                max(READAHEAD_BATCHES, per_chunk // granule + 2),
+            )
+        return found[1]
 
     def _needed(self, epoch: int, upto: int) -> set[tuple[int, int]]:
         """Keys of the segments that the batches from a few before this one (other
@@ -535,108 +553,111 @@ class PackedTokens(SeededSource):
         label) copied from a slice or two of its segments, then every column computed
         for the whole batch at once from where the eos fall."""
         _, cum = self._epoch(epoch)
-        length, count = self.seq_len, windows.size
-        ids = np.empty((count, length + 1), dtype=np.int64)
-        docs = np.zeros((count, length + 1), dtype=np.int64) if self.document_ids else None
+        length, count, width, end = self.seq_len, windows.size, self.seq_len + 1, int(cum[-1])
+        # Row r and its next token are flat[r * length : r * length + width]: rows overlap
+        # by that token, kept aside before the next row overwrites it, so that input_ids
+        # are the buffer itself (no copy of the batch).
+        flat = np.empty(count * length + 1, dtype=np.int64)
+        nexts = np.empty(count, dtype=np.int64)
+        docs = np.zeros((count, width), dtype=np.int64) if self.document_ids else None
         starts = windows * length
         firsts = np.searchsorted(cum, starts, side="right") - 1
-        # Most windows lie inside one segment: one slice each, their eos found together.
-        whole = (starts + length + 1 <= cum[firsts + 1]) & (docs is None)
-        eos = [np.zeros(0, dtype=np.int64)]
-        if whole.any():
-            eos += self._copy_whole(ids, np.flatnonzero(whole), starts, firsts, cum, segments)
-        for row in np.flatnonzero(~whole).tolist():
-            eos += self._copy_pieces(ids, docs, row, int(starts[row]), cum, segments)
-        rows, cols = np.divmod(np.sort(np.concatenate(eos)), length + 1)
-        labels = ids[:, 1:].copy()
+        # Most windows lie inside one segment: one slice each.
+        whole = (starts + width <= cum[firsts + 1]) & (docs is None)
+        rows = zip(whole.tolist(), firsts.tolist(), (starts - cum[firsts]).tolist(), strict=True)
+        for row, (inside, position, a) in enumerate(rows):
+            at = row * length
+            if inside:
+                flat[at : at + width] = segments[position].tokens[a : a + width]
+            else:
+                lo, doc_row = int(starts[row]), None if docs is None else docs[row]
+                self._copy_pieces(flat[at : at + width], doc_row, lo, cum, segments)
+            nexts[row] = flat[at + length]
+        ids = flat[: count * length].reshape(count, length)
+        eos = _eos_at(segments, cum, starts, np.minimum(starts + width, end), width)
+        eos_rows, cols = np.divmod(eos, width)
+        labels = np.empty_like(ids)  # shifted by one as a flat copy (a 2-D one is 10x slower)
+        labels.reshape(-1)[:-1] = flat[1 : count * length]
+        labels[:, -1] = nexts
         inside = cols < length
-        labels[rows[inside], cols[inside]] = self.ignore_index
+        labels[eos_rows[inside], cols[inside]] = self.ignore_index
         after = cols + 1 < length  # a sequence starts after each eos, and at each window's
-        begins = np.concatenate([np.arange(count) * length, (rows * length + cols + 1)[after]])
-        columns = {"input_ids": ids[:, :length], "labels": labels,
+        begins = np.concatenate([np.arange(count) * length, (eos_rows * length + cols + 1)[after]])
+        columns = {"input_ids": ids, "labels": labels,
                    "position_ids": _positions(np.sort(begins), count * length)}  # fmt: skip
         if docs is not None:
             columns["document_ids"] = docs[:, :length]
-        return pa.table(
-            {
-                k: pa.FixedSizeListArray.from_arrays(pa.array(_flat(v)), length)
-                for k, v in columns.items()
-            }
-        )
-
-    def _copy_whole(
-        self,
-        ids: np.ndarray,
-        rows: np.ndarray,
-        starts: np.ndarray,
-        firsts: np.ndarray,
-        cum: np.ndarray,
-        segments: dict[int, Segment],
-    ) -> list[np.ndarray]:
-        """Copy rows whose window (and next token) lie inside one segment; return where
-        (flat, in `ids`) their eos fall."""
-        width = self.seq_len + 1
-        at, spans = firsts[rows], np.empty((rows.size, 3), dtype=np.int64)
-        spans[:, 0] = starts[rows] - cum[at]
-        spans[:, 1] = spans[:, 0] + width
-        spans[:, 2] = rows * width
-        for row, position, a in zip(rows.tolist(), at.tolist(), spans[:, 0].tolist(), strict=True):
-            ids[row] = segments[position].tokens[a : a + width]
-        return [_eos_at(segments[p].starts, spans[at == p]) for p in np.unique(at).tolist()]
+        return pa.table({k: _fixed_lists(v, length) for k, v in columns.items()})
 
     def _copy_pieces(
-        self,
-        ids: np.ndarray,
-        docs: np.ndarray | None,
-        row: int,
-        lo: int,
-        cum: np.ndarray,
+        self, out: np.ndarray, docs: np.ndarray | None, lo: int, cum: np.ndarray,
         segments: dict[int, Segment],
-    ) -> list[np.ndarray]:
-        """Copy one window that spans segments (or the stream's end) piece by piece;
-        return where (flat, in `ids`) its eos fall, an eos past the stream's end."""
+    ) -> None:  # fmt: skip
+        """Copy one window (and its next token) that spans segments or the stream's end
+        into `out` piece by piece, zeros past the stream's end; its documents' rows into
+        `docs` where asked."""
         width, end = self.seq_len + 1, int(cum[-1])
         position = int(np.searchsorted(cum, lo, side="right") - 1)
-        hi, out, eos = min(lo + width, end), 0, []
+        hi, done = min(lo + width, end), 0
         while lo < hi:
             segment, base = segments[position], int(cum[position])
             stop = min(hi, int(cum[position + 1]))
             a, b, n = lo - base, stop - base, stop - lo
-            ids[row, out : out + n] = segment.tokens[a:b]
-            eos.append(_eos_at(segment.starts, np.array([[a, b, row * width + out]])))
+            out[done : done + n] = segment.tokens[a:b]
             if docs is not None:
                 at = np.searchsorted(segment.starts, np.arange(a, b), side="right") - 1
-                docs[row, out : out + n] = segment.rows[at]
-            lo, out, position = stop, out + n, position + 1
-        if out < width:
-            ids[row, out:] = 0
-            eos.append(np.arange(row * width + out, (row + 1) * width))
-        return eos
+                docs[done : done + n] = segment.rows[at]
+            lo, done, position = stop, done + n, position + 1
+        out[done:] = 0
 
 
-def _eos_at(starts: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """Where, in the batch's flat [B, L + 1] array, the eos of a segment's documents land,
-    given the pieces (start, stop, flat position of start) copied from it: document j's
-    eos is at ``starts[j + 1] - 1``, inside [a, b) exactly when j + 1 is in
-    [searchsorted(a + 1), searchsorted(b + 1))."""
-    a, b, at = spans[:, 0], spans[:, 1], spans[:, 2]
-    first = np.searchsorted(starts, a + 1)
-    counts = np.searchsorted(starts, b + 1) - first
+def _eos_at(
+    segments: dict[int, Segment], cum: np.ndarray, lo: np.ndarray, hi: np.ndarray, width: int
+) -> np.ndarray:
+    """Where, in the batch's flat [B, width] array, the eos fall: row r holds the stream's
+    tokens [lo[r], hi[r]) and past the stream's end (hi[r] < lo[r] + width) only eos.
+    The segments' eos (document j's at ``starts[j + 1] - 1``), in stream coordinates and
+    in stream order, are one sorted array: two searches find every row's."""
+    held = sorted(segments)
+    ends = [segments[p].starts[1:] for p in held]
+    stream = np.concatenate(ends) + np.repeat(cum[held] - 1, [e.size for e in ends])
+    first = np.searchsorted(stream, lo)
+    counts = np.searchsorted(stream, hi) - first
     j = np.arange(int(counts.sum())) + np.repeat(first - (np.cumsum(counts) - counts), counts)
-    return starts[j] - 1 + np.repeat(at - a, counts)
+    rows = np.arange(lo.size)
+    found = stream[j] + np.repeat(rows * width - lo, counts)
+    short = np.flatnonzero(hi - lo < width)
+    if not short.size:
+        return found  # sorted: rows in order, each row's eos in stream order
+    past = [np.arange(r * width + int(hi[r] - lo[r]), (r + 1) * width) for r in short.tolist()]
+    return np.sort(np.concatenate([found, *past]))
 
 
 def _positions(begins: np.ndarray, size: int) -> np.ndarray:
     """Position of each token in its sequence, given where (flat, sorted, the first at 0)
-    sequences begin: the flat index less that of its sequence's first token (one
-    `repeat`, where a running maximum over the batch took ten times as long)."""
-    flat = np.arange(size, dtype=np.int64)
-    flat -= np.repeat(begins, np.diff(begins, append=size))
-    return flat
+    sequences begin: the flat index less that of its sequence's first token, which a
+    cumulative sum of the jumps between beginnings gives (a `repeat` took twice as long,
+    a running maximum twenty times)."""
+    starts = np.zeros(size, dtype=np.int64)
+    starts[begins[1:]] = np.diff(begins)
+    np.cumsum(starts, out=starts)
+    return np.subtract(_ramp(size), starts, out=starts)
 
 
-def _flat(matrix: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(matrix).reshape(-1)
+@functools.lru_cache(maxsize=4)
+def _ramp(size: int) -> np.ndarray:
+    ramp = np.arange(size, dtype=np.int64)
+    ramp.flags.writeable = False  # shared by every batch of this size
+    return ramp
+
+
+def _fixed_lists(matrix: np.ndarray, length: int) -> pa.FixedSizeListArray:
+    """An int64 [B, length] matrix (or its flat values) as B fixed-size lists that share
+    its memory: `pa.array` of a NumPy array goes through pandas' type checks (~50 us a
+    column, a tenth of a batch's cut)."""
+    flat = np.ascontiguousarray(matrix, dtype=np.int64).reshape(-1)
+    values = pa.Array.from_buffers(pa.int64(), flat.size, [None, pa.py_buffer(flat)])
+    return pa.FixedSizeListArray.from_arrays(values, length)
 
 
 def _generator(seed: int, epoch: int, *more: int) -> np.random.Generator:
