@@ -102,6 +102,9 @@ def test_a_batch_reads_only_its_chunk(corpus) -> None:
     assert spread(_loader(corpus, batch_size=16)) <= held
     whole = DataLoader(_packed(corpus, budget=10**8), batch_size=16, shuffle=True, seed=11)
     assert spread(whole) > held + 2
+    # shuffle="global", spelled out, is a full shuffle within the same small budget.
+    spelled_out = DataLoader(_packed(corpus), batch_size=16, shuffle="global", seed=11)
+    assert spread(spelled_out) > held + 2
 
 
 def test_windows_mix_across_the_epoch(corpus) -> None:
