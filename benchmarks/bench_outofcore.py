@@ -79,10 +79,17 @@ RUN = textwrap.dedent(
 
 
 def _corpus(root: Path, tokens: int) -> tuple[str, Path]:
+    """The corpus of `tokens` tokens under `root`, written unless a finished one is there
+    (the flat `.bin` is written last)."""
+    directory = root / f"corpus-{tokens}"
+    if (directory / "tokens.bin").exists() and (directory / "done").exists():
+        return str(directory), directory / "tokens.bin"
     sys.path.insert(0, str(ROOT))
     from benchmarks.token_corpus import write_corpus
 
-    return write_corpus(root / f"corpus-{tokens}", tokens, rows_per_group=2048, files=4)
+    written = write_corpus(directory, tokens, rows_per_group=2048, files=4)
+    (directory / "done").touch()
+    return written
 
 
 @click.command()
@@ -98,7 +105,7 @@ def _corpus(root: Path, tokens: int) -> tuple[str, Path]:
 @click.option("--seq-len", default=2048, show_default=True)
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
-              help="Where corpora are written (default: a temporary directory).")  # fmt: skip
+              help="Where corpora are written and reused (default: a temp directory).")  # fmt: skip
 def main(budget_mb, scales, batches, batch_size, seq_len, repeats, work_dir) -> None:
     """Packed windows streamed from local disk vs memmap random windows."""
     budget = budget_mb * 2**20
