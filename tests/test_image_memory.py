@@ -97,7 +97,11 @@ def test_the_decoder_is_told_to_get_ready_before_each_batch(tmp_path: Path) -> N
     decoder = _Recording()
     source = ParquetSource(_image_parquet(tmp_path / "i.parquet"))
     batches = list(DataLoader(source, batch_size=4, decode=decoder, num_workers=0))
-    assert decoder.calls == ["prepare", "decode"] * len(batches)
+    # Asked when the pass begins (files are listed meanwhile) and before each batch's read.
+    assert decoder.calls.count("decode") == len(batches) == 3
+    pairs = zip(decoder.calls, decoder.calls[1:], strict=False)
+    assert all(before == "prepare" for before, now in pairs if now == "decode")
+    assert decoder.calls[0] == "prepare"
 
 
 def test_a_prepared_pipeline_decodes_as_one_that_was_not(tmp_path: Path) -> None:
