@@ -204,9 +204,6 @@ class _KeyedFeed(ABC):
 
     # -- the protocol --------------------------------------------------------------------
     def begin(self, owner: Any) -> Iterator[Any]:
-        prepare = getattr(self.options.sample.decode, "prepare", None)
-        if prepare is not None and self.runner.mode == "thread":
-            prepare()  # the decoder gets ready while files are listed (decode/protocol.py)
         self.source.fit_cache(self._cache_row_groups())
         return self.runner.begin(self._task_maker(), self.cursor, follow=self.follow, owner=owner)
 
