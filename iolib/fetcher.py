@@ -273,6 +273,9 @@ class BatchFetcher:
 
     def _make(self, task: BatchTask, meta: BatchMeta) -> Any:
         samples = key_list(task.indices)
+        prepare = getattr(self.decode, "prepare", None)
+        if prepare is not None:  # the decoder gets ready while the bytes are read
+            prepare()
         data, indices = self._timed(
             meta, "read", samples, lambda: self._read_skipping(task.indices, task.epoch, meta)
         )

@@ -23,7 +23,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +173,20 @@ class ImagePipeline:
             resolved = self._runtime["resolved"] = (settings, backend)
         return resolved
 
+    def prepare(self) -> None:
+        """Resolve the backend on a background thread, once (importing DALI takes ~0.3 s):
+        the loader calls this before it reads a batch, so the first batch's decoder is
+        ready when its bytes arrive instead of being built after them."""
+        if "resolved" in self._runtime or "preparing" in self._runtime:
+            return
+        thread = threading.Thread(target=self._prepare, name="iolib-decode-prepare", daemon=True)
+        if self._runtime.setdefault("preparing", thread) is thread:
+            thread.start()
+
+    def _prepare(self) -> None:
+        with contextlib.suppress(Exception):  # raised again, with its batch, by a decode
+            self._resolved()
+
     def __call__(
         self, batch: dict[str, Any], indices: np.ndarray, *, seed: int, epoch: int
     ) -> tuple[dict[str, Any], list[int]]:
@@ -179,9 +195,13 @@ class ImagePipeline:
         Returns the new batch and the global indices of skipped samples; skipped rows are
         removed from every column, the others keep their order."""
         from iolib.decode.batch import decode_batch
+        from iolib.decode.heap import trim_heap
 
         settings, backend = self._resolved()
-        return decode_batch(settings, backend, batch, indices, seed=seed, epoch=epoch)
+        try:
+            return decode_batch(settings, backend, batch, indices, seed=seed, epoch=epoch)
+        finally:
+            trim_heap()  # decoding's freed buffers back to the OS: see decode/heap.py
 
     def draw_crops(
         self, sizes: list[tuple[int, int]], indices: np.ndarray, *, seed: int, epoch: int

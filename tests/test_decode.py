@@ -422,3 +422,48 @@ def test_backends_agree_on_16_bit_cmyk_and_gif(kind):
     diff = (batches[0].int() - batches[1].int()).abs()
     assert int(diff.max()) <= UINT8_MAX_DIFF, f"{kind}: backends differ by {int(diff.max())}"
     assert 60 < float(batches[1].float().mean()) < 195, "16-bit values must not saturate"
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_torch_normalizes_dali_pixels_to_dalis_own_bits(layout):
+    """float32 batches on the CPU are normalized by torch after a uint8 pipeline (see
+    iolib.decode.dali.normalizes_after): every uint8 value of every channel must give
+    the bits DALI's crop_mirror_normalize gives, so the change is invisible."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from iolib.decode.dali import _normalize
+
+    spec = _dali(layout=layout).output_spec()
+    values = np.arange(256, dtype=np.uint8)
+    image = np.stack([values, values[::-1], np.roll(values, 7)], axis=-1)[None]  # [1,256,3]
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def graph():
+        x = fn.external_source(source=lambda: [image], batch=True, layout="HWC")
+        return fn.crop_mirror_normalize(
+            x, mean=[255.0 * m for m in spec.mean], std=[255.0 * s for s in spec.std],
+            dtype=types.FLOAT, output_layout="CHW" if layout == "NCHW" else "HWC",
+        )  # fmt: skip
+
+    pipe = graph()
+    pipe.build()
+    (out,) = pipe.run()
+    want = torch.from_numpy(np.array(out.as_tensor()))  # [1, ...]: a batch of one
+    pixels = torch.from_numpy(image)[None]  # [N, H, W, C]
+    pixels = pixels.permute(0, 3, 1, 2) if layout == "NCHW" else pixels
+    got = _normalize(pixels, spec)
+    assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_dali_cpu_float_batches_are_owned_by_torch(blobs):
+    """A float32 batch no longer lives in DALI's reused output buffers (each pipeline
+    kept as many as were ever out at once): dropping it frees it."""
+    import weakref
+
+    out, _ = _run(_dali(), blobs, np.arange(N))
+    image = out["image"]
+    assert image.dtype == torch.float32 and image.is_contiguous()
+    assert image.untyped_storage().nbytes() == image.numel() * 4  # its own, not a view
+    ref = weakref.ref(image)
+    del out, image
+    assert ref() is None

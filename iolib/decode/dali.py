@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import gc
 import threading
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,27 @@ from iolib.storage.counters import count_helper_cpu
 # On a GPU the synchronous executor and a device-side clone stay (not yet measured there).
 _EXEC_CPU = {"prefetch_queue_depth": 1, "exec_dynamic": True}
 _EXEC_GPU = {"prefetch_queue_depth": 1, "exec_async": False, "exec_pipelined": False}
+
+
+def normalizes_after(spec: OutputSpec) -> bool:
+    """Whether a float32 batch on the CPU is normalized by torch after the pipeline,
+    which then outputs uint8. Why: DALI keeps each output buffer it handed over for
+    reuse, so each pipeline held as many 38.5 MB float32 batches as were ever out at
+    once (~230 MB for 2 workers at depth 4); uint8 buffers are a quarter, and released
+    as soon as the float32 batch is made. The pixels are the same bits: DALI computes
+    ``(x - mean) * (1 / std)`` in float32, as `_normalize` does (checked for all 256
+    values of each channel, tests/test_decode.py)."""
+    return not spec.on_gpu and spec.dtype == "float32"
+
+
+def _normalize(pixels: torch.Tensor, spec: OutputSpec) -> torch.Tensor:
+    """uint8 `pixels` (in the spec's layout) to float32, ``(x - 255 mean) * (1 / (255
+    std))`` per channel, into a tensor torch owns."""
+    shape = (3, 1, 1) if spec.layout == "NCHW" else (3,)
+    mean = torch.tensor([255.0 * m for m in spec.mean], dtype=torch.float32).view(shape)
+    std = torch.tensor([255.0 * s for s in spec.std], dtype=torch.float32).view(shape)
+    out = torch.empty(pixels.shape, dtype=torch.float32)
+    return out.copy_(pixels).sub_(mean).mul_(1.0 / std)
 
 
 _exit_hook = threading.Lock()
@@ -71,6 +93,8 @@ def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
 
     _register_exit_hook()
     on_gpu = device_id is not None
+    if normalizes_after(spec):
+        spec = replace(spec, dtype="uint8")
     mean = [255.0 * m for m in spec.mean] if spec.normalize else [0.0, 0.0, 0.0]
     std = [255.0 * s for s in spec.std] if spec.normalize else [1.0, 1.0, 1.0]
     dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}
@@ -193,8 +217,10 @@ class DaliBackend:
 
     def _to_torch(self, out: Any) -> torch.Tensor:
         if not self.spec.on_gpu:
-            # Zero copy: the tensor owns DALI's output buffer (see _EXEC_CPU).
-            return torch.from_dlpack(out.as_tensor())
+            # Zero copy: the tensor owns DALI's output buffer (see _EXEC_CPU); a uint8
+            # one goes back to DALI once torch has made the float32 batch from it.
+            pixels = torch.from_dlpack(out.as_tensor())
+            return _normalize(pixels, self.spec) if normalizes_after(self.spec) else pixels
         # DLPack hands torch a view of DALI's output buffer (no host copy). DALI reuses
         # that buffer on this thread's next run, so clone on the GPU and wait for the
         # clone before returning: the batch may sit in the loader's queue for a while.

@@ -39,6 +39,9 @@ class Decoder(Protocol):
       lose samples, so each batch carries reserve samples to refill an emptied one.
     - the stage feeds (``loader.for_stage``) read `columns`: a stage that returns none
       of them runs without the decoder (``()``: unknown, every stage keeps it).
+    - the fetcher calls ``prepare()`` before reading each batch where the decoder has
+      one (optional): a hint that returns at once, to build what decoding needs (DALI)
+      while the batch's bytes are read.
 
     A decoder is shared by thread workers and pickled into process workers: keep
     state built on first use (DALI pipelines) out of what it pickles.

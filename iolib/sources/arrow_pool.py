@@ -1,0 +1,60 @@
+"""Which pyarrow memory pool the Parquet reads allocate from: `prefer_purging_pool`.
+
+Why: pyarrow's wheels default to mimalloc, which keeps the pages a thread freed until
+that same thread allocates again. The reader decodes row groups on fetch and read-ahead
+threads that then go idle, and the row groups are freed on other threads (cache
+eviction, the consumer dropping a batch), so those pages stay. On the throttled-store
+image benchmark (benchmarks/bench_peers.py, 2,000 JPEGs in 1 MB row groups, a 32 MiB
+cache) mimalloc held ~150 MB beyond what Arrow had allocated: peak PSS 764 MB against
+593 MB with pyarrow's jemalloc pool, which purges freed pages on a timer whichever
+thread freed them (benchmarks/results/peers-images-pil.md).
+
+The switch is process-wide (pyarrow has one default pool, and its Parquet reader takes
+no other), made once, and only where the user chose nothing: an
+``ARROW_DEFAULT_MEMORY_POOL`` in the environment (pyarrow's own setting) is kept, as is a
+pool other than mimalloc set by `pyarrow.set_memory_pool`. Buffers allocated before the
+switch return to the pool that made them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pyarrow as pa
+
+ENV = "ARROW_DEFAULT_MEMORY_POOL"
+log = logging.getLogger("iolib.sources.parquet")
+_lock = threading.Lock()
+_decided: str | None = None
+
+
+def prefer_purging_pool() -> str:
+    """Make jemalloc pyarrow's default pool where mimalloc is the default by no one's
+    choice and the wheel has jemalloc; return the backend in use. Cheap after the first
+    call."""
+    global _decided
+    if _decided is not None:
+        return _decided
+    with _lock:
+        if _decided is None:
+            _decided = _decide()
+    return _decided
+
+
+def _decide() -> str:
+    current = pa.default_memory_pool().backend_name
+    if current != "mimalloc" or os.environ.get(ENV):
+        return current
+    try:
+        pool = pa.jemalloc_memory_pool()
+    except (NotImplementedError, pa.ArrowNotImplementedError):
+        return current  # a wheel built without jemalloc (Windows): keep mimalloc
+    pa.set_memory_pool(pool)
+    log.info(
+        "iolib: pyarrow's default memory pool is now jemalloc (was mimalloc, which kept "
+        "the row groups freed by other threads); set %s=mimalloc to keep mimalloc.",
+        ENV,
+    )
+    return pool.backend_name

@@ -1,0 +1,117 @@
+"""Where an image epoch's memory goes back: the Arrow pool the Parquet reads allocate
+from, the C heap after a decoded batch, and the decoder built while the first batch's
+bytes are read (benchmarks/results/peers-images*.md measured each)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from iolib import DataLoader
+from iolib.decode.heap import trim_heap
+from iolib.images import ImagePipeline
+from iolib.sources import ParquetSource
+from tests.conftest import jpeg_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _has_jemalloc() -> bool:
+    try:
+        pa.jemalloc_memory_pool()
+    except (NotImplementedError, pa.ArrowNotImplementedError):
+        return False
+    return True
+
+
+def _pool_after_a_read(tmp_path: Path, **env: str) -> str:
+    """The default pool's backend in a fresh interpreter, before and after one batch."""
+    pq.write_table(pa.table({"x": np.arange(100)}), tmp_path / "a.parquet", row_group_size=10)
+    code = textwrap.dedent(f"""
+        import pyarrow as pa
+        from iolib import DataLoader
+        from iolib.sources import ParquetSource
+        before = pa.default_memory_pool().backend_name
+        next(iter(DataLoader(ParquetSource({str(tmp_path / "a.parquet")!r}), batch_size=8)))
+        print(before, pa.default_memory_pool().backend_name)
+    """)
+    clean = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    return done.stdout.split()[-2:]
+
+
+@pytest.mark.skipif(not _has_jemalloc(), reason="this pyarrow has no jemalloc pool")
+def test_parquet_reads_move_pyarrow_off_mimalloc_by_default(tmp_path: Path) -> None:
+    before, after = _pool_after_a_read(tmp_path)
+    assert after == ("jemalloc" if before == "mimalloc" else before)
+
+
+def test_a_pool_the_user_chose_is_kept(tmp_path: Path) -> None:
+    before, after = _pool_after_a_read(tmp_path, ARROW_DEFAULT_MEMORY_POOL="system")
+    assert before == after == "system"
+
+
+def test_trimming_the_heap_keeps_what_is_in_use() -> None:
+    kept = np.full(1 << 20, 7, dtype=np.uint8)
+    freed = [bytearray(64 << 10) for _ in range(64)]
+    del freed
+    trim_heap()  # False off glibc: then a no-op
+    assert int(kept.sum()) == 7 << 20
+
+
+class _Recording:
+    """A decoder that says when it was asked to get ready and when it decoded."""
+
+    columns = ("image",)
+    on_error = "raise"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def prepare(self) -> None:
+        self.calls.append("prepare")
+
+    def __call__(self, batch, indices, *, seed, epoch):
+        self.calls.append("decode")
+        return batch, []
+
+
+def _image_parquet(path: Path, n: int = 12) -> str:
+    images = [jpeg_bytes(i, (48, 40)) for i in range(n)]
+    pq.write_table(pa.table({"image": images, "label": list(range(n))}), path, row_group_size=4)
+    return str(path)
+
+
+def test_the_decoder_is_told_to_get_ready_before_each_batch(tmp_path: Path) -> None:
+    decoder = _Recording()
+    source = ParquetSource(_image_parquet(tmp_path / "i.parquet"))
+    batches = list(DataLoader(source, batch_size=4, decode=decoder, num_workers=0))
+    # Asked when the pass begins (files are listed meanwhile) and before each batch's read.
+    assert decoder.calls.count("decode") == len(batches) == 3
+    pairs = zip(decoder.calls, decoder.calls[1:], strict=False)
+    assert all(before == "prepare" for before, now in pairs if now == "decode")
+    assert decoder.calls[0] == "prepare"
+
+
+def test_a_prepared_pipeline_decodes_as_one_that_was_not(tmp_path: Path) -> None:
+    url = _image_parquet(tmp_path / "i.parquet")
+    runs = []
+    for prepared in (False, True):
+        pipe = ImagePipeline(size=32, device="cpu", backend="pil")
+        if prepared:
+            pipe.prepare()
+            pipe.prepare()  # once is enough: a second call returns at once
+        loader = DataLoader(ParquetSource(url), batch_size=4, shuffle=True, seed=1, decode=pipe)
+        runs.append([b["image"] for b in loader])
+    assert all((a == b).all() for a, b in zip(*runs, strict=True))
