@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -233,9 +234,12 @@ class ParquetReader:
         finally:
             self.release()
 
-    def _row_group(self, group: int, dense: DenseColumns | None = None) -> pa.Table | None:
+    def _row_group(
+        self, group: int, dense: DenseColumns | None = None, *, wait: bool = True
+    ) -> pa.Table | None:
         """A row group from the cache, else from storage. Threads that miss the same row
-        group at once share one read (the first reads, the others wait for it).
+        group at once share one read (the first reads, the others wait for it; with
+        `wait` False, None instead of waiting).
 
         With `dense`, the reader copies the row group into that store before the others
         are let go, and it is not cached; None when the store already holds it (another
@@ -255,7 +259,9 @@ class ParquetReader:
                 leader = not flight.led and flight.owner == threading.get_ident()
                 flight.led = flight.led or leader
         if not leader:
-            flight.done.wait()  # the leader always sets it, on success or error
+            if not wait:
+                return None
+            flight.done.wait()  # set by its leader (success or error) or when cancelled
             if flight.error is not None:
                 raise flight.error
             if flight.table is None:  # a claim let go unread (its request failed): read it
@@ -414,14 +420,27 @@ class ParquetReader:
                 self._count_read(group)
         epoch = getattr(self._local, "epoch", 0)
         for group, flight in claims.items():
-            pool.submit(self._read_claimed, epoch, group, flight, dense)
+            read = pool.submit(self._read_claimed, epoch, group, flight, dense)
+            read.add_done_callback(partial(self._drop_if_cancelled, group, flight))
+
+    def _drop_if_cancelled(self, group: int, flight: _Flight, read: Future) -> None:
+        """A claimed read that close() cancelled before it ran: its waiters are let go
+        (and read the row group themselves) instead of waiting for ever."""
+        if not read.cancelled():
+            return
+        with self._lock:
+            if self._in_flight.get(group) is flight:
+                del self._in_flight[group]
+        flight.done.set()
 
     def _read_one_ahead(self, epoch: int, group: int, dense: DenseColumns | None) -> None:
         """One read ahead of need. A failure is left to the batch that needs the row
         group: it reads it again, with retries, and reports the error with its batch."""
         self._local.epoch = epoch
         try:
-            self._row_group(group, dense=dense)
+            # Never waits on another thread's read: at exit the interpreter joins this
+            # thread while dropping the fetch pool's queued reads, which would never end.
+            self._row_group(group, dense=dense, wait=False)
         except Exception:  # reported by the batch that needs it
             pass
         finally:
