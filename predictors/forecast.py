@@ -101,7 +101,7 @@ class Forecaster:
         active = np.minimum(workers, depth)
         cores = max(self.cores_share * cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
-        service = est.wait_ms + cpu * np.maximum(1.0, active / cores)
+        service = est.wait_at(active) + cpu * np.maximum(1.0, active / cores)
         headroom = active * est.step_ms / service * rate
         sigma = math.sqrt(self.prior_error**2 + est.spread**2 / max(est.samples, 1))
         point = self.utilization(headroom, depth, service, est, depth_scale)
@@ -156,12 +156,13 @@ class Forecaster:
         return np.minimum(1.0, step / (interval + scale * late))
 
     def service_ratio(self, est: Service, active: int, new_active: int) -> float:
-        """How much the prior expects one batch's service to change from `active` to
-        `new_active` busy workers (the cores' contention)."""
+        """How much one batch's service is expected to change from `active` to
+        `new_active` busy workers (the cores' contention, and the wait's growth)."""
         cores = max(self.cores_share * est.cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
-        before = est.wait_ms + cpu * max(1.0, active / cores)
-        return (est.wait_ms + cpu * max(1.0, new_active / cores)) / max(before, 1e-6)
+        before = est.wait_at(active) + cpu * max(1.0, active / cores)
+        after = est.wait_at(new_active) + cpu * max(1.0, new_active / cores)
+        return float(after / max(before, 1e-6))
 
     def correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
         """The learned model's departure from its own queueing baseline, weighted by its

@@ -14,9 +14,11 @@ import math
 from dataclasses import dataclass, field
 from statistics import fmean, median
 
+import numpy as np
+
 from predictors.state import TunerState
 
-__all__ = ["ChangeDetector", "Measured", "Service", "service_spread", "summarize"]
+__all__ = ["ChangeDetector", "Measured", "Service", "fit_growth", "service_spread", "summarize"]
 
 
 @dataclass
@@ -86,13 +88,18 @@ class Service:
     step_ms: float
     active: int
     samples: int
-    wait_ms: float = 0.0  # the service less its CPU at the cores' contention: storage
+    wait_ms: float = 0.0  # the service less its CPU at the cores' contention, at 1 worker
     cpu_count: int = 1
     relative: tuple[float, ...] = ()  # each batch's service over the mean: its spread
     read_ms: float = 0.0
     decode_ms: float = 0.0
     transform_ms: float = 0.0
     read_cpu_ms: float | None = None
+    growth: float = 0.0  # the waiting part's growth per extra busy worker (`fit_growth`)
+
+    def wait_at(self, active: np.ndarray | float) -> np.ndarray | float:
+        """The waiting part of one worker's service at `active` busy workers."""
+        return self.wait_ms * np.maximum(1.0 + self.growth * (np.asarray(active) - 1.0), 0.0)
 
     def stages(self) -> dict[str, float]:
         """Per-batch stage times, as `state.name_bottleneck` and `stage_text` read them."""
@@ -107,24 +114,69 @@ class Service:
         return out
 
 
-def summarize(states: list[TunerState], cores_share: float = 0.8) -> Service:
+def _waits(states: list[TunerState], cores_share: float) -> np.ndarray:
+    """Each batch's waiting part: its service less its CPU at the contention it was
+    measured under (`cores_share` of the cores usable)."""
+    return np.array(
+        [
+            s.service_ms
+            - min(s.cpu_ms or 0.0, s.service_ms)
+            * max(1.0, min(s.workers, s.depth) / max(cores_share * s.cpu_count, 1.0))
+            for s in states
+        ]
+    )
+
+
+def fit_growth(
+    states: list[TunerState],
+    cores_share: float,
+    prior: float,
+    prior_sd: float,
+    noise_floor: float,
+    bounds: tuple[float, float],
+) -> float:
+    """How the waiting part of one worker's service grows with more busy workers `a`,
+    learned from this run's batches: wait(a) = wait(1) * (1 + g * (a - 1)), the most
+    probable `g` (within `bounds`) under a normal prior (`prior`, `prior_sd`) and
+    relative errors of at least `noise_floor`. Workers that share a link read slower
+    the more of them read (g > 0), and a negative g takes back CPU contention the
+    prior's `cores_share` overstated; one busy-worker count measured says nothing
+    of g, so the prior stands.
+
+    >>> round(fit_growth([], 0.8, 0.1, 0.05, 0.05, (-0.06, 2.0)), 2)
+    0.1
+    """
+    active = np.array([min(s.workers, s.depth) for s in states], dtype=float)
+    if prior_sd <= 0 or len(set(active.tolist())) < 2:
+        return prior
+    service = np.array([max(s.service_ms, 1e-6) for s in states])
+    wait = _waits(states, cores_share)
+    grid = np.unique(np.r_[np.linspace(bounds[0], 0.0, 7), np.geomspace(1e-3, bounds[1], 48)])
+    grid = np.unique(np.r_[grid[(grid >= bounds[0]) & (grid <= bounds[1])], prior])
+    shape = 1.0 + grid[:, None] * (active - 1.0)[None, :]  # (grid, batches)
+    weight = 1.0 / service**2  # relative errors: a slow batch counts as a fast one
+    one = (shape * wait * weight).sum(axis=1) / np.maximum((shape**2 * weight).sum(axis=1), 1e-12)
+    rss = (((wait - one[:, None] * shape) / service) ** 2).sum(axis=1)
+    noise = max(float(rss.min()) / len(states), noise_floor**2)
+    score = rss / noise + ((grid - prior) / prior_sd) ** 2
+    return float(grid[int(np.argmin(score))])
+
+
+def summarize(states: list[TunerState], cores_share: float = 0.8, growth: float = 0.0) -> Service:
     """The service estimate from settled batches, possibly of several configurations
     of one regime (means: the throughput a worker gives is one over its mean service
     time, tails included). Each batch's waiting part is its service less its CPU at
-    the contention it was measured under (`cores_share` of the cores usable)."""
+    the contention it was measured under (`cores_share` of the cores usable), taken
+    back to one busy worker by `growth` (`fit_growth`)."""
     last = states[-1]
     cpu = [s.cpu_ms for s in states if s.cpu_ms is not None]
     read_cpu = [s.read_cpu_ms for s in states if s.read_cpu_ms is not None]
-    waits = [
-        s.service_ms
-        - min(s.cpu_ms or 0.0, s.service_ms)
-        * max(1.0, min(s.workers, s.depth) / max(cores_share * s.cpu_count, 1.0))
-        for s in states
-    ]
+    active = np.array([min(s.workers, s.depth) for s in states], dtype=float)
+    waits = _waits(states, cores_share) / np.maximum(1.0 + growth * (active - 1.0), 1e-3)
     mean = max(fmean(s.service_ms for s in states), 1e-3)
     return Service(
         relative=tuple(s.service_ms / mean for s in states),
-        wait_ms=max(fmean(waits), 0.0),
+        wait_ms=max(fmean(waits.tolist()), 0.0),
         cpu_count=last.cpu_count,
         service_ms=max(fmean(s.service_ms for s in states), 1e-3),
         spread=service_spread([s.service_ms for s in states]),
@@ -136,6 +188,7 @@ def summarize(states: list[TunerState], cores_share: float = 0.8) -> Service:
         decode_ms=fmean(s.decode_ms for s in states),
         transform_ms=fmean(s.transform_ms for s in states),
         read_cpu_ms=fmean(read_cpu) if read_cpu else None,
+        growth=growth,
     )
 
 

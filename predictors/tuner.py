@@ -54,7 +54,7 @@ import numpy as np
 
 from predictors.config import TunerConfig
 from predictors.forecast import Forecaster
-from predictors.measure import ChangeDetector, Measured, Service, summarize
+from predictors.measure import ChangeDetector, Measured, Service, fit_growth, summarize
 from predictors.state import (
     Decision,
     PerformanceModel,
@@ -169,6 +169,7 @@ class LearnedTuner:
         self._contention: dict[tuple[int, int], float] = {}
         self._since_plan = 0
         self._calibration = Calibration()
+        self._growth = 0.0  # the wait's growth per extra busy worker, as last fitted
         self._last: Plan | None = None
         # How far a prediction may be off in utilization: the model's measured error.
         self._prior_spread = float(getattr(model, "utilization_error", cfg.prior_spread))
@@ -208,6 +209,10 @@ class LearnedTuner:
             if shift == "faster" and self._transient(state, after):
                 why = f"burst over (service back to {after:.1f} ms; its batches kept)"
                 return self._plan(state, why)
+            if max(after, before) < c.large_slowdown * min(after, before):
+                # Not large: the batches on both sides may be the workers' contention
+                # the last plan missed; what they teach outlives the dropped records.
+                self._growth = self._fit_growth(self._regime)
             if shift == "slower" and self._regime:
                 level = summarize(self._regime).service_ms
                 self._episode = Episode(state.batch_index, self._regime, dict(self._records), level)
@@ -223,6 +228,19 @@ class LearnedTuner:
         if self._due():
             return self._plan(state, "measured")
         return self._current
+
+    def _fit_growth(self, states: list[TunerState]) -> float:
+        """The wait's growth with workers from `states`, the last fit as its prior
+        (it may move by `growth_sd` a plan: more evidence, or a new regime)."""
+        c = self.config
+        return fit_growth(
+            states,
+            self.forecaster.cores_share,
+            self._growth,
+            c.growth_sd,
+            c.growth_noise,
+            c.growth_bounds,
+        )
 
     def _transient(self, state: TunerState, after: float) -> bool:
         """A faster alarm soon after a slower one, back to about the service before it
@@ -276,7 +294,8 @@ class LearnedTuner:
     ) -> Decision:
         c = self.config
         self._since_plan = 0
-        est = summarize(self._regime, self.forecaster.cores_share)
+        self._growth = self._fit_growth(self._regime)
+        est = summarize(self._regime, self.forecaster.cores_share, self._growth)
         sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
         grid = self.forecaster.grid(state.one_batch_bytes, state.cpu_count)
@@ -379,7 +398,7 @@ class LearnedTuner:
         active = min(config)
         cores = max(self.forecaster.cores_share * cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
-        headroom = active * est.step_ms / (est.wait_ms + cpu * max(1.0, active / cores))
+        headroom = active * est.step_ms / (est.wait_at(active) + cpu * max(1.0, active / cores))
         ratio = record.utilization / max(float(point[0]), c.min_prediction)
         if ratio >= 1.0:
             return
@@ -501,7 +520,7 @@ def _slower(est: Service, factor: float) -> Service:
     """The estimate with its storage wait `factor` times longer (the CPU as measured)."""
     return dataclasses.replace(
         est,
-        service_ms=est.service_ms + (factor - 1.0) * est.wait_ms,
+        service_ms=est.service_ms + (factor - 1.0) * float(est.wait_at(est.active)),
         wait_ms=est.wait_ms * factor,
         read_ms=est.read_ms * factor,
     )
