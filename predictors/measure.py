@@ -18,7 +18,15 @@ import numpy as np
 
 from predictors.state import TunerState
 
-__all__ = ["ChangeDetector", "Measured", "Service", "fit_growth", "service_spread", "summarize"]
+__all__ = [
+    "ChangeDetector",
+    "Contention",
+    "Measured",
+    "Service",
+    "fit_contention",
+    "service_spread",
+    "summarize",
+]
 
 
 @dataclass
@@ -95,7 +103,8 @@ class Service:
     decode_ms: float = 0.0
     transform_ms: float = 0.0
     read_cpu_ms: float | None = None
-    growth: float = 0.0  # the waiting part's growth per extra busy worker (`fit_growth`)
+    growth: float = 0.0  # the waiting part's growth per extra busy worker (`Contention`)
+    cores_share: float | None = None  # of the cores the CPU is shared by (None: the prior's)
 
     def wait_at(self, active: np.ndarray | float) -> np.ndarray | float:
         """The waiting part of one worker's service at `active` busy workers."""
@@ -127,59 +136,124 @@ def _waits(states: list[TunerState], cores_share: float) -> np.ndarray:
     )
 
 
-def fit_growth(
+@dataclass(frozen=True)
+class Contention:
+    """How one worker's service grows with `a` busy workers: its CPU is shared by
+    `share` of the cores, and its wait grows by `growth` per extra worker (a shared
+    link), wait(a) = wait(1) * (1 + growth * (a - 1)); each with its sd."""
+
+    share: float = 0.8
+    growth: float = 0.0
+    share_sd: float = 0.0
+    growth_sd: float = 0.0
+
+
+def fit_contention(
     states: list[TunerState],
-    cores_share: float,
-    prior: float,
-    prior_sd: float,
+    prior: Contention,
     noise_floor: float,
-    bounds: tuple[float, float],
-) -> float:
-    """How the waiting part of one worker's service grows with more busy workers `a`,
-    learned from this run's batches: wait(a) = wait(1) * (1 + g * (a - 1)), the most
-    probable `g` (within `bounds`) under a normal prior (`prior`, `prior_sd`) and
-    relative errors of at least `noise_floor`. Workers that share a link read slower
-    the more of them read (g > 0), and a negative g takes back CPU contention the
-    prior's `cores_share` overstated; one busy-worker count measured says nothing
-    of g, so the prior stands.
+    block: int,
+    min_batches: int,
+    shares: np.ndarray,
+    growths: np.ndarray,
+) -> Contention:
+    """The contention learned from this run's batches: the posterior mean (on the grid
+    `shares` x `growths`) under independent normal priors (`prior`). Each busy-worker
+    count measured gives its median service (a burst or a tail moves a median little),
+    known to its relative spread (at least `noise_floor`) over the root of its blocks
+    of `block` batches (batches come in runs, blocks nearly independent). Workers on
+    a shared link read slower the more of them read (growth > 0); process workers use
+    every core (share near 1), threads fewer (Python's lock). One busy-worker count
+    measured says nothing of either, so the prior stands.
 
-    >>> round(fit_growth([], 0.8, 0.1, 0.05, 0.05, (-0.06, 2.0)), 2)
-    0.1
+    >>> fit_contention([], Contention(0.8, 0.1, 0.1, 0.05), 0.05, 8, 16, np.ones(1), np.ones(1))
+    Contention(share=0.8, growth=0.1, share_sd=0.1, growth_sd=0.05)
     """
-    active = np.array([min(s.workers, s.depth) for s in states], dtype=float)
-    if prior_sd <= 0 or len(set(active.tolist())) < 2:
+    by_active: dict[int, list[TunerState]] = {}
+    for s in states:
+        by_active.setdefault(min(s.workers, s.depth), []).append(s)
+    by_active = {a: part for a, part in by_active.items() if len(part) >= min_batches}
+    if len(by_active) < 2 or (prior.share_sd <= 0 and prior.growth_sd <= 0):
         return prior
-    service = np.array([max(s.service_ms, 1e-6) for s in states])
-    wait = _waits(states, cores_share)
-    grid = np.unique(np.r_[np.linspace(bounds[0], 0.0, 7), np.geomspace(1e-3, bounds[1], 48)])
-    grid = np.unique(np.r_[grid[(grid >= bounds[0]) & (grid <= bounds[1])], prior])
-    shape = 1.0 + grid[:, None] * (active - 1.0)[None, :]  # (grid, batches)
-    weight = 1.0 / service**2  # relative errors: a slow batch counts as a fast one
-    one = (shape * wait * weight).sum(axis=1) / np.maximum((shape**2 * weight).sum(axis=1), 1e-12)
-    rss = (((wait - one[:, None] * shape) / service) ** 2).sum(axis=1)
-    noise = max(float(rss.min()) / len(states), noise_floor**2)
-    score = rss / noise + ((grid - prior) / prior_sd) ** 2
-    return float(grid[int(np.argmin(score))])
+    active = np.array(sorted(by_active), dtype=float)
+    levels = [by_active[a] for a in sorted(by_active)]
+    service = np.array([max(median(s.service_ms for s in part), 1e-6) for part in levels])
+    cpu = np.array([median(min(s.cpu_ms or 0.0, s.service_ms) for s in part) for part in levels])
+    cores = float(states[-1].cpu_count)
+    spread = np.array(
+        [
+            1.4826 * median(abs(math.log(max(s.service_ms, 1e-6) / m)) for s in part)
+            for part, m in zip(levels, service, strict=True)
+        ]
+    )
+    blocks = np.array([max(1.0, len(part) / block) for part in levels])
+    var = np.maximum(spread, noise_floor) ** 2 / blocks  # of each level's log service
+    share = shares if prior.share_sd > 0 else np.array([prior.share])
+    growth = growths if prior.growth_sd > 0 else np.array([prior.growth])
+    # (share, growth, level): each level's wait under the share, and the wait's shape.
+    wait = service - cpu * np.maximum(1.0, active / np.maximum(share[:, None] * cores, 1.0))
+    wait = wait[:, None, :]
+    shape = (1.0 + growth[:, None] * (active - 1.0))[None, :, :]
+    weight = 1.0 / (service**2 * var)  # relative errors, each level by what it is worth
+    one = (shape * wait * weight).sum(axis=2) / np.maximum((shape**2 * weight).sum(axis=2), 1e-12)
+    score = (((wait - one[:, :, None] * shape) / service) ** 2 / var).sum(axis=2)
+    if prior.share_sd > 0:
+        score = score + (((share - prior.share) / prior.share_sd) ** 2)[:, None]
+    if prior.growth_sd > 0:
+        score = score + (((growth - prior.growth) / prior.growth_sd) ** 2)[None, :]
+    # Posterior weights on the grid: its density times each point's share of the axes.
+    density = np.exp(-(score - score.min()) / 2)
+    density *= _widths(share)[:, None] * _widths(growth)[None, :]
+    density /= density.sum()
+    by_share, by_growth = density.sum(axis=1), density.sum(axis=0)
+    s_mean, g_mean = float(by_share @ share), float(by_growth @ growth)
+    return Contention(
+        s_mean,
+        g_mean,
+        float(np.sqrt(max(float(by_share @ (share - s_mean) ** 2), 0.0))),
+        float(np.sqrt(max(float(by_growth @ (growth - g_mean) ** 2), 0.0))),
+    )
 
 
-def summarize(states: list[TunerState], cores_share: float = 0.8, growth: float = 0.0) -> Service:
+def _widths(grid: np.ndarray) -> np.ndarray:
+    return np.gradient(grid) if len(grid) > 1 else np.ones(1)
+
+
+def summarize(
+    states: list[TunerState],
+    cores_share: float = 0.8,
+    growth: float = 0.0,
+    learned: bool = False,
+    normalize: bool = False,
+) -> Service:
     """The service estimate from settled batches, possibly of several configurations
     of one regime (means: the throughput a worker gives is one over its mean service
     time, tails included). Each batch's waiting part is its service less its CPU at
     the contention it was measured under (`cores_share` of the cores usable), taken
-    back to one busy worker by `growth` (`fit_growth`)."""
+    back to one busy worker by `growth`. `learned`: both came from `fit_contention`,
+    so each batch's service is taken to the last batch's busy workers by that curve
+    before its mean and spread are taken (a spread across configurations is no
+    lateness)."""
     last = states[-1]
     cpu = [s.cpu_ms for s in states if s.cpu_ms is not None]
     read_cpu = [s.read_cpu_ms for s in states if s.read_cpu_ms is not None]
     active = np.array([min(s.workers, s.depth) for s in states], dtype=float)
     waits = _waits(states, cores_share) / np.maximum(1.0 + growth * (active - 1.0), 1e-3)
-    mean = max(fmean(s.service_ms for s in states), 1e-3)
+    wait_ms = max(fmean(waits.tolist()), 0.0)
+    services = [s.service_ms for s in states]
+    if learned and normalize:  # each batch's service at the last busy workers, by the curve
+        cores = max(cores_share * last.cpu_count, 1.0)
+        cpu_ms = fmean(min(s.cpu_ms or 0.0, s.service_ms) for s in states)
+        curve = wait_ms * np.maximum(1.0 + growth * (active - 1.0), 0.0)
+        curve = np.maximum(curve + cpu_ms * np.maximum(1.0, active / cores), 1e-3)
+        services = (np.array(services) * curve[-1] / curve).tolist()
+    mean = max(fmean(services), 1e-3)
     return Service(
-        relative=tuple(s.service_ms / mean for s in states),
-        wait_ms=max(fmean(waits.tolist()), 0.0),
+        relative=tuple(s / mean for s in services),
+        wait_ms=wait_ms,
         cpu_count=last.cpu_count,
-        service_ms=max(fmean(s.service_ms for s in states), 1e-3),
-        spread=service_spread([s.service_ms for s in states]),
+        service_ms=mean,
+        spread=service_spread(services),
         cpu_ms=fmean(cpu) if len(cpu) == len(states) else None,
         step_ms=max(median(s.step_ms for s in states), 1e-3),
         active=max(1, min(last.workers, last.depth)),
@@ -189,6 +263,7 @@ def summarize(states: list[TunerState], cores_share: float = 0.8, growth: float 
         transform_ms=fmean(s.transform_ms for s in states),
         read_cpu_ms=fmean(read_cpu) if read_cpu else None,
         growth=growth,
+        cores_share=cores_share if learned else None,
     )
 
 

@@ -54,7 +54,14 @@ import numpy as np
 
 from predictors.config import TunerConfig
 from predictors.forecast import Forecaster
-from predictors.measure import ChangeDetector, Measured, Service, fit_growth, summarize
+from predictors.measure import (
+    ChangeDetector,
+    Contention,
+    Measured,
+    Service,
+    fit_contention,
+    summarize,
+)
 from predictors.state import (
     Decision,
     PerformanceModel,
@@ -169,7 +176,8 @@ class LearnedTuner:
         self._contention: dict[tuple[int, int], float] = {}
         self._since_plan = 0
         self._calibration = Calibration()
-        self._growth = 0.0  # the wait's growth per extra busy worker, as last fitted
+        # How service grows with workers, as the prior and earlier regimes taught it.
+        self._learned = Contention(cfg.cores_share, 0.0, cfg.share_sd, cfg.growth_sd)
         self._last: Plan | None = None
         # How far a prediction may be off in utilization: the model's measured error.
         self._prior_spread = float(getattr(model, "utilization_error", cfg.prior_spread))
@@ -212,7 +220,7 @@ class LearnedTuner:
             if max(after, before) < c.large_slowdown * min(after, before):
                 # Not large: the batches on both sides may be the workers' contention
                 # the last plan missed; what they teach outlives the dropped records.
-                self._growth = self._fit_growth(self._regime)
+                self._learned = self._fit_contention(self._regime)
             if shift == "slower" and self._regime:
                 level = summarize(self._regime).service_ms
                 self._episode = Episode(state.batch_index, self._regime, dict(self._records), level)
@@ -229,17 +237,21 @@ class LearnedTuner:
             return self._plan(state, "measured")
         return self._current
 
-    def _fit_growth(self, states: list[TunerState]) -> float:
-        """The wait's growth with workers from `states`, the last fit as its prior
-        (it may move by `growth_sd` a plan: more evidence, or a new regime)."""
+    def _fit_contention(self, states: list[TunerState]) -> Contention:
+        """How service grows with workers: what `states` show, with what the prior and
+        earlier regimes taught as the prior."""
         c = self.config
-        return fit_growth(
+        shares = np.linspace(*c.share_bounds, 13)
+        growths = np.r_[np.linspace(c.growth_bounds[0], 0.0, 13)[:-1], np.linspace(0.0, 0.1, 41)]
+        growths = np.r_[growths[:-1], np.geomspace(0.1, max(c.growth_bounds[1], 0.1), 40)]
+        return fit_contention(
             states,
-            self.forecaster.cores_share,
-            self._growth,
-            c.growth_sd,
-            c.growth_noise,
-            c.growth_bounds,
+            self._learned,
+            c.contention_noise,
+            c.record_block,
+            c.contention_batches,
+            shares,
+            growths,
         )
 
     def _transient(self, state: TunerState, after: float) -> bool:
@@ -294,8 +306,10 @@ class LearnedTuner:
     ) -> Decision:
         c = self.config
         self._since_plan = 0
-        self._growth = self._fit_growth(self._regime)
-        est = summarize(self._regime, self.forecaster.cores_share, self._growth)
+        learned = self._fit_contention(self._regime)
+        est = summarize(
+            self._regime, learned.share, learned.growth, True, bool(c.contention_normalize)
+        )
         sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
         grid = self.forecaster.grid(state.one_batch_bytes, state.cpu_count)
@@ -396,7 +410,7 @@ class LearnedTuner:
         rate, depth = self._calibration.rate, self._calibration.depth
         point, _ = self.forecaster.predict([config], est, cpu_count, Calibration(1.0, depth))
         active = min(config)
-        cores = max(self.forecaster.cores_share * cpu_count, 1.0)
+        cores = self.forecaster.cores(est, cpu_count)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         headroom = active * est.step_ms / (est.wait_at(active) + cpu * max(1.0, active / cores))
         ratio = record.utilization / max(float(point[0]), c.min_prediction)
