@@ -94,6 +94,7 @@ class Episode:
     service level (ms) of that regime; if the slowdown ends soon, they come back."""
 
     batch: int
+    start: int  # the first batch of the slowdown (its alarm's rising batches)
     regime: list[TunerState]
     records: dict[tuple[int, int], Measured]
     level: float
@@ -170,6 +171,9 @@ class LearnedTuner:
         self._records: dict[tuple[int, int], Measured] = defaultdict(self._new_record)
         self._samples: list[TunerState] = []  # settled batches of the current configuration
         self._regime: list[TunerState] = []  # settled batches since the last shift
+        # Settled batches since the last large shift, bursts left out: what contention
+        # (how service grows with workers) is learned from; a small alarm keeps them.
+        self._evidence: list[TunerState] = []
         self._episode: Episode | None = None
         self._in_effect = True
         self._settle_ms = 0.0
@@ -207,6 +211,7 @@ class LearnedTuner:
             return self._current
         self._samples.append(state)
         self._regime = [*self._regime[-(c.regime_window - 1) :], state]
+        self._evidence = [*self._evidence[-(c.regime_window - 1) :], state]
         self._since_plan += 1
         self._records[config].add(state)
         shift = self.detector.update(state.service_ms)
@@ -214,16 +219,19 @@ class LearnedTuner:
             fresh = max(self.detector.run, c.fresh_batches)
             before = self._last.service_ms if self._last else float("nan")
             after = summarize(self._samples[-fresh:]).service_ms
-            if shift == "faster" and self._transient(state, after):
+            start = self._samples[-fresh].batch_index if len(self._samples) >= fresh else 0
+            if shift == "faster" and self._transient(state, after, start):
                 why = f"burst over (service back to {after:.1f} ms; its batches kept)"
                 return self._plan(state, why)
-            if max(after, before) < c.large_slowdown * min(after, before):
-                # Not large: the batches on both sides may be the workers' contention
-                # the last plan missed; what they teach outlives the dropped records.
-                self._learned = self._fit_contention(self._regime)
+            if max(after, before) >= c.large_slowdown * min(after, before):
+                # A new regime: what its batches taught of contention is the next prior.
+                self._learned = self._fit_contention(self._evidence)
+                self._evidence = self._samples[-fresh:]
             if shift == "slower" and self._regime:
                 level = summarize(self._regime).service_ms
-                self._episode = Episode(state.batch_index, self._regime, dict(self._records), level)
+                self._episode = Episode(
+                    state.batch_index, start, self._regime, dict(self._records), level
+                )
             self._samples = self._regime = self._samples[-fresh:]
             self._records.clear()
             self._records[config] = self._record(self._samples)
@@ -239,7 +247,7 @@ class LearnedTuner:
 
     def _fit_contention(self, states: list[TunerState]) -> Contention:
         """How service grows with workers: what `states` show, with what the prior and
-        earlier regimes taught as the prior."""
+        earlier regimes taught as its prior."""
         c = self.config
         shares = np.linspace(*c.share_bounds, 13)
         growths = np.r_[np.linspace(c.growth_bounds[0], 0.0, 13)[:-1], np.linspace(0.0, 0.1, 41)]
@@ -254,12 +262,13 @@ class LearnedTuner:
             growths,
         )
 
-    def _transient(self, state: TunerState, after: float) -> bool:
+    def _transient(self, state: TunerState, after: float, end: int) -> bool:
         """A faster alarm soon after a slower one, back to about the service before it
         (at most `transient_level` x above, less than `large_slowdown` x below), ends a
         burst, not a regime: the burst's batches join the regime before it, so the
         lateness they caused is planned for (a burst dropped with its regime comes
-        back, and the depth it needs was given up)."""
+        back, and the depth it needs was given up). Its batches up to `end` (the first
+        back) teach nothing of contention: they leave the evidence."""
         c = self.config
         episode, self._episode = self._episode, None
         if episode is None or state.batch_index - episode.batch > c.burst_batches:
@@ -267,6 +276,7 @@ class LearnedTuner:
         if not episode.level / c.large_slowdown < after <= c.transient_level * episode.level:
             return False  # not back: still slower, or a large change (a regime)
         self._regime = [*episode.regime, *self._regime][-c.regime_window :]
+        self._evidence = [s for s in self._evidence if not episode.start <= s.batch_index < end]
         for key, record in episode.records.items():
             self._records.setdefault(key, record)
         return True
@@ -306,7 +316,7 @@ class LearnedTuner:
     ) -> Decision:
         c = self.config
         self._since_plan = 0
-        learned = self._fit_contention(self._regime)
+        learned = self._fit_contention(self._evidence)
         est = summarize(
             self._regime, learned.share, learned.growth, True, bool(c.contention_normalize)
         )
