@@ -72,9 +72,10 @@ class TunerConfig:
     near_best: float = 0.01  # predictions this close to the best count as the best
     # --- how service grows with workers, learned in the run (`measure.fit_contention`) ---
     share_sd: float = 0.15  # prior sd of `cores_share` (processes use every core)
-    growth_sd: float = 0.1  # prior sd of the wait's growth per extra worker (a shared link)
+    growth_sd: float = 0.3  # prior sd of the read's growth per extra worker (a shared link)
     contention_noise: float = 0.05  # a batch's relative error is taken as at least this
     contention_batches: int = 8  # a busy-worker count measured on fewer batches is not used
+    contention_plans: bool = True  # plan with it too, not only expect it (trial)
     contention_normalize: bool = False  # lateness from services taken to one count (trial)
     share_bounds: tuple[float, float] = (0.4, 1.0)  # of the cores, the range considered
     growth_bounds: tuple[float, float] = (-0.06, 2.0)  # -1/15: no wait left at 16 workers

@@ -157,14 +157,15 @@ def fit_contention(
     shares: np.ndarray,
     growths: np.ndarray,
 ) -> Contention:
-    """The contention learned from this run's batches: the posterior mean (on the grid
-    `shares` x `growths`) under independent normal priors (`prior`). Each busy-worker
-    count measured gives its median service (a burst or a tail moves a median little),
-    known to its relative spread (at least `noise_floor`) over the root of its blocks
-    of `block` batches (batches come in runs, blocks nearly independent). Workers on
-    a shared link read slower the more of them read (growth > 0); process workers use
-    every core (share near 1), threads fewer (Python's lock). One busy-worker count
-    measured says nothing of either, so the prior stands.
+    """The contention learned from this run's batches, each part from the stage that
+    shows it: the read's growth with busy workers (a shared link) from the read times,
+    and the share of the cores from the decode's time over its CPU (the queue for a
+    core). Each busy-worker count measured on `min_batches` or more gives its medians
+    (a burst or a tail moves a median little), known to their relative spread (at
+    least `noise_floor`) over the root of its blocks of `block` batches (batches come
+    in runs, blocks nearly independent). Each part is the posterior mean on its grid
+    (`growths`, `shares`) under a normal prior (`prior`). One busy-worker count says
+    nothing of either, so the prior stands.
 
     >>> fit_contention([], Contention(0.8, 0.1, 0.1, 0.05), 0.05, 8, 16, np.ones(1), np.ones(1))
     Contention(share=0.8, growth=0.1, share_sd=0.1, growth_sd=0.05)
@@ -172,47 +173,61 @@ def fit_contention(
     by_active: dict[int, list[TunerState]] = {}
     for s in states:
         by_active.setdefault(min(s.workers, s.depth), []).append(s)
-    by_active = {a: part for a, part in by_active.items() if len(part) >= min_batches}
-    if len(by_active) < 2 or (prior.share_sd <= 0 and prior.growth_sd <= 0):
+    levels = {a: part for a, part in by_active.items() if len(part) >= min_batches}
+    if len(levels) < 2:
         return prior
-    active = np.array(sorted(by_active), dtype=float)
-    levels = [by_active[a] for a in sorted(by_active)]
-    service = np.array([max(median(s.service_ms for s in part), 1e-6) for part in levels])
-    cpu = np.array([median(min(s.cpu_ms or 0.0, s.service_ms) for s in part) for part in levels])
-    cores = float(states[-1].cpu_count)
-    spread = np.array(
-        [
-            1.4826 * median(abs(math.log(max(s.service_ms, 1e-6) / m)) for s in part)
-            for part, m in zip(levels, service, strict=True)
-        ]
-    )
-    blocks = np.array([max(1.0, len(part) / block) for part in levels])
-    var = np.maximum(spread, noise_floor) ** 2 / blocks  # of each level's log service
-    share = shares if prior.share_sd > 0 else np.array([prior.share])
-    growth = growths if prior.growth_sd > 0 else np.array([prior.growth])
-    # (share, growth, level): each level's wait under the share, and the wait's shape.
-    wait = service - cpu * np.maximum(1.0, active / np.maximum(share[:, None] * cores, 1.0))
-    wait = wait[:, None, :]
-    shape = (1.0 + growth[:, None] * (active - 1.0))[None, :, :]
-    weight = 1.0 / (service**2 * var)  # relative errors, each level by what it is worth
-    one = (shape * wait * weight).sum(axis=2) / np.maximum((shape**2 * weight).sum(axis=2), 1e-12)
-    score = (((wait - one[:, :, None] * shape) / service) ** 2 / var).sum(axis=2)
-    if prior.share_sd > 0:
-        score = score + (((share - prior.share) / prior.share_sd) ** 2)[:, None]
+    active = np.array(sorted(levels), dtype=float)
+    parts = [levels[a] for a in sorted(levels)]
+    blocks = np.array([max(1.0, len(part) / block) for part in parts])
+
+    def medians(values: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
+        """Each level's median, and the variance of its log."""
+        mid = np.array([max(median(v), 1e-9) for v in values])
+        spread = np.array(
+            [
+                1.4826 * median(abs(math.log(max(x, 1e-9) / m)) for x in v)
+                for v, m in zip(values, mid, strict=True)
+            ]
+        )
+        return mid, np.maximum(spread, noise_floor) ** 2 / blocks
+
+    growth, growth_sd = prior.growth, prior.growth_sd
     if prior.growth_sd > 0:
-        score = score + (((growth - prior.growth) / prior.growth_sd) ** 2)[None, :]
-    # Posterior weights on the grid: its density times each point's share of the axes.
-    density = np.exp(-(score - score.min()) / 2)
-    density *= _widths(share)[:, None] * _widths(growth)[None, :]
+        read, var = medians([[s.read_ms for s in part] for part in parts])
+        shape = 1.0 + growths[:, None] * (active - 1.0)[None, :]
+        ok = (shape > 0).all(axis=1)
+        logs = np.log(np.where(shape > 0, shape, 1.0))
+        # The one-worker read that fits best in logs, for each growth.
+        one = ((np.log(read) - logs) / var).sum(axis=1) / (1.0 / var).sum()
+        score = (((np.log(read) - one[:, None] - logs) ** 2) / var).sum(axis=1)
+        score += ((growths - prior.growth) / prior.growth_sd) ** 2
+        growth, growth_sd = _posterior(growths[ok], score[ok])
+    share, share_sd = prior.share, prior.share_sd
+    cpu_known = all(s.cpu_ms is not None for s in states)
+    if prior.share_sd > 0 and cpu_known:
+        waits = [
+            [
+                (s.decode_ms + s.transform_ms)
+                / max((s.cpu_ms or 0.0) - (s.read_cpu_ms or 0.0), 1e-6)
+                for s in part
+            ]
+            for part in parts
+        ]
+        factor, var = medians(waits)
+        cores = float(states[-1].cpu_count)
+        model = np.maximum(1.0, active[None, :] / np.maximum(shares[:, None] * cores, 1.0))
+        score = (((np.log(factor) - np.log(model)) ** 2) / var).sum(axis=1)
+        score += ((shares - prior.share) / prior.share_sd) ** 2
+        share, share_sd = _posterior(shares, score)
+    return Contention(share, growth, share_sd, growth_sd)
+
+
+def _posterior(grid: np.ndarray, score: np.ndarray) -> tuple[float, float]:
+    """Mean and sd of the density exp(-score / 2) on a grid (each point by its width)."""
+    density = np.exp(-(score - score.min()) / 2) * _widths(grid)
     density /= density.sum()
-    by_share, by_growth = density.sum(axis=1), density.sum(axis=0)
-    s_mean, g_mean = float(by_share @ share), float(by_growth @ growth)
-    return Contention(
-        s_mean,
-        g_mean,
-        float(np.sqrt(max(float(by_share @ (share - s_mean) ** 2), 0.0))),
-        float(np.sqrt(max(float(by_growth @ (growth - g_mean) ** 2), 0.0))),
-    )
+    mean = float(density @ grid)
+    return mean, float(np.sqrt(max(float(density @ (grid - mean) ** 2), 0.0)))
 
 
 def _widths(grid: np.ndarray) -> np.ndarray:

@@ -317,9 +317,10 @@ class LearnedTuner:
         c = self.config
         self._since_plan = 0
         learned = self._fit_contention(self._evidence)
-        est = summarize(
+        curve = summarize(
             self._regime, learned.share, learned.growth, True, bool(c.contention_normalize)
         )
+        est = curve if c.contention_plans else summarize(self._regime, self.forecaster.cores_share)
         sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
         grid = self.forecaster.grid(state.one_batch_bytes, state.cpu_count)
@@ -372,7 +373,7 @@ class LearnedTuner:
             )
             return self._current
         self._current = dataclasses.replace(choice, reason=f"{why}: {choice.reason}")
-        self._contention = {new: self.forecaster.service_ratio(est, min(config), min(new))}
+        self._contention = {new: self.forecaster.service_ratio(curve, min(config), min(new))}
         self._in_effect = False
         self.history.append((state.batch_index, self._current))
         return self._current
