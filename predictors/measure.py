@@ -163,7 +163,7 @@ def fit_contention(
     core). Each busy-worker count measured on `min_batches` or more gives its medians
     (a burst or a tail moves a median little), known to their relative spread (at
     least `noise_floor`) over the root of its blocks of `block` batches (batches come
-    in runs, blocks nearly independent). Each part is the posterior mean on its grid
+    in runs, blocks nearly independent). Each part is the posterior mode on its grid
     (`growths`, `shares`) under a normal prior (`prior`). One busy-worker count says
     nothing of either, so the prior stands.
 
@@ -223,11 +223,14 @@ def fit_contention(
 
 
 def _posterior(grid: np.ndarray, score: np.ndarray) -> tuple[float, float]:
-    """Mean and sd of the density exp(-score / 2) on a grid (each point by its width)."""
+    """The most probable value of the density exp(-score / 2) on a grid, and its sd
+    (each point weighted by its width). The mode, not the mean: with little data the
+    prior's own value stands, not the mean of its part inside the grid's range."""
     density = np.exp(-(score - score.min()) / 2) * _widths(grid)
     density /= density.sum()
     mean = float(density @ grid)
-    return mean, float(np.sqrt(max(float(density @ (grid - mean) ** 2), 0.0)))
+    sd = float(np.sqrt(max(float(density @ (grid - mean) ** 2), 0.0)))
+    return float(grid[int(np.argmin(score))]), sd
 
 
 def _widths(grid: np.ndarray) -> np.ndarray:
