@@ -70,15 +70,6 @@ class TunerConfig:
     default_prior_spread: float = 0.12505449055369317
     cores_share: float = 0.8  # share of the cores the workers keep busy (Python's lock)
     near_best: float = 0.01  # predictions this close to the best count as the best
-    # --- how service grows with workers, learned in the run (`measure.fit_contention`) ---
-    share_sd: float = 0.15  # prior sd of `cores_share` (processes use every core)
-    growth_sd: float = 0.3  # prior sd of the read's growth per extra worker (a shared link)
-    contention_noise: float = 0.05  # a batch's relative error is taken as at least this
-    contention_batches: int = 8  # a busy-worker count measured on fewer batches is not used
-    contention_plans: bool = True  # plan with it too, not only expect it (trial)
-    contention_normalize: bool = False  # lateness from services taken to one count (trial)
-    share_bounds: tuple[float, float] = (0.4, 1.0)  # of the cores, the range considered
-    growth_bounds: tuple[float, float] = (-0.06, 2.0)  # -1/15: no wait left at 16 workers
     # --- the online model (`online=True`) ----------------------------------------------
     online: bool = False  # share measured errors with neighbouring configurations
     online_length: float = 1.0  # its kernel's length, in log2 of workers and of depth

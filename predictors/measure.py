@@ -14,19 +14,9 @@ import math
 from dataclasses import dataclass, field
 from statistics import fmean, median
 
-import numpy as np
-
 from predictors.state import TunerState
 
-__all__ = [
-    "ChangeDetector",
-    "Contention",
-    "Measured",
-    "Service",
-    "fit_contention",
-    "service_spread",
-    "summarize",
-]
+__all__ = ["ChangeDetector", "Measured", "Service", "service_spread", "summarize"]
 
 
 @dataclass
@@ -96,19 +86,13 @@ class Service:
     step_ms: float
     active: int
     samples: int
-    wait_ms: float = 0.0  # the service less its CPU at the cores' contention, at 1 worker
+    wait_ms: float = 0.0  # the service less its CPU at the cores' contention: storage
     cpu_count: int = 1
     relative: tuple[float, ...] = ()  # each batch's service over the mean: its spread
     read_ms: float = 0.0
     decode_ms: float = 0.0
     transform_ms: float = 0.0
     read_cpu_ms: float | None = None
-    growth: float = 0.0  # the waiting part's growth per extra busy worker (`Contention`)
-    cores_share: float | None = None  # of the cores the CPU is shared by (None: the prior's)
-
-    def wait_at(self, active: np.ndarray | float) -> np.ndarray | float:
-        """The waiting part of one worker's service at `active` busy workers."""
-        return self.wait_ms * np.maximum(1.0 + self.growth * (np.asarray(active) - 1.0), 0.0)
 
     def stages(self) -> dict[str, float]:
         """Per-batch stage times, as `state.name_bottleneck` and `stage_text` read them."""
@@ -123,155 +107,27 @@ class Service:
         return out
 
 
-def _waits(states: list[TunerState], cores_share: float) -> np.ndarray:
-    """Each batch's waiting part: its service less its CPU at the contention it was
-    measured under (`cores_share` of the cores usable)."""
-    return np.array(
-        [
-            s.service_ms
-            - min(s.cpu_ms or 0.0, s.service_ms)
-            * max(1.0, min(s.workers, s.depth) / max(cores_share * s.cpu_count, 1.0))
-            for s in states
-        ]
-    )
-
-
-@dataclass(frozen=True)
-class Contention:
-    """How one worker's service grows with `a` busy workers: its CPU is shared by
-    `share` of the cores, and its wait grows by `growth` per extra worker (a shared
-    link), wait(a) = wait(1) * (1 + growth * (a - 1)); each with its sd."""
-
-    share: float = 0.8
-    growth: float = 0.0
-    share_sd: float = 0.0
-    growth_sd: float = 0.0
-
-
-def fit_contention(
-    states: list[TunerState],
-    prior: Contention,
-    noise_floor: float,
-    block: int,
-    min_batches: int,
-    shares: np.ndarray,
-    growths: np.ndarray,
-) -> Contention:
-    """The contention learned from this run's batches, each part from the stage that
-    shows it: the read's growth with busy workers (a shared link) from the read times,
-    and the share of the cores from the decode's time over its CPU (the queue for a
-    core). Each busy-worker count measured on `min_batches` or more gives its medians
-    (a burst or a tail moves a median little), known to their relative spread (at
-    least `noise_floor`) over the root of its blocks of `block` batches (batches come
-    in runs, blocks nearly independent). Each part is the posterior mode on its grid
-    (`growths`, `shares`) under a normal prior (`prior`). One busy-worker count says
-    nothing of either, so the prior stands.
-
-    >>> fit_contention([], Contention(0.8, 0.1, 0.1, 0.05), 0.05, 8, 16, np.ones(1), np.ones(1))
-    Contention(share=0.8, growth=0.1, share_sd=0.1, growth_sd=0.05)
-    """
-    by_active: dict[int, list[TunerState]] = {}
-    for s in states:
-        by_active.setdefault(min(s.workers, s.depth), []).append(s)
-    levels = {a: part for a, part in by_active.items() if len(part) >= min_batches}
-    if len(levels) < 2:
-        return prior
-    active = np.array(sorted(levels), dtype=float)
-    parts = [levels[a] for a in sorted(levels)]
-    blocks = np.array([max(1.0, len(part) / block) for part in parts])
-
-    def medians(values: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
-        """Each level's median, and the variance of its log."""
-        mid = np.array([max(median(v), 1e-9) for v in values])
-        spread = np.array(
-            [
-                1.4826 * median(abs(math.log(max(x, 1e-9) / m)) for x in v)
-                for v, m in zip(values, mid, strict=True)
-            ]
-        )
-        return mid, np.maximum(spread, noise_floor) ** 2 / blocks
-
-    growth, growth_sd = prior.growth, prior.growth_sd
-    if prior.growth_sd > 0:
-        read, var = medians([[s.read_ms for s in part] for part in parts])
-        shape = 1.0 + growths[:, None] * (active - 1.0)[None, :]
-        ok = (shape > 0).all(axis=1)
-        logs = np.log(np.where(shape > 0, shape, 1.0))
-        # The one-worker read that fits best in logs, for each growth.
-        one = ((np.log(read) - logs) / var).sum(axis=1) / (1.0 / var).sum()
-        score = (((np.log(read) - one[:, None] - logs) ** 2) / var).sum(axis=1)
-        score += ((growths - prior.growth) / prior.growth_sd) ** 2
-        growth, growth_sd = _posterior(growths[ok], score[ok])
-    share, share_sd = prior.share, prior.share_sd
-    cpu_known = all(s.cpu_ms is not None for s in states)
-    if prior.share_sd > 0 and cpu_known:
-        waits = [
-            [
-                (s.decode_ms + s.transform_ms)
-                / max((s.cpu_ms or 0.0) - (s.read_cpu_ms or 0.0), 1e-6)
-                for s in part
-            ]
-            for part in parts
-        ]
-        factor, var = medians(waits)
-        cores = float(states[-1].cpu_count)
-        model = np.maximum(1.0, active[None, :] / np.maximum(shares[:, None] * cores, 1.0))
-        score = (((np.log(factor) - np.log(model)) ** 2) / var).sum(axis=1)
-        score += ((shares - prior.share) / prior.share_sd) ** 2
-        share, share_sd = _posterior(shares, score)
-    return Contention(share, growth, share_sd, growth_sd)
-
-
-def _posterior(grid: np.ndarray, score: np.ndarray) -> tuple[float, float]:
-    """The most probable value of the density exp(-score / 2) on a grid, and its sd
-    (each point weighted by its width). The mode, not the mean: with little data the
-    prior's own value stands, not the mean of its part inside the grid's range."""
-    density = np.exp(-(score - score.min()) / 2) * _widths(grid)
-    density /= density.sum()
-    mean = float(density @ grid)
-    sd = float(np.sqrt(max(float(density @ (grid - mean) ** 2), 0.0)))
-    return float(grid[int(np.argmin(score))]), sd
-
-
-def _widths(grid: np.ndarray) -> np.ndarray:
-    return np.gradient(grid) if len(grid) > 1 else np.ones(1)
-
-
-def summarize(
-    states: list[TunerState],
-    cores_share: float = 0.8,
-    growth: float = 0.0,
-    learned: bool = False,
-    normalize: bool = False,
-) -> Service:
+def summarize(states: list[TunerState], cores_share: float = 0.8) -> Service:
     """The service estimate from settled batches, possibly of several configurations
     of one regime (means: the throughput a worker gives is one over its mean service
     time, tails included). Each batch's waiting part is its service less its CPU at
-    the contention it was measured under (`cores_share` of the cores usable), taken
-    back to one busy worker by `growth`. `learned`: both came from `fit_contention`,
-    so each batch's service is taken to the last batch's busy workers by that curve
-    before its mean and spread are taken (a spread across configurations is no
-    lateness)."""
+    the contention it was measured under (`cores_share` of the cores usable)."""
     last = states[-1]
     cpu = [s.cpu_ms for s in states if s.cpu_ms is not None]
     read_cpu = [s.read_cpu_ms for s in states if s.read_cpu_ms is not None]
-    active = np.array([min(s.workers, s.depth) for s in states], dtype=float)
-    waits = _waits(states, cores_share) / np.maximum(1.0 + growth * (active - 1.0), 1e-3)
-    wait_ms = max(fmean(waits.tolist()), 0.0)
-    services = [s.service_ms for s in states]
-    if learned and normalize:  # each batch's service at the last busy workers, by the curve
-        cores = max(cores_share * last.cpu_count, 1.0)
-        cpu_ms = fmean(min(s.cpu_ms or 0.0, s.service_ms) for s in states)
-        curve = wait_ms * np.maximum(1.0 + growth * (active - 1.0), 0.0)
-        curve = np.maximum(curve + cpu_ms * np.maximum(1.0, active / cores), 1e-3)
-        services = (np.array(services) * curve[-1] / curve).tolist()
-    mean = max(fmean(services), 1e-3)
+    waits = [
+        s.service_ms
+        - min(s.cpu_ms or 0.0, s.service_ms)
+        * max(1.0, min(s.workers, s.depth) / max(cores_share * s.cpu_count, 1.0))
+        for s in states
+    ]
+    mean = max(fmean(s.service_ms for s in states), 1e-3)
     return Service(
-        relative=tuple(s / mean for s in services),
-        wait_ms=wait_ms,
+        relative=tuple(s.service_ms / mean for s in states),
+        wait_ms=max(fmean(waits), 0.0),
         cpu_count=last.cpu_count,
-        service_ms=mean,
-        spread=service_spread(services),
+        service_ms=max(fmean(s.service_ms for s in states), 1e-3),
+        spread=service_spread([s.service_ms for s in states]),
         cpu_ms=fmean(cpu) if len(cpu) == len(states) else None,
         step_ms=max(median(s.step_ms for s in states), 1e-3),
         active=max(1, min(last.workers, last.depth)),
@@ -280,8 +136,6 @@ def summarize(
         decode_ms=fmean(s.decode_ms for s in states),
         transform_ms=fmean(s.transform_ms for s in states),
         read_cpu_ms=fmean(read_cpu) if read_cpu else None,
-        growth=growth,
-        cores_share=cores_share if learned else None,
     )
 
 

@@ -54,14 +54,7 @@ import numpy as np
 
 from predictors.config import TunerConfig
 from predictors.forecast import Forecaster
-from predictors.measure import (
-    ChangeDetector,
-    Contention,
-    Measured,
-    Service,
-    fit_contention,
-    summarize,
-)
+from predictors.measure import ChangeDetector, Measured, Service, summarize
 from predictors.state import (
     Decision,
     PerformanceModel,
@@ -94,7 +87,6 @@ class Episode:
     service level (ms) of that regime; if the slowdown ends soon, they come back."""
 
     batch: int
-    start: int  # the first batch of the slowdown (its alarm's rising batches)
     regime: list[TunerState]
     records: dict[tuple[int, int], Measured]
     level: float
@@ -171,17 +163,12 @@ class LearnedTuner:
         self._records: dict[tuple[int, int], Measured] = defaultdict(self._new_record)
         self._samples: list[TunerState] = []  # settled batches of the current configuration
         self._regime: list[TunerState] = []  # settled batches since the last shift
-        # Settled batches since the last large shift, bursts left out: what contention
-        # (how service grows with workers) is learned from; a small alarm keeps them.
-        self._evidence: list[TunerState] = []
         self._episode: Episode | None = None
         self._in_effect = True
         self._settle_ms = 0.0
         self._contention: dict[tuple[int, int], float] = {}
         self._since_plan = 0
         self._calibration = Calibration()
-        # How service grows with workers, as the prior and earlier regimes taught it.
-        self._learned = Contention(cfg.cores_share, 0.0, cfg.share_sd, cfg.growth_sd)
         self._last: Plan | None = None
         # How far a prediction may be off in utilization: the model's measured error.
         self._prior_spread = float(getattr(model, "utilization_error", cfg.prior_spread))
@@ -211,7 +198,6 @@ class LearnedTuner:
             return self._current
         self._samples.append(state)
         self._regime = [*self._regime[-(c.regime_window - 1) :], state]
-        self._evidence = [*self._evidence[-(c.regime_window - 1) :], state]
         self._since_plan += 1
         self._records[config].add(state)
         shift = self.detector.update(state.service_ms)
@@ -219,19 +205,12 @@ class LearnedTuner:
             fresh = max(self.detector.run, c.fresh_batches)
             before = self._last.service_ms if self._last else float("nan")
             after = summarize(self._samples[-fresh:]).service_ms
-            start = self._samples[-fresh].batch_index if len(self._samples) >= fresh else 0
-            if shift == "faster" and self._transient(state, after, start):
+            if shift == "faster" and self._transient(state, after):
                 why = f"burst over (service back to {after:.1f} ms; its batches kept)"
                 return self._plan(state, why)
-            if max(after, before) >= c.large_slowdown * min(after, before):
-                # A new regime: what its batches taught of contention is the next prior.
-                self._learned = self._fit_contention(self._evidence)
-                self._evidence = self._samples[-fresh:]
             if shift == "slower" and self._regime:
                 level = summarize(self._regime).service_ms
-                self._episode = Episode(
-                    state.batch_index, start, self._regime, dict(self._records), level
-                )
+                self._episode = Episode(state.batch_index, self._regime, dict(self._records), level)
             self._samples = self._regime = self._samples[-fresh:]
             self._records.clear()
             self._records[config] = self._record(self._samples)
@@ -245,30 +224,12 @@ class LearnedTuner:
             return self._plan(state, "measured")
         return self._current
 
-    def _fit_contention(self, states: list[TunerState]) -> Contention:
-        """How service grows with workers: what `states` show, with what the prior and
-        earlier regimes taught as its prior."""
-        c = self.config
-        shares = np.linspace(*c.share_bounds, 13)
-        growths = np.r_[np.linspace(c.growth_bounds[0], 0.0, 13)[:-1], np.linspace(0.0, 0.1, 41)]
-        growths = np.r_[growths[:-1], np.geomspace(0.1, max(c.growth_bounds[1], 0.1), 40)]
-        return fit_contention(
-            states,
-            self._learned,
-            c.contention_noise,
-            c.record_block,
-            c.contention_batches,
-            shares,
-            growths,
-        )
-
-    def _transient(self, state: TunerState, after: float, end: int) -> bool:
+    def _transient(self, state: TunerState, after: float) -> bool:
         """A faster alarm soon after a slower one, back to about the service before it
         (at most `transient_level` x above, less than `large_slowdown` x below), ends a
         burst, not a regime: the burst's batches join the regime before it, so the
         lateness they caused is planned for (a burst dropped with its regime comes
-        back, and the depth it needs was given up). Its batches up to `end` (the first
-        back) teach nothing of contention: they leave the evidence."""
+        back, and the depth it needs was given up)."""
         c = self.config
         episode, self._episode = self._episode, None
         if episode is None or state.batch_index - episode.batch > c.burst_batches:
@@ -276,7 +237,6 @@ class LearnedTuner:
         if not episode.level / c.large_slowdown < after <= c.transient_level * episode.level:
             return False  # not back: still slower, or a large change (a regime)
         self._regime = [*episode.regime, *self._regime][-c.regime_window :]
-        self._evidence = [s for s in self._evidence if not episode.start <= s.batch_index < end]
         for key, record in episode.records.items():
             self._records.setdefault(key, record)
         return True
@@ -316,11 +276,7 @@ class LearnedTuner:
     ) -> Decision:
         c = self.config
         self._since_plan = 0
-        learned = self._fit_contention(self._evidence)
-        curve = summarize(
-            self._regime, learned.share, learned.growth, True, bool(c.contention_normalize)
-        )
-        est = curve if c.contention_plans else summarize(self._regime, self.forecaster.cores_share)
+        est = summarize(self._regime, self.forecaster.cores_share)
         sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
         grid = self.forecaster.grid(state.one_batch_bytes, state.cpu_count)
@@ -373,7 +329,7 @@ class LearnedTuner:
             )
             return self._current
         self._current = dataclasses.replace(choice, reason=f"{why}: {choice.reason}")
-        self._contention = {new: self.forecaster.service_ratio(curve, min(config), min(new))}
+        self._contention = {new: self.forecaster.service_ratio(est, min(config), min(new))}
         self._in_effect = False
         self.history.append((state.batch_index, self._current))
         return self._current
@@ -421,9 +377,9 @@ class LearnedTuner:
         rate, depth = self._calibration.rate, self._calibration.depth
         point, _ = self.forecaster.predict([config], est, cpu_count, Calibration(1.0, depth))
         active = min(config)
-        cores = self.forecaster.cores(est, cpu_count)
+        cores = max(self.forecaster.cores_share * cpu_count, 1.0)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
-        headroom = active * est.step_ms / (est.wait_at(active) + cpu * max(1.0, active / cores))
+        headroom = active * est.step_ms / (est.wait_ms + cpu * max(1.0, active / cores))
         ratio = record.utilization / max(float(point[0]), c.min_prediction)
         if ratio >= 1.0:
             return
@@ -545,7 +501,7 @@ def _slower(est: Service, factor: float) -> Service:
     """The estimate with its storage wait `factor` times longer (the CPU as measured)."""
     return dataclasses.replace(
         est,
-        service_ms=est.service_ms + (factor - 1.0) * float(est.wait_at(est.active)),
+        service_ms=est.service_ms + (factor - 1.0) * est.wait_ms,
         wait_ms=est.wait_ms * factor,
         read_ms=est.read_ms * factor,
     )

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.scenarios import draw, oracle, recovery_batches, time_weighted_utilization
-from benchmarks.tuner_lab.synthetic import SimulatedLoader, SimWorkload, run_tuner
+from benchmarks.tuner_lab.synthetic import SimWorkload, run_tuner
 from benchmarks.tuner_lab.synthetic import measure as measure_static
 from predictors import measure
 from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
@@ -485,47 +485,3 @@ def test_every_controller_number_is_one_config_and_unknown_names_are_refused():
         tuner.config.confidence = 1.0  # type: ignore[misc]
     with pytest.raises(TunerConfigError, match=r"Unknown tuner parameter.*confidense"):
         LearnedTuner(QueueingModel(), confidense=0.8)
-
-
-def _settled(workload: SimWorkload, workers: int, batches: int = 40) -> list[TunerState]:
-    """Settled batches of a static configuration on the simulator, as a tuner reads them."""
-    loader = SimulatedLoader(workload, workers, workers, seed=3)
-    records = [loader.next_batch() for _ in range(batches + 4)][4:]
-    return [
-        TunerState(
-            batch_index=i,
-            workers=workers,
-            depth=workers,
-            batch_size=workload.batch_size,
-            step_ms=r.step_ms,
-            stall_ms=r.stall_ms,
-            read_ms=r.read_ms,
-            decode_ms=r.decode_ms,
-            bytes_per_batch=workload.batch_bytes,
-            memory_bytes=0.0,
-            cpu_count=workload.cpu_count,
-            cpu_ms=r.cpu_ms,
-        )
-        for i, r in enumerate(records)
-    ]
-
-
-def test_how_service_grows_with_workers_is_learned_from_two_worker_counts():
-    # Process workers decoding on 2 cores, sharing a 500 MB/s link: 13 ms of transfer
-    # per worker reading, against 6 ms of latency. The prior expects 0.8 of the cores
-    # and no growth of the read; two measured worker counts teach both.
-    link = dataclasses.replace(
-        HEAVY_DECODE, storage_bandwidth_mbps=500, storage_latency_ms=0.1, cores=2
-    )
-    prior = measure.Contention(share=0.8, growth=0.0, share_sd=0.15, growth_sd=0.3)
-    grids = (np.linspace(0.4, 1.0, 13), np.linspace(-0.06, 2.0, 200))
-    learned = measure.fit_contention(
-        _settled(link, 2) + _settled(link, 8), prior, 0.05, 8, 8, *grids
-    )
-    transfer = link.batch_bytes / (link.storage_bandwidth_mbps * 1e3)
-    truth = transfer / (link.storage_latency_ms * link.batch_size + transfer)
-    assert learned.share > 0.9
-    assert abs(learned.growth - truth) < 0.3 * truth
-    assert learned.growth_sd < prior.growth_sd
-    # One worker count says nothing of either: the prior stands.
-    assert measure.fit_contention(_settled(link, 4), prior, 0.05, 8, 8, *grids) == prior
