@@ -65,6 +65,7 @@ SEEDS = {
     "heldout8": 80_000,
     "heldout9": 90_000,  # chosen after the prior-alone default and the online model
     "heldout14": 140_000,  # chosen after issue 32 moved the lab and the own-change trial
+    "heldout17": 170_000,  # chosen after the cores' share learned in the run (issue 31)
 }
 MAX_WORKERS = 16
 
