@@ -31,7 +31,7 @@ from benchmarks.scenarios import MAX_WORKERS, RESULTS, draw, static_windows
 from predictors.forecast import Forecaster
 
 
-def candidates(row: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+def candidates(row: dict[str, Any], run_seed: int = RUN_SEED) -> tuple[list[dict[str, Any]], float]:
     """Every candidate with one long run and the run seed's last third, and the
     oracle's own configuration in that window."""
     s = draw(row["family"], row["seed"])
@@ -42,28 +42,32 @@ def candidates(row: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
             "memory": d * one,
             "workers": w,
             "runs": [static_windows(s, w, d, LONG_RUN_SEEDS[0])[0]],
-            "run": static_windows(s, w, d, RUN_SEED)[1],
+            "run": static_windows(s, w, d, run_seed)[1],
         }
         for w, d in forecaster.grid(one, s.workload.cpu_count)
     ]
     o = row["oracle"]
-    return rows, static_windows(s, o["workers"], o["depth"], RUN_SEED)[1]
+    return rows, static_windows(s, o["workers"], o["depth"], run_seed)[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", help="a range scenarios.py wrote: results/scenarios-NAME.json")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument(
+        "--run-seed", type=int, default=RUN_SEED, help="the run seed the range was scored on"
+    )
     args = parser.parse_args()
     data = json.loads((RESULTS / f"scenarios-{args.name}.json").read_text())
     steady = [r for r in data["rows"] if "oracle" in r and r["oracle"]["feasible"]]
     with ProcessPoolExecutor(args.jobs) as pool:
-        swept = list(pool.map(candidates, steady))
+        swept = list(pool.map(candidates, steady, [args.run_seed] * len(steady)))
     n, target = len(steady), 0.9
     lines = [
         f"# The one-run chooser on {args.name} (SYNTHETIC)",
         "",
-        f"`python benchmarks/one_run_chooser.py {args.name}`, on the rows of "
+        f"`python benchmarks/one_run_chooser.py {args.name} --run-seed {args.run_seed}`, "
+        "on the rows of "
         f"scenarios-{args.name}.json; {n} scenarios where the oracle meets the target, "
         "scored in the tuners' window (the run seed's last third).",
         "",

@@ -69,6 +69,12 @@ class TunerConfig:
     default_prior_mdape: float = 0.04351248001718577
     default_prior_spread: float = 0.12505449055369317
     cores_share: float = 0.8  # share of the cores the workers keep busy (Python's lock)
+    # ... learned in the run from the CPU stages' time over their CPU (`fit_cores_share`):
+    share_sd: float = 0.15  # the prior's sd of it (processes use every core: 1.0)
+    share_bounds: tuple[float, float] = (0.4, 1.0)  # the range considered
+    share_grid: int = 13  # points of that range (steps of 0.05)
+    share_noise: float = 0.05  # a level's relative spread is taken as at least this
+    share_batches: int = 8  # a busy-worker count measured on fewer batches is not used
     near_best: float = 0.01  # predictions this close to the best count as the best
     # --- the online model (`online=True`) ----------------------------------------------
     online: bool = False  # share measured errors with neighbouring configurations

@@ -99,7 +99,7 @@ class Forecaster:
         workers = np.array([w for w, _ in grid], dtype=float)
         depth = np.array([d for _, d in grid], dtype=float)
         active = np.minimum(workers, depth)
-        cores = max(self.cores_share * cpu_count, 1.0)
+        cores = self.cores(est, cpu_count)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         service = est.wait_ms + cpu * np.maximum(1.0, active / cores)
         headroom = active * est.step_ms / service * rate
@@ -155,10 +155,15 @@ class Forecaster:
             late = np.maximum(excess, 0.0).mean(axis=1)
         return np.minimum(1.0, step / (interval + scale * late))
 
+    def cores(self, est: Service, cpu_count: int) -> float:
+        """Cores the workers' CPU is shared by: the share `est` learned, else the prior's."""
+        share = self.cores_share if est.cores_share is None else est.cores_share
+        return max(share * cpu_count, 1.0)
+
     def service_ratio(self, est: Service, active: int, new_active: int) -> float:
         """How much the prior expects one batch's service to change from `active` to
         `new_active` busy workers (the cores' contention)."""
-        cores = max(self.cores_share * est.cpu_count, 1.0)
+        cores = self.cores(est, est.cpu_count)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         before = est.wait_ms + cpu * max(1.0, active / cores)
         return (est.wait_ms + cpu * max(1.0, new_active / cores)) / max(before, 1e-6)

@@ -14,9 +14,18 @@ import math
 from dataclasses import dataclass, field
 from statistics import fmean, median
 
+import numpy as np
+
 from predictors.state import TunerState
 
-__all__ = ["ChangeDetector", "Measured", "Service", "service_spread", "summarize"]
+__all__ = [
+    "ChangeDetector",
+    "Measured",
+    "Service",
+    "fit_cores_share",
+    "service_spread",
+    "summarize",
+]
 
 
 @dataclass
@@ -93,6 +102,7 @@ class Service:
     decode_ms: float = 0.0
     transform_ms: float = 0.0
     read_cpu_ms: float | None = None
+    cores_share: float | None = None  # of the cores the CPU is shared by (None: the prior's)
 
     def stages(self) -> dict[str, float]:
         """Per-batch stage times, as `state.name_bottleneck` and `stage_text` read them."""
@@ -107,11 +117,62 @@ class Service:
         return out
 
 
-def summarize(states: list[TunerState], cores_share: float = 0.8) -> Service:
+def fit_cores_share(
+    states: list[TunerState],
+    prior: float,
+    prior_sd: float,
+    noise_floor: float,
+    block: int,
+    min_batches: int,
+    shares: np.ndarray,
+) -> float:
+    """The share of the cores the workers' CPU is spread over, learned from this run:
+    the CPU stages' time over their CPU is the queue for a core, max(1, a / (share x
+    cores)) at `a` busy workers. Each busy-worker count measured on `min_batches` or
+    more gives its median (known to its relative spread, at least `noise_floor`, over
+    the root of its blocks of `block` batches: batches come in runs); the result is
+    the most probable share on the grid `shares` under a normal prior (`prior`,
+    `prior_sd`). A storage burst or tail slows the read, not this ratio, so the
+    tuner's own history (more workers while the service is slow) does not bias it.
+    Without the CPU measured, or at one busy-worker count, the prior stands.
+
+    >>> fit_cores_share([], 0.8, 0.15, 0.05, 8, 8, np.linspace(0.4, 1.0, 13))
+    0.8
+    """
+    levels: dict[int, list[float]] = {}
+    for s in states:
+        if s.cpu_ms is None:
+            return prior
+        cpu = s.cpu_ms - (s.read_cpu_ms or 0.0)
+        if cpu > 0:
+            active = min(s.workers, s.depth)
+            levels.setdefault(active, []).append((s.decode_ms + s.transform_ms) / cpu)
+    levels = {a: v for a, v in levels.items() if len(v) >= min_batches}
+    if prior_sd <= 0 or len(levels) < 2:
+        return prior
+    active = np.array(sorted(levels), dtype=float)
+    factor = np.array([max(median(levels[a]), 1e-9) for a in sorted(levels)])
+    spread = np.array(
+        [
+            1.4826 * median(abs(math.log(max(x, 1e-9) / m)) for x in levels[a])
+            for a, m in zip(sorted(levels), factor, strict=True)
+        ]
+    )
+    blocks = np.array([max(1.0, len(levels[a]) / block) for a in sorted(levels)])
+    var = np.maximum(spread, noise_floor) ** 2 / blocks  # of each level's log factor
+    cores = float(states[-1].cpu_count)
+    model = np.maximum(1.0, active[None, :] / np.maximum(shares[:, None] * cores, 1.0))
+    score = (((np.log(factor) - np.log(model)) ** 2) / var).sum(axis=1)
+    score += ((shares - prior) / prior_sd) ** 2
+    return float(shares[int(np.argmin(score))])
+
+
+def summarize(states: list[TunerState], cores_share: float = 0.8, learned: bool = False) -> Service:
     """The service estimate from settled batches, possibly of several configurations
     of one regime (means: the throughput a worker gives is one over its mean service
     time, tails included). Each batch's waiting part is its service less its CPU at
-    the contention it was measured under (`cores_share` of the cores usable)."""
+    the contention it was measured under (`cores_share` of the cores usable;
+    `learned`: it came from `fit_cores_share`, and predictions use it too)."""
     last = states[-1]
     cpu = [s.cpu_ms for s in states if s.cpu_ms is not None]
     read_cpu = [s.read_cpu_ms for s in states if s.read_cpu_ms is not None]
@@ -136,6 +197,7 @@ def summarize(states: list[TunerState], cores_share: float = 0.8) -> Service:
         decode_ms=fmean(s.decode_ms for s in states),
         transform_ms=fmean(s.transform_ms for s in states),
         read_cpu_ms=fmean(read_cpu) if read_cpu else None,
+        cores_share=cores_share if learned else None,
     )
 
 

@@ -54,7 +54,7 @@ import numpy as np
 
 from predictors.config import TunerConfig
 from predictors.forecast import Forecaster
-from predictors.measure import ChangeDetector, Measured, Service, summarize
+from predictors.measure import ChangeDetector, Measured, Service, fit_cores_share, summarize
 from predictors.state import (
     Decision,
     PerformanceModel,
@@ -163,6 +163,7 @@ class LearnedTuner:
         self._records: dict[tuple[int, int], Measured] = defaultdict(self._new_record)
         self._samples: list[TunerState] = []  # settled batches of the current configuration
         self._regime: list[TunerState] = []  # settled batches since the last shift
+        self._evidence: list[TunerState] = []  # settled batches, shifts or not: the cores' share
         self._episode: Episode | None = None
         self._in_effect = True
         self._settle_ms = 0.0
@@ -198,6 +199,7 @@ class LearnedTuner:
             return self._current
         self._samples.append(state)
         self._regime = [*self._regime[-(c.regime_window - 1) :], state]
+        self._evidence = [*self._evidence[-(c.regime_window - 1) :], state]
         self._since_plan += 1
         self._records[config].add(state)
         shift = self.detector.update(state.service_ms)
@@ -223,6 +225,21 @@ class LearnedTuner:
         if self._due():
             return self._plan(state, "measured")
         return self._current
+
+    def _cores_share(self) -> float:
+        """The share of the cores the workers' CPU is spread over, as this run's
+        settled batches show it (`measure.fit_cores_share`, the prior's as its prior).
+        Its evidence is kept across regime shifts: a storage shift leaves it be."""
+        c = self.config
+        return fit_cores_share(
+            self._evidence,
+            self.forecaster.cores_share,
+            c.share_sd,
+            c.share_noise,
+            c.record_block,
+            c.share_batches,
+            np.linspace(*c.share_bounds, c.share_grid),
+        )
 
     def _transient(self, state: TunerState, after: float) -> bool:
         """A faster alarm soon after a slower one, back to about the service before it
@@ -276,7 +293,7 @@ class LearnedTuner:
     ) -> Decision:
         c = self.config
         self._since_plan = 0
-        est = summarize(self._regime, self.forecaster.cores_share)
+        est = summarize(self._regime, self._cores_share(), learned=True)
         sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
         grid = self.forecaster.grid(state.one_batch_bytes, state.cpu_count)
@@ -377,7 +394,7 @@ class LearnedTuner:
         rate, depth = self._calibration.rate, self._calibration.depth
         point, _ = self.forecaster.predict([config], est, cpu_count, Calibration(1.0, depth))
         active = min(config)
-        cores = max(self.forecaster.cores_share * cpu_count, 1.0)
+        cores = self.forecaster.cores(est, cpu_count)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         headroom = active * est.step_ms / (est.wait_ms + cpu * max(1.0, active / cores))
         ratio = record.utilization / max(float(point[0]), c.min_prediction)

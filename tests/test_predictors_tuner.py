@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.scenarios import draw, oracle, recovery_batches, time_weighted_utilization
-from benchmarks.tuner_lab.synthetic import SimWorkload, run_tuner
+from benchmarks.tuner_lab.synthetic import SimulatedLoader, SimWorkload, run_tuner
 from benchmarks.tuner_lab.synthetic import measure as measure_static
 from predictors import measure
 from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
@@ -485,3 +485,43 @@ def test_every_controller_number_is_one_config_and_unknown_names_are_refused():
         tuner.config.confidence = 1.0  # type: ignore[misc]
     with pytest.raises(TunerConfigError, match=r"Unknown tuner parameter.*confidense"):
         LearnedTuner(QueueingModel(), confidense=0.8)
+
+
+def _settled(workload: SimWorkload, workers: int, batches: int = 40) -> list[TunerState]:
+    """Settled batches of a static configuration on the simulator, as a tuner reads them."""
+    loader = SimulatedLoader(workload, workers, workers, seed=3)
+    records = [loader.next_batch() for _ in range(batches + 4)][4:]
+    return [
+        TunerState(
+            batch_index=i,
+            workers=workers,
+            depth=workers,
+            batch_size=workload.batch_size,
+            step_ms=r.step_ms,
+            stall_ms=r.stall_ms,
+            read_ms=r.read_ms,
+            decode_ms=r.decode_ms,
+            bytes_per_batch=workload.batch_bytes,
+            memory_bytes=0.0,
+            cpu_count=workload.cpu_count,
+            cpu_ms=r.cpu_ms,
+            read_cpu_ms=workload.read_cpu_share * r.read_ms,
+        )
+        for i, r in enumerate(records)
+    ]
+
+
+@pytest.mark.parametrize(("cores", "bursty"), [(2.0, False), (1.6, False), (2.0, True)])
+def test_the_cores_share_is_learned_from_decode_time_over_its_cpu(cores, bursty):
+    # Decode-bound on 2 cores: process workers use both (share 1), threads held by
+    # Python's lock 1.6 (share 0.8). Bursts slow the reads, not the share learned.
+    extra = {"burst_prob": 0.2, "burst_factor": 5.0} if bursty else {}
+    workload = dataclasses.replace(HEAVY_DECODE, cores=cores, **extra)
+    grid = np.linspace(0.4, 1.0, 13)
+    states = _settled(workload, 2) + _settled(workload, 8)
+    learned = measure.fit_cores_share(states, 0.8, 0.15, 0.05, 8, 8, grid)
+    assert abs(learned - cores / workload.cpu_count) <= 0.05
+    # One worker count says nothing of it, and neither does a run without its CPU.
+    assert measure.fit_cores_share(_settled(workload, 4), 0.8, 0.15, 0.05, 8, 8, grid) == 0.8
+    blind = [dataclasses.replace(s, cpu_ms=None) for s in states]
+    assert measure.fit_cores_share(blind, 0.8, 0.15, 0.05, 8, 8, grid) == 0.8
