@@ -87,9 +87,8 @@ def test_every_token_once_in_order_when_streamed(corpus, epoch) -> None:
 
 def test_a_batch_reads_only_its_chunk(corpus) -> None:
     """The windowed shuffle: a batch's windows come from one chunk of row groups that
-    half the cache holds (plus the row groups at the chunk's edges; a batch that
-    straddles two chunks takes from both), where a full shuffle takes from nearly every
-    row group."""
+    the cache holds (plus the row groups at the chunk's edges; a batch that straddles two
+    chunks takes from both), where a full shuffle takes from nearly every row group."""
 
     starts = _packed(corpus).parquet.row_starts()
 
@@ -98,7 +97,7 @@ def test_a_batch_reads_only_its_chunk(corpus) -> None:
                   for b in epoch_batches(loader)]  # fmt: skip
         return float(np.percentile([np.unique(g).size for g in groups], 75))
 
-    held = 2 * _packed(corpus).shuffle_window_groups() + 2  # two chunks and their edges
+    held = _packed(corpus).shuffle_window_groups() + 2
     assert spread(_loader(corpus, batch_size=16)) <= held
     whole = DataLoader(_packed(corpus, budget=10**8), batch_size=16, shuffle=True, seed=11)
     assert spread(whole) > held + 2

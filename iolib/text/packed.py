@@ -51,7 +51,7 @@ IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
 FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is far below its total
 MIN_GROUPS_HELD = 4  # a chunk's row group, its two edges and one read ahead
-READAHEAD_BATCHES = 64  # batches ahead read at least (a chunk's batches where chunks are larger)
+READAHEAD_BATCHES = 64  # batches ahead whose row groups may be read while this one is cut
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 log = logging.getLogger(__name__)
 
@@ -279,15 +279,16 @@ class PackedTokens(SeededSource):
 
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes: as many of the largest
-        as half the cache holds, less three (a chunk's two edges and one read ahead),
-        so that the next chunk is read while this one is cut; all if the corpus fits
-        the cache less those three."""
+        as the cache holds, less three (a chunk's two edges and one read ahead); all if
+        the corpus fits that room. (Half the cache, to read the next chunk while this
+        one is cut, read each row group twice at small budgets and was no faster at
+        large ones: benchmarks/results/outofcore.md.)"""
         sizes = self._segment_bytes(self.index)
         largest = max(int(sizes.max(initial=0)), 1)
         room = self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest
         if int(sizes.sum()) <= room:
             return int(sizes.size)
-        return max(1, room // 2 // largest)
+        return max(1, room // largest)
 
     def blocks(self) -> np.ndarray:
         """Chunks of consecutive windows, each about one shuffle window of row groups:
@@ -478,7 +479,7 @@ class PackedTokens(SeededSource):
             found = (windows, positions, frozenset((epoch, int(order[p])) for p in positions))
             with self._lock:
                 self._recent[key] = found
-                while len(self._recent) > self._horizon + 4 * BEHIND_BATCHES:
+                while len(self._recent) > READAHEAD_BATCHES + 4 * BEHIND_BATCHES:
                     del self._recent[next(iter(self._recent))]
         return found
 
@@ -499,7 +500,7 @@ class PackedTokens(SeededSource):
         # Batches up to `_ahead` were looked at already: only the newest one is new.
         done_epoch, done = self._ahead
         start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
-        for k in range(start, min(total, self._hint + 1 + self._horizon)):
+        for k in range(start, min(total, self._hint + 1 + READAHEAD_BATCHES)):
             keep = None
             for position in self._planned(epoch, k)[1]:
                 found = self._fetch(epoch, position, ahead=True)
@@ -509,22 +510,6 @@ class PackedTokens(SeededSource):
                 if found is None:
                     return  # no room: this batch is looked at again next time
             self._ahead = (epoch, k)
-
-    @property
-    def _horizon(self) -> int:
-        """Batches ahead whose row groups are read where the cache has room: a chunk's
-        worth at least, so that the next chunk's row groups are read while this one's
-        windows are cut (half the cache each)."""
-        granule = max(1, getattr(self, "_granule", 1))
-        found = self.__dict__.get("_horizon_")  # (batch size, horizon): asked every batch
-        if found is None or found[0] != granule:
-            blocks = self.blocks()
-            per_chunk = int(blocks[0]) if len(blocks) > 1 else 0
-            found = self.__dict__["_horizon_"] = (
-                granule,
-                max(READAHEAD_BATCHES, per_chunk // granule + 2),
-            )
-        return found[1]
 
     def _needed(self, epoch: int, upto: int) -> set[tuple[int, int]]:
         """Keys of the segments that the batches from a few before this one (other
