@@ -1,13 +1,16 @@
-"""Which pyarrow memory pool the Parquet reads allocate from: `prefer_purging_pool`.
+"""Which pyarrow memory pool the Parquet reads allocate from: `prefer_releasing_pool`.
 
 Why: pyarrow's wheels default to mimalloc, which keeps the pages a thread freed until
 that same thread allocates again. The reader decodes row groups on fetch and read-ahead
 threads that then go idle, and the row groups are freed on other threads (cache
 eviction, the consumer dropping a batch), so those pages stay. On the throttled-store
 image benchmark (benchmarks/bench_peers.py, 2,000 JPEGs in 1 MB row groups, a 32 MiB
-cache) mimalloc held ~150 MB beyond what Arrow had allocated: peak PSS 764 MB against
-593 MB with pyarrow's jemalloc pool, which purges freed pages on a timer whichever
-thread freed them (benchmarks/results/peers-images-pil.md).
+cache) mimalloc held ~150 MB beyond what Arrow had allocated (peak PSS 764 MB against
+593 MB with jemalloc). The system allocator (glibc) gives a large block back to the OS
+when it is freed, whichever thread frees it: against jemalloc, packed token windows
+streamed with a 128 MiB cache peaked at 346-396 MiB above the process's baseline
+instead of 404-440, and DALI image epochs at 617 MB PSS instead of 655 (Pillow: the
+same); 2026-12-06, benchmarks/results/outofcore.md and peers-images.md.
 
 The switch is process-wide (pyarrow has one default pool, and its Parquet reader takes
 no other), made once, and only where the user chose nothing: an
@@ -30,10 +33,9 @@ _lock = threading.Lock()
 _decided: str | None = None
 
 
-def prefer_purging_pool() -> str:
-    """Make jemalloc pyarrow's default pool where mimalloc is the default by no one's
-    choice and the wheel has jemalloc; return the backend in use. Cheap after the first
-    call."""
+def prefer_releasing_pool() -> str:
+    """Make the system allocator pyarrow's default pool where mimalloc is the default by
+    no one's choice; return the backend in use. Cheap after the first call."""
     global _decided
     if _decided is not None:
         return _decided
@@ -47,14 +49,11 @@ def _decide() -> str:
     current = pa.default_memory_pool().backend_name
     if current != "mimalloc" or os.environ.get(ENV):
         return current
-    try:
-        pool = pa.jemalloc_memory_pool()
-    except (NotImplementedError, pa.ArrowNotImplementedError):
-        return current  # a wheel built without jemalloc (Windows): keep mimalloc
+    pool = pa.system_memory_pool()
     pa.set_memory_pool(pool)
     log.info(
-        "iolib: pyarrow's default memory pool is now jemalloc (was mimalloc, which kept "
-        "the row groups freed by other threads); set %s=mimalloc to keep mimalloc.",
+        "iolib: pyarrow's default memory pool is now the system allocator (was mimalloc, "
+        "which kept the row groups freed by other threads); set %s=mimalloc to keep it.",
         ENV,
     )
     return pool.backend_name

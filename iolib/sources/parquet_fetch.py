@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from iolib.collate import is_numeric_list
 from iolib.errors import DataError
-from iolib.sources.arrow_pool import prefer_purging_pool
+from iolib.sources.arrow_pool import prefer_releasing_pool
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_files import FileMeta, is_corrupt
 from iolib.sources.ranges import (
@@ -51,7 +51,7 @@ class RowGroupFetcher:
     def fetch(self, group: int, later: Sequence[int] = ()) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns; the bytes
         of row groups `later` of the same file come in the same request where they fit."""
-        prefer_purging_pool()  # before a row group is allocated: see arrow_pool.py
+        prefer_releasing_pool()  # before a row group is allocated: see arrow_pool.py
         description = self.description
         meta, local = description.group(group)
         reason = description.drifted_files.get(meta.url)

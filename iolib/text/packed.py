@@ -460,9 +460,9 @@ class PackedTokens(SeededSource):
                 self._flights.pop(key, None)
                 idle = not self._flights
             if idle:
-                # Arrow's pool (mimalloc) keeps freed pages on the thread that read: eight
-                # read threads held ~130 MB beyond the cache. Returned when the reads pause
-                # (after each one, it cost ~15% more CPU a batch).
+                # Arrow's pool may keep freed pages (mimalloc, where the user kept it, per
+                # read thread: eight held ~130 MB beyond the cache). Returned when the reads
+                # pause (after each one, it cost ~15% more CPU a batch).
                 pa.default_memory_pool().release_unused()
 
     def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int], frozenset]:
