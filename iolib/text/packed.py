@@ -483,20 +483,24 @@ class PackedTokens(SeededSource):
                     del self._recent[next(iter(self._recent))]
         return found
 
-    def _read_ahead(self, windows: np.ndarray, epoch: int) -> None:
-        """Start reading the row groups of the next batches of the plan, where the cache
-        has room; this batch is found by its first window, next to the last one found."""
+    def _find(self, windows: np.ndarray, epoch: int) -> int | None:
+        """Which batch of the plan `windows` are, found by its first window next to the
+        last one found; None outside the plan (a read by hand, a sample retried alone)."""
         batches = self._plans.get(epoch)
         if batches is None or not windows.size:
-            return
+            return None
         total, first, hint = len(batches), int(windows[0]), self._hint
         for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
             planned = self._planned(epoch, k)[0] if 0 <= k < total else None
             if planned is not None and planned.size and int(planned[0]) == first:
                 self._hint = k
-                break
-        else:
-            return
+                return k
+        return None
+
+    def _read_ahead(self, epoch: int) -> None:
+        """Start reading the row groups of the batches after the last one found
+        (`_find`), where the cache has room."""
+        total = len(self._plans[epoch])
         # Batches up to `_ahead` were looked at already: only the newest one is new.
         done_epoch, done = self._ahead
         start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
@@ -523,9 +527,15 @@ class PackedTokens(SeededSource):
         windows = np.asarray(indices, dtype=np.int64)
         if windows.size and (windows.min() < 0 or windows.max() >= len(self)):
             raise IndexError(f"window indices outside 0..{len(self) - 1}")
-        positions = self._groups_of(windows, epoch)
-        found = {int(p): self._fetch(epoch, int(p)) for p in positions}  # reads all at once
-        self._read_ahead(windows, epoch)
+        k = self._find(windows, epoch)
+        planned = self._planned(epoch, k) if k is not None else None
+        if planned is not None and np.array_equal(planned[0], windows):
+            positions = planned[1]  # found when this batch was read ahead
+        else:
+            positions = self._groups_of(windows, epoch).tolist()
+        found = {p: self._fetch(epoch, p) for p in positions}  # reads all at once
+        if k is not None:
+            self._read_ahead(epoch)
         segments = {p: f if isinstance(f, Segment) else f.result() for p, f in found.items()}
         with self._lock:
             (read, retries), self._io = self._io, [0, 0]
