@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.scenarios import draw, oracle, recovery_batches, time_weighted_utilization
-from benchmarks.tuner_lab.synthetic import SimulatedLoader, SimWorkload, run_tuner
+from benchmarks.tuner_lab.synthetic import SimulatedLoader, SimWorkload, run_tuner, tuner_state
 from benchmarks.tuner_lab.synthetic import measure as measure_static
 from predictors import measure
 from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, StaticDefaultTuner
@@ -491,24 +491,7 @@ def _settled(workload: SimWorkload, workers: int, batches: int = 40) -> list[Tun
     """Settled batches of a static configuration on the simulator, as a tuner reads them."""
     loader = SimulatedLoader(workload, workers, workers, seed=3)
     records = [loader.next_batch() for _ in range(batches + 4)][4:]
-    return [
-        TunerState(
-            batch_index=i,
-            workers=workers,
-            depth=workers,
-            batch_size=workload.batch_size,
-            step_ms=r.step_ms,
-            stall_ms=r.stall_ms,
-            read_ms=r.read_ms,
-            decode_ms=r.decode_ms,
-            bytes_per_batch=workload.batch_bytes,
-            memory_bytes=0.0,
-            cpu_count=workload.cpu_count,
-            cpu_ms=r.cpu_ms,
-            read_cpu_ms=workload.read_cpu_share * r.read_ms,
-        )
-        for i, r in enumerate(records)
-    ]
+    return [tuner_state(r, i, workload) for i, r in enumerate(records)]
 
 
 @pytest.mark.parametrize(("cores", "bursty"), [(2.0, False), (1.6, False), (2.0, True)])

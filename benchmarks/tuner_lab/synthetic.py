@@ -40,6 +40,8 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+    from predictors.state import TunerState
+
 
 @dataclass(frozen=True)
 class SimWorkload:
@@ -267,6 +269,34 @@ def make_observations(
     return pd.DataFrame(rows)
 
 
+def tuner_state(
+    r: BatchRecord, k: int, workload: SimWorkload, *, report_cpu: bool = True
+) -> TunerState:
+    """Batch `k` of a simulated loader as a tuner reads it (`report_cpu=False`: the
+    workers' CPU unmeasured, as a loader without CPU clocks)."""
+    from predictors.state import TunerState
+
+    return TunerState(
+        batch_index=k,
+        workers=r.workers,
+        depth=r.depth,
+        batch_size=workload.batch_size,
+        step_ms=r.step_ms,
+        stall_ms=r.stall_ms,
+        read_ms=r.read_ms,
+        decode_ms=r.decode_ms,
+        bytes_per_batch=r.bytes_read,
+        memory_bytes=r.memory_bytes,
+        cpu_count=workload.cpu_count,
+        batch_memory_bytes=r.batch_memory_bytes,
+        rows_per_read=workload.rows_per_read,
+        storage_latency_ms=workload.storage_latency_ms,
+        storage_bandwidth_mbps=workload.storage_bandwidth_mbps,
+        cpu_ms=r.cpu_ms if report_cpu else None,
+        read_cpu_ms=workload.read_cpu_share * r.read_ms if report_cpu else None,
+    )
+
+
 def run_tuner(
     tuner: object,
     workload: SimWorkload,
@@ -286,8 +316,6 @@ def run_tuner(
     """
     import pandas as pd
 
-    from predictors.state import TunerState
-
     start = start or getattr(tuner, "start", (2, 2))
     loader = SimulatedLoader(workload, *start, seed=seed)
     rows = []
@@ -295,25 +323,7 @@ def run_tuner(
         if slowdown is not None:
             loader.slowdown = slowdown[2] if slowdown[0] <= k < slowdown[1] else 1.0
         r = loader.next_batch()
-        state = TunerState(
-            batch_index=k,
-            workers=r.workers,
-            depth=r.depth,
-            batch_size=workload.batch_size,
-            step_ms=r.step_ms,
-            stall_ms=r.stall_ms,
-            read_ms=r.read_ms,
-            decode_ms=r.decode_ms,
-            bytes_per_batch=r.bytes_read,
-            memory_bytes=r.memory_bytes,
-            cpu_count=workload.cpu_count,
-            batch_memory_bytes=r.batch_memory_bytes,
-            rows_per_read=workload.rows_per_read,
-            storage_latency_ms=workload.storage_latency_ms,
-            storage_bandwidth_mbps=workload.storage_bandwidth_mbps,
-            cpu_ms=r.cpu_ms if report_cpu else None,
-            read_cpu_ms=workload.read_cpu_share * r.read_ms if report_cpu else None,
-        )
+        state = tuner_state(r, k, workload, report_cpu=report_cpu)
         decision = tuner.decide(state)  # type: ignore[attr-defined]
         if (decision.workers, decision.depth) != (loader.workers, loader.depth):
             loader.set_config(decision.workers, decision.depth)
