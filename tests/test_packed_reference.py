@@ -1,8 +1,9 @@
 """PackedTokens against a reference built the obvious way, on randomized corpora: the
 stream of documents (each followed by eos) cut into windows, labels the next token
 except at each eos, positions restarting at each document and each window. Row group
-sizes, files, empty and null documents, seq_len, an eos id that also appears inside
-documents, batch sizes and budgets that window the shuffle are all drawn."""
+sizes, files, the column's integer type, empty and null documents, seq_len, an eos id
+that also appears inside documents, batch sizes and budgets that window the shuffle are
+all drawn."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from iolib.errors import ConfigError
 from iolib.text import PackedTokens
 
 EOS, IGNORE = 1, -100
+KINDS = [pa.list_(pa.int32()), pa.list_(pa.int64()), pa.list_(pa.uint16()), pa.list_(pa.int16()),
+         pa.large_list(pa.int32())]  # fmt: skip
 
 
 @st.composite
@@ -40,14 +43,17 @@ def corpora(draw):
         "budget": draw(st.sampled_from([None, 600, 1200, 2500])),
         "document_ids": draw(st.booleans()),
         "shuffle": draw(st.booleans()),
+        # The token column's type: tokenizers write int32, some int64 or uint16;
+        # large_list where a row group holds over 2^31 values.
+        "kind": draw(st.sampled_from(KINDS)),
     }
 
 
-def _write(root: Path, rows: list, files: int, row_group: int) -> str:
+def _write(root: Path, rows: list, files: int, row_group: int, kind: pa.DataType) -> str:
     bounds = np.linspace(0, len(rows), files + 1).astype(int)
     for f in range(files):
         part = rows[bounds[f] : bounds[f + 1]]
-        table = pa.table({"tokens": pa.array(part, pa.list_(pa.int32()))})
+        table = pa.table({"tokens": pa.array(part, kind)})
         pq.write_table(table, root / f"part-{f}.parquet", row_group_size=row_group)
     return str(root)
 
@@ -83,7 +89,7 @@ def test_windows_match_the_reference(case) -> None:
     expected = _reference(case["rows"], case["seq_len"])
     assume(expected)
     with tempfile.TemporaryDirectory() as tmp:
-        url = _write(Path(tmp), case["rows"], case["files"], case["row_group"])
+        url = _write(Path(tmp), case["rows"], case["files"], case["row_group"], case["kind"])
         try:
             windows = PackedTokens(url, column="tokens", seq_len=case["seq_len"], eos_id=EOS,
                                    shuffle_documents=False, document_ids=case["document_ids"],
