@@ -76,6 +76,8 @@ def test_close_frees_the_cache_of_a_source_still_referenced(shard) -> None:
 
 
 def test_packed_tokens_let_go_of_their_threads_and_rows(tmp_path, monkeypatch) -> None:
+    # Threads of sources other tests dropped end when those are collected: not ours.
+    gc.collect()
     monkeypatch.setenv("IOLIB_CACHE_DIR", str(tmp_path / "cache"))
     url = write_documents(tmp_path / "t", doc_lengths(200), row_group_size=16)
     windows = PackedTokens(url, column="tokens", seq_len=8, eos_id=0)
