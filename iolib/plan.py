@@ -101,7 +101,11 @@ class EpochOrder(_Order):
         shuffle: ShuffleMode = "none",
         blocks: tuple[int, ...] | np.ndarray = (),
         window: int = 8,
+        block_order: np.ndarray | None = None,
     ) -> None:
+        """block_order: which block comes i-th, where the source must know it (packed
+        windows deal the window that straddles two chunks to the later one); by
+        default drawn from (seed, epoch)."""
         require_non_negative_int("num_samples", num_samples)
         self.num_samples, self.shuffle = int(num_samples), shuffle
         if shuffle not in SHUFFLE_MODES:
@@ -120,7 +124,12 @@ class EpochOrder(_Order):
                 "samples."
             )
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        self._block_order = rng.permutation(sizes.size)
+        if block_order is None:
+            self._block_order = rng.permutation(sizes.size)
+        else:
+            self._block_order = np.asarray(block_order, dtype=np.int64)
+            if not np.array_equal(np.sort(self._block_order), np.arange(sizes.size)):
+                raise ConfigError(f"`block_order` is not a permutation of {sizes.size} blocks.")
         permuted = sizes[self._block_order]
         # Where each permuted block starts in the epoch, and where each window starts.
         self._pstarts = np.concatenate([[0], np.cumsum(permuted)]).astype(np.int64)

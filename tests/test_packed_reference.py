@@ -43,6 +43,7 @@ def corpora(draw):
         "budget": draw(st.sampled_from([None, 600, 1200, 2500])),
         "document_ids": draw(st.booleans()),
         "shuffle": draw(st.booleans()),
+        "lanes": draw(st.sampled_from(["auto", 2, 3])),
         # The token column's type: tokenizers write int32, some int64 or uint16;
         # large_list where a row group holds over 2^31 values.
         "kind": draw(st.sampled_from(KINDS)),
@@ -93,7 +94,7 @@ def test_windows_match_the_reference(case) -> None:
         try:
             windows = PackedTokens(url, column="tokens", seq_len=case["seq_len"], eos_id=EOS,
                                    shuffle_documents=False, document_ids=case["document_ids"],
-                                   cache_bytes=case["budget"])  # fmt: skip
+                                   cache_bytes=case["budget"], lanes=case["lanes"])  # fmt: skip
             assert len(windows) == len(expected)
         except ConfigError:
             assume(False)  # a budget below four row groups is refused: another test's case
@@ -107,7 +108,7 @@ def test_windows_match_the_reference(case) -> None:
         loader.close()
     width = 4 if case["document_ids"] else 3
     want = [w[:width] for w in expected]
-    if case["shuffle"]:
+    if case["shuffle"] or case["lanes"] != "auto":  # lanes deal windows in turn
         assert Counter(got) == Counter(want)  # each window once, whatever the order
     else:
         assert got == want

@@ -106,6 +106,24 @@ def test_a_batch_reads_only_its_chunk(corpus) -> None:
     assert spread(spelled_out) > held + 2
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_row_group_is_read_once_an_epoch_when_streamed(corpus, world_size, workers):
+    """Chunks are whole row groups, and the window that straddles two is cut from a piece
+    of the one read first: a streamed epoch fetches, on each rank, the bytes that an
+    epoch held whole in the cache does, no more."""
+
+    def fetched(budget: int, epoch: int, rank: int) -> int:
+        where = {"rank": rank, "world_size": world_size, "num_workers": workers}
+        loader = DataLoader(_packed(corpus, budget=budget), batch_size=4, shuffle=True, seed=11,
+                            **where)  # fmt: skip
+        epoch_batches(loader, epoch)
+        return loader.stats()["bytes_read"]
+
+    for epoch, rank in [(e, r) for e in (0, 1) for r in range(world_size)]:
+        assert fetched(BUDGET, epoch, rank) == fetched(10**8, epoch, rank)
+
+
 def test_windows_mix_across_the_epoch(corpus) -> None:
     """Shuffled, not sequential: the first batch of two epochs differ, and the epoch's
     windows are not in stream order."""

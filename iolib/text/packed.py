@@ -12,8 +12,11 @@ documents in a shuffled order; a per-row-group index of token counts (computed o
 `iolib.text.tokenindex`) gives the prefix sums that locate window k's row groups. Only
 those row groups are read, a batch's in parallel and the next batches' ahead, and a
 bounded cache keeps the decoded ones. The loader's shuffle then orders the windows:
-within chunks of windows whose row groups fit half the cache (the shuffle window),
-chunks in a random order; a corpus that fits the cache is one chunk, a full shuffle.
+within chunks of whole row groups that fit half the cache (the shuffle window, so that
+the next chunk is read while this one is cut), chunks in a random order; a corpus that
+fits the cache is one chunk, a full shuffle. The window that straddles two chunks goes
+to the one read later, cut from a piece of the other kept when it was read: each row
+group is read once an epoch.
 
 Worked example: documents [a a a], [b], [c c c c] in one row group with eos E, seq_len
 4, no document shuffle: the stream is a a a E b E c c c c E (11 tokens), windows
@@ -38,7 +41,7 @@ import torch
 
 from iolib.errors import ConfigError, DataError
 from iolib.forks import reset_after_fork
-from iolib.plan import LaneOrder, default_blocks
+from iolib.plan import EpochOrder, LaneOrder, default_blocks, lane_sizes
 from iolib.redact import Redactor
 from iolib.sources.parquet import ParquetSource
 from iolib.storage import count_bytes, take_counters
@@ -47,11 +50,12 @@ from iolib.text import tokenindex
 from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
 
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
+_CHUNK_STREAM = 0x43484E4B  # "CHNK": the order of an epoch's chunks
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
 FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is far below its total
-MIN_GROUPS_HELD = 4  # a chunk's row group, its two edges and one read ahead
-READAHEAD_BATCHES = 64  # batches ahead whose row groups may be read while this one is cut
+MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
+READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 log = logging.getLogger(__name__)
 
@@ -63,9 +67,22 @@ class Segment:
     also be an ordinary token) and its row across the dataset. It holds exactly the
     bytes `PackedTokens` budgets for it: its tokens and 16 a document."""
 
-    def __init__(self, tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> None:
+    def __init__(
+        self, tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray, offset: int = 0
+    ) -> None:
         self.tokens, self.starts, self.rows = tokens, starts, rows
+        self.offset = offset  # where tokens[0] is in the row group's stream (a piece's)
         self.nbytes = tokens.nbytes + starts.nbytes + rows.nbytes
+
+    def piece(self, a: int, b: int) -> Segment:
+        """Tokens [a, b) of this segment, kept for the window that straddles two chunks:
+        its eos (``starts[1:] - 1``, as a segment's) and the rows of its documents."""
+        ends = self.starts[1:] - 1
+        inside = ends[(ends >= a) & (ends < b)] - a
+        starts = np.concatenate([[0], inside + 1]).astype(np.int64)
+        first = int(np.searchsorted(self.starts, a, side="right") - 1)
+        rows = self.rows[first : first + starts.size].copy()
+        return Segment(self.tokens[a:b].copy(), starts, rows, offset=a)
 
     @classmethod
     def build(
@@ -129,9 +146,10 @@ class PackedTokens(SeededSource):
     source: a ParquetSource, or its URL(s). column: the `list<int>` token column.
     cache_bytes: decoded row groups kept per process (default 1 GiB, a fixed number so
         that the order does not depend on the machine). It sets the shuffle window:
-        the loader's shuffle mixes windows within as many row groups as it holds, less
-        three, so raising it mixes more widely and costs memory; a corpus that fits is
-        shuffled as a whole. It must hold four of the largest row groups.
+        the loader's shuffle mixes windows within as many row groups as half of it
+        holds (the other half reads the next chunk), so raising it mixes more widely
+        and costs memory; a corpus that fits is shuffled as a whole. It must hold four
+        of the largest row groups.
     lanes: how many contiguous shares of the stream the windows are dealt from, one
         batch of each in turn ("auto", the default: the loader's world size). At world
         size == lanes, rank r reads only share r: about 1/world of the corpus's bytes.
@@ -144,7 +162,7 @@ class PackedTokens(SeededSource):
 
     # Per-process state: a process worker reads again rather than receive it by pipe.
     _RUNTIME = ("_lock", "_epochs", "_segments", "_flights", "_pool", "_io", "_plans", "_hint",
-                "_recent", "_ahead")  # fmt: skip
+                "_recent", "_ahead", "_edges", "_ranges", "_pieces")  # fmt: skip
 
     def __init__(
         self,
@@ -192,9 +210,12 @@ class PackedTokens(SeededSource):
         self._pool: ThreadPoolExecutor | None = None
         self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
-        self._hint = 0
+        self._hint, self._hint_epoch = 0, -1  # the batch last found, and its epoch
         self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
         self._recent: dict[tuple[int, int], np.ndarray] = {}
+        self._edges: dict[int, Any] = {}  # epoch -> its chunks' edges (`_chunk_edges`)
+        self._ranges: dict[int, dict] = {}  # epoch -> what edge row groups keep (`_edge_pieces`)
+        self._pieces: dict[tuple[int, int], list[Segment]] = {}  # (epoch, group) -> pieces
         reset_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -209,6 +230,7 @@ class PackedTokens(SeededSource):
             pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             self._segments.clear()
+            self._pieces.clear()
         self.parquet.close()
 
     # -- metadata ------------------------------------------------------------------------
@@ -272,23 +294,21 @@ class PackedTokens(SeededSource):
             raise ConfigError(
                 f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds fewer than "
                 f"{MIN_GROUPS_HELD} of the largest row groups of {self.column!r} "
-                f"({largest:,} bytes decoded): a batch's windows, the row groups at "
-                f"a chunk's edges and one read ahead. Raise `cache_bytes` to at least "
+                f"({largest:,} bytes decoded): a chunk of two and the next one, read "
+                f"while this one is cut. Raise `cache_bytes` to at least "
                 f"{MIN_GROUPS_HELD * largest} or write the data with smaller row groups."
             )
 
     def shuffle_window_groups(self) -> int:
-        """Row groups whose windows the loader's shuffle mixes: as many of the largest
-        as the cache holds, less three (a chunk's two edges and one read ahead); all if
-        the corpus fits that room. (Half the cache, to read the next chunk while this
-        one is cut, read each row group twice at small budgets and was no faster at
-        large ones: benchmarks/results/outofcore.md.)"""
+        """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the
+        largest as half the cache holds, so that the next chunk is read while this one
+        is cut; all if the corpus fits the cache less three row groups."""
         sizes = self._segment_bytes(self.index)
         largest = max(int(sizes.max(initial=0)), 1)
         room = self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest
         if int(sizes.sum()) <= room:
             return int(sizes.size)
-        return max(1, room // largest)
+        return max(1, self.cache_bytes // (2 * largest))
 
     def blocks(self) -> np.ndarray:
         """Chunks of consecutive windows, each about one shuffle window of row groups:
@@ -322,16 +342,104 @@ class PackedTokens(SeededSource):
     def bind_plan(self, batch_size: int, world_size: int) -> None:
         """Lanes "auto" become the loader's world size; the batch is the lanes' granule."""
         self._lanes = self.lanes if isinstance(self.lanes, int) else int(world_size)
-        self._granule = int(batch_size)
+        self._granule, self._world = int(batch_size), int(world_size)
+        self.__dict__.pop("_horizon_", None)
 
-    def lane_order(self, seed: int, epoch: int, shuffle: str) -> LaneOrder | None:
+    @property
+    def _horizon(self) -> int:
+        """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
+        one chunk) and some, so that the next chunk is read while this one is cut."""
+        found = self.__dict__.get("_horizon_")
+        if found is None:
+            blocks = self.blocks()
+            per_chunk = int(blocks[0]) if len(blocks) > 1 else 0
+            share = max(1, self._lanes // max(getattr(self, "_world", 1), 1))
+            batches = -(-per_chunk * share // max(getattr(self, "_granule", 1), 1))
+            found = self.__dict__["_horizon_"] = batches + READAHEAD_BATCHES
+        return found
+
+    def lane_order(self, seed: int, epoch: int, shuffle: str) -> EpochOrder | LaneOrder | None:
         """Windows dealt to lanes, a batch at a time, each lane a contiguous share of the
-        stream ordered as the whole would be (chunks shuffled within, in a random order)."""
-        if self._lanes == 1:
-            return None
-        per_chunk = int(self.blocks()[0]) if len(self.blocks()) else 1
+        stream ordered as the whole would be: for a windowed shuffle, in chunks of whole
+        row groups (`_lane_chunks`), shuffled within, in a random order."""
         granule = getattr(self, "_granule", 1)
-        return chunked_lane_order(len(self), self._lanes, granule, per_chunk, seed, epoch, shuffle)
+        if shuffle != "block":
+            if self._lanes == 1:
+                return None
+            return chunked_lane_order(len(self), self._lanes, granule, 1, seed, epoch, shuffle)
+        if self._lanes == 1:
+            sizes, order = self._lane_chunks(seed, epoch, 0)
+            return EpochOrder(len(self), seed=seed, epoch=epoch, shuffle="block", blocks=sizes,
+                              window=1, block_order=order)  # fmt: skip
+        chunks = functools.partial(self._lane_chunks, seed, epoch)
+        return chunked_lane_order(len(self), self._lanes, granule, 1, seed, epoch, shuffle, chunks)
+
+    def _chunk_edges(self, epoch: int) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Per lane: its windows [a, b), the positions (in the epoch's row-group order) at
+        which its chunks after the first begin, and the window that straddles each such
+        edge. Chunks are whole row groups, `shuffle_window_groups` at most, so a chunk's
+        windows read only its row groups, except that straddling window; an edge that
+        would leave a chunk without a window of its own is dropped (chunks merge)."""
+        found = self._edges.get(epoch)
+        if found is not None:
+            return found
+        _, cum = self._epoch(epoch)
+        length, end, per = self.seq_len, int(cum[-1]), self.shuffle_window_groups()
+        edges, a = [], 0
+        for size in lane_sizes(len(self), self._lanes).tolist():
+            b = a + size
+            first = int(np.searchsorted(cum, a * length, side="right") - 1)
+            last = int(np.searchsorted(cum, min(b * length, end - 1), side="right") - 1)
+            groups = max(last - first + 1, 1)
+            cuts = np.linspace(0, groups, -(-groups // per) + 1).round().astype(np.int64)
+            positions, straddlers, before = [], [], a - 1
+            for position in (first + cuts[1:-1]).tolist():
+                window = (int(cum[position]) - 1) // length
+                if before + 2 <= window <= b - 2:  # each chunk keeps a window of its own
+                    positions.append(position)
+                    straddlers.append(window)
+                    before = window
+            edges.append((a, b, np.array(positions, np.int64), np.array(straddlers, np.int64)))
+            a = b
+        with self._lock:
+            self._edges = {e: v for e, v in self._edges.items() if e >= epoch - 1}
+            self._edges[epoch] = edges
+        return edges
+
+    def _lane_chunks(self, seed: int, epoch: int, lane: int) -> tuple[np.ndarray, np.ndarray]:
+        """A lane's chunk sizes (in windows) and the order they are read in. The window
+        that straddles two chunks goes to whichever of them is read later, and is cut from
+        a piece of the other kept when it was read (`_load`): no row group is read twice."""
+        a, b, _, straddlers = self._chunk_edges(epoch)[lane]
+        order = _generator(seed, epoch, _CHUNK_STREAM, lane).permutation(straddlers.size + 1)
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        bounds = straddlers + (rank[1:] < rank[:-1])  # the straddler stays with the later
+        return np.diff(np.concatenate([[a], bounds, [b]])).astype(np.int64), order
+
+    def _edge_pieces(self, epoch: int) -> dict[int, list[tuple[int, int]]]:
+        """For each row group at a chunk's edge, the tokens (from its segment's start) of
+        the straddling window that it holds: the tail of a chunk's last row group, the
+        head of the next one's first."""
+        found = self._ranges.get(epoch)
+        if found is not None:
+            return found
+        order, cum = self._epoch(epoch)
+        length, end = self.seq_len, int(cum[-1])
+        pieces: dict[int, list[tuple[int, int]]] = {}
+        for _, _, positions, straddlers in self._chunk_edges(epoch):
+            for position, window in zip(positions.tolist(), straddlers.tolist(), strict=True):
+                lo, edge = window * length, int(cum[position])
+                hi = min(lo + length + 1, end)
+                if cum[position - 1] <= lo:  # the tail lies in one row group
+                    base = int(cum[position - 1])
+                    pieces.setdefault(int(order[position - 1]), []).append((lo - base, edge - base))
+                if hi <= cum[position + 1]:  # and the head
+                    pieces.setdefault(int(order[position]), []).append((0, hi - edge))
+        with self._lock:
+            self._ranges = {e: v for e, v in self._ranges.items() if e >= epoch - 1}
+            self._ranges[epoch] = pieces
+        return pieces
 
     def __len__(self) -> int:
         """Windows per epoch: the same every epoch (the stream's length does not change)."""
@@ -376,6 +484,8 @@ class PackedTokens(SeededSource):
             self._epochs[key] = (order, cum)
             for old in [k for k in self._epochs if k[1] < epoch - 1]:
                 del self._epochs[old]  # keep this epoch and the one before (read ahead)
+            for old in [k for k in self._pieces if k[0] < epoch - 1]:
+                del self._pieces[old]
         return order, cum
 
     def plan_epoch(self, epoch: int, batches: Any) -> None:
@@ -400,18 +510,33 @@ class PackedTokens(SeededSource):
 
     # -- reads ---------------------------------------------------------------------------
     def _fetch(
-        self, epoch: int, position: int, ahead: bool = False, keep: set | None = None
+        self,
+        epoch: int,
+        position: int,
+        windows: np.ndarray,
+        ahead: bool = False,
+        keep: set | None = None,
     ) -> Segment | Future | None:
-        """The segment at `position` of the epoch's row-group order if held, else its
-        read: shared if in flight (one read however many threads want it), else started;
-        None when reading ahead finds no room, even after dropping the held segments
-        not in `keep` (those the batches around this one read)."""
+        """The segment at `position` of the epoch's row-group order if held, else a piece
+        of it that holds all that `windows` need of it, else its read: shared if in
+        flight (one read however many threads want it), else started; None when reading
+        ahead finds no room, even after dropping the held segments not in `keep` (those
+        the batches around this one read)."""
         order, _ = self._epoch(epoch)
         key = (epoch, int(order[position]))
         with self._lock:
             held = self._segments.get(key)
             if held is not None:
                 return held
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight
+            pieces = self._pieces.get(key)
+        if pieces:
+            piece = self._covering(pieces, epoch, position, windows)
+            if piece is not None:
+                return piece
+        with self._lock:
             flight = self._flights.get(key)
             if flight is not None:
                 return flight
@@ -422,6 +547,25 @@ class PackedTokens(SeededSource):
                 weakref.finalize(self, self._pool.shutdown, wait=False)
             flight = self._flights[key] = self._pool.submit(self._load, key)
         return flight
+
+    def _covering(
+        self, pieces: list[Segment], epoch: int, position: int, windows: np.ndarray
+    ) -> Segment | None:
+        """The piece of the row group at `position` that holds every token (and next
+        token) that `windows` take from it, if one does."""
+        _, cum = self._epoch(epoch)
+        lo = windows * self.seq_len
+        hi = np.minimum(lo + self.seq_len + 1, cum[-1])
+        base, top = int(cum[position]), int(cum[position + 1])
+        touch = (lo < top) & (hi > base)
+        if not touch.any():
+            return None
+        need_lo, need_hi = max(int(lo[touch].min()), base), min(int(hi[touch].max()), top)
+        for piece in pieces:
+            start = base + piece.offset
+            if start <= need_lo and need_hi <= start + piece.tokens.size:
+                return piece
+        return None
 
     def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
         """Whether the cache has room to read `key` ahead, made by dropping held segments
@@ -449,8 +593,12 @@ class PackedTokens(SeededSource):
             order = _generator(self.seed, epoch, group) if self.shuffle_documents else None
             segment = Segment.build(table.column(self.column), first_row, self.eos_id, order)
             del table
+            ranges = self._edge_pieces(epoch).get(group, ()) if len(self.blocks()) > 1 else ()
+            pieces = [segment.piece(a, b) for a, b in ranges]
             with self._lock:
                 self._segments[key] = segment
+                if pieces:
+                    self._pieces[key] = pieces
             return segment
         finally:
             read, retries = take_counters()
@@ -479,7 +627,7 @@ class PackedTokens(SeededSource):
             found = (windows, positions, frozenset((epoch, int(order[p])) for p in positions))
             with self._lock:
                 self._recent[key] = found
-                while len(self._recent) > READAHEAD_BATCHES + 4 * BEHIND_BATCHES:
+                while len(self._recent) > self._horizon + 4 * BEHIND_BATCHES:
                     del self._recent[next(iter(self._recent))]
         return found
 
@@ -489,11 +637,13 @@ class PackedTokens(SeededSource):
         batches = self._plans.get(epoch)
         if batches is None or not windows.size:
             return None
-        total, first, hint = len(batches), int(windows[0]), self._hint
+        # A new epoch's search starts at its first batch, not at the last one's number.
+        hint = self._hint if self._hint_epoch == epoch else -1
+        total, first = len(batches), int(windows[0])
         for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
             planned = self._planned(epoch, k)[0] if 0 <= k < total else None
             if planned is not None and planned.size and int(planned[0]) == first:
-                self._hint = k
+                self._hint, self._hint_epoch = k, epoch
                 return k
         return None
 
@@ -504,13 +654,13 @@ class PackedTokens(SeededSource):
         # Batches up to `_ahead` were looked at already: only the newest one is new.
         done_epoch, done = self._ahead
         start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
-        for k in range(start, min(total, self._hint + 1 + READAHEAD_BATCHES)):
-            keep = None
-            for position in self._planned(epoch, k)[1]:
-                found = self._fetch(epoch, position, ahead=True)
+        for k in range(start, min(total, self._hint + 1 + self._horizon)):
+            keep, (windows, positions, _) = None, self._planned(epoch, k)
+            for position in positions:
+                found = self._fetch(epoch, position, windows, ahead=True)
                 if found is None:  # make room from segments no batch near this one reads
                     keep = keep or self._needed(epoch, k)
-                    found = self._fetch(epoch, position, ahead=True, keep=keep)
+                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep)
                 if found is None:
                     return  # no room: this batch is looked at again next time
             self._ahead = (epoch, k)
@@ -533,7 +683,7 @@ class PackedTokens(SeededSource):
             positions = planned[1]  # found when this batch was read ahead
         else:
             positions = self._groups_of(windows, epoch).tolist()
-        found = {p: self._fetch(epoch, p) for p in positions}  # reads all at once
+        found = {p: self._fetch(epoch, p, windows) for p in positions}  # reads all at once
         if k is not None:
             self._read_ahead(epoch)
         segments = {p: f if isinstance(f, Segment) else f.result() for p, f in found.items()}
@@ -563,7 +713,9 @@ class PackedTokens(SeededSource):
         for row, (inside, position, a) in enumerate(rows):
             at = row * length
             if inside:
-                flat[at : at + width] = segments[position].tokens[a : a + width]
+                segment = segments[position]
+                a -= segment.offset  # 0 but for a piece
+                flat[at : at + width] = segment.tokens[a : a + width]
             else:
                 lo, doc_row = int(starts[row]), None if docs is None else docs[row]
                 self._copy_pieces(flat[at : at + width], doc_row, lo, cum, segments)
@@ -595,7 +747,8 @@ class PackedTokens(SeededSource):
         position = int(np.searchsorted(cum, lo, side="right") - 1)
         hi, done = min(lo + width, end), 0
         while lo < hi:
-            segment, base = segments[position], int(cum[position])
+            segment = segments[position]
+            base = int(cum[position]) + segment.offset
             stop = min(hi, int(cum[position + 1]))
             a, b, n = lo - base, stop - base, stop - lo
             out[done : done + n] = segment.tokens[a:b]
@@ -615,7 +768,8 @@ def _eos_at(
     in stream order, are one sorted array: two searches find every row's."""
     held = sorted(segments)
     ends = [segments[p].starts[1:] for p in held]
-    stream = np.concatenate(ends) + np.repeat(cum[held] - 1, [e.size for e in ends])
+    bases = cum[held] + [segments[p].offset for p in held] - 1
+    stream = np.concatenate(ends) + np.repeat(bases, [e.size for e in ends])
     first = np.searchsorted(stream, lo)
     counts = np.searchsorted(stream, hi) - first
     j = np.arange(int(counts.sum())) + np.repeat(first - (np.cumsum(counts) - counts), counts)

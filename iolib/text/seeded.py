@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,18 +30,29 @@ def check_lanes(lanes: int | str) -> int | str:
 
 
 def chunked_lane_order(
-    total: int, lanes: int, granule: int, per_chunk: int, seed: int, epoch: int, shuffle: str
+    total: int,
+    lanes: int,
+    granule: int,
+    per_chunk: int,
+    seed: int,
+    epoch: int,
+    shuffle: str,
+    chunks: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> LaneOrder:
     """`total` samples dealt to `lanes` contiguous shares, `granule` of each in turn; each
     share ordered as the whole would be: shuffled within chunks of `per_chunk`, chunks
-    in a random order (for "block"), or as `shuffle` says."""
+    in a random order (for "block"), or as `shuffle` says. `chunks(lane)`, where given,
+    says a lane's chunk sizes and their order instead."""
     orders = []
     for lane, size in enumerate(lane_sizes(total, lanes).tolist()):
         words = [_LANE_STREAM, seed, lane]
         lane_seed = int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
-        blocks = default_blocks(size, per_chunk) if shuffle == "block" else ()
+        blocks, block_order = default_blocks(size, per_chunk), None
+        if chunks is not None and shuffle == "block":
+            blocks, block_order = chunks(lane)
         orders.append(EpochOrder(size, seed=lane_seed, epoch=epoch, shuffle=shuffle,
-                                 blocks=blocks, window=1))  # fmt: skip
+                                 blocks=blocks if shuffle == "block" else (), window=1,
+                                 block_order=block_order))  # fmt: skip
     return LaneOrder(orders, granule)
 
 
