@@ -47,6 +47,30 @@ def test_parquet_reads_move_pyarrow_off_mimalloc_by_default(tmp_path: Path) -> N
     assert after == ("system" if before == "mimalloc" else before)
 
 
+def test_token_windows_leave_the_pool_as_it_is(tmp_path: Path) -> None:
+    """Packed windows copy each row group out on the thread that decoded it: pyarrow's
+    default pool (mimalloc in its wheels) reuses that thread's pages there."""
+    rows = pa.array([[1, 2, 3]] * 40, pa.list_(pa.int32()))
+    pq.write_table(pa.table({"tokens": rows}), tmp_path / "t.parquet", row_group_size=10)
+    code = textwrap.dedent(f"""
+        import pyarrow as pa
+        from iolib import DataLoader
+        from iolib.text import PackedTokens
+        before = pa.default_memory_pool().backend_name
+        windows = PackedTokens({str(tmp_path / "t.parquet")!r}, column="tokens", seq_len=4,
+                               eos_id=0)
+        next(iter(DataLoader(windows, batch_size=2, shuffle=True)))
+        print(before, pa.default_memory_pool().backend_name)
+    """)
+    clean = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    before, after = done.stdout.split()[-2:]
+    assert before == after
+
+
 def test_a_pool_the_user_chose_is_kept(tmp_path: Path) -> None:
     # mimalloc, the one iolib would move off: kept because the user asked for it.
     before, after = _pool_after_a_read(tmp_path, ARROW_DEFAULT_MEMORY_POOL="mimalloc")

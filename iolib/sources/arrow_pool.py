@@ -12,6 +12,13 @@ streamed with a 128 MiB cache peaked at 346-396 MiB above the process's baseline
 instead of 404-440, and DALI image epochs at 617 MB PSS instead of 655 (Pillow: the
 same); 2026-12-06, benchmarks/results/outofcore.md and peers-images.md.
 
+Not for row groups that are copied out and dropped on the thread that decoded them
+(`ParquetSource.fetch_row_group`: packed token windows, token-budget batches, the token
+index): there mimalloc reuses that thread's pages, and the system allocator faults in
+fresh ones for every decode, 19 ms against 8 ms for a row group of 1.2 M int32 tokens
+(packed windows streamed with a 128 MiB cache: 33.0 M tokens/s against 26.5 M at the
+same peak RSS, 352 MiB against 349; 2026-12-06, benchmarks/results/outofcore.md).
+
 The switch is process-wide (pyarrow has one default pool, and its Parquet reader takes
 no other), made once, and only where the user chose nothing: an
 ``ARROW_DEFAULT_MEMORY_POOL`` in the environment (pyarrow's own setting) is kept, as is a

@@ -370,7 +370,7 @@ class ParquetSource(Source):
     def fetch_row_group(self, group: int) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns, read from
         storage with retries and counted, bypassing the cache: for sources that keep
-        what they read in their own form (`iolib.text`)."""
+        what they read in their own form (`iolib.text`), copied out on this thread."""
         self._check_group(group)
         return self._reader.fetch_row_group(group)
 

@@ -68,10 +68,13 @@ class RowGroupFetcher:
         """A forked worker opens its own files (the parent's stay the parent's)."""
         self._local = threading.local()
 
-    def fetch(self, group: int, later: Sequence[int] = ()) -> pa.Table:
+    def fetch(self, group: int, later: Sequence[int] = (), *, transient: bool = False) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns; the bytes
-        of row groups `later` of the same file come in the same request where they fit."""
-        prefer_releasing_pool()  # before a row group is allocated: see arrow_pool.py
+        of row groups `later` of the same file come in the same request where they fit.
+        `transient`: the caller copies the table out and drops it on this thread, so the
+        pool is left as it is (see arrow_pool.py)."""
+        if not transient:
+            prefer_releasing_pool()  # before a row group is allocated: see arrow_pool.py
         description = self.description
         meta, local = description.group(group)
         reason = description.drifted_files.get(meta.url)

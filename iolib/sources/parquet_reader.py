@@ -230,7 +230,7 @@ class ParquetReader:
     def fetch_row_group(self, group: int) -> pa.Table:
         """Row group `group` from storage with retries and counted, bypassing the cache."""
         try:
-            return self.fetcher.fetch(group)
+            return self.fetcher.fetch(group, transient=True)
         finally:
             self.release()
 

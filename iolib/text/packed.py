@@ -57,6 +57,9 @@ FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
+# A read in flight holds its compressed bytes and the decoder's buffers: 17 MB of Arrow
+# memory at the peak for a 4.8 MB segment of int32 tokens, so reading ahead counts it so.
+IN_FLIGHT_FACTOR = 3
 log = logging.getLogger(__name__)
 
 
@@ -572,7 +575,7 @@ class PackedTokens(SeededSource):
         not in `keep`, oldest read first: when the next chunk's row groups are due the
         cache is full of the last chunk's, which it would otherwise keep until a batch
         has to wait for its reads. Under the lock."""
-        size, budget = int(self._group_bytes[key[1]]), self.cache_bytes
+        size, budget = IN_FLIGHT_FACTOR * int(self._group_bytes[key[1]]), self.cache_bytes
         if self._segments.currsize + self._in_flight_bytes() + size <= budget:
             return True
         for old in [k for k in self._segments if k not in keep] if keep is not None else ():
@@ -583,7 +586,7 @@ class PackedTokens(SeededSource):
 
     def _in_flight_bytes(self) -> int:
         sizes = self._group_bytes
-        return int(sum(sizes[group] for _, group in self._flights))
+        return IN_FLIGHT_FACTOR * int(sum(sizes[group] for _, group in self._flights))
 
     def _load(self, key: tuple[int, int]) -> Segment:
         epoch, group = key
@@ -608,9 +611,9 @@ class PackedTokens(SeededSource):
                 self._flights.pop(key, None)
                 idle = not self._flights
             if idle:
-                # Arrow's pool may keep freed pages (mimalloc, where the user kept it, per
-                # read thread: eight held ~130 MB beyond the cache). Returned when the reads
-                # pause (after each one, it cost ~15% more CPU a batch).
+                # Arrow's pool may keep freed pages (mimalloc, pyarrow's default, per read
+                # thread). Returned when the reads pause (after each one, it cost ~15% more
+                # CPU a batch).
                 pa.default_memory_pool().release_unused()
 
     def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int], frozenset]:
