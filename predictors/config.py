@@ -45,6 +45,13 @@ class TunerConfig:
     max_window: int = 64  # the longest window, in batches
     min_pace_ms: float = 1e-3  # a step shorter than this is taken as this
     keep_samples: int = 64  # batches of the current configuration kept when holding
+    # An unreachable verdict stands only while the service it was judged from does: a
+    # tail in the first few batches inflates the mean, and the plan would keep it for
+    # `regime_window` batches. Once the current configuration's settled batches (at
+    # least `recheck_batches`) serve `recheck_factor` times faster than that plan
+    # expected of them, the plan is remade from them alone.
+    recheck_factor: float = 1.5  # the transient's level: noise stays within it
+    recheck_batches: int = 8  # one record block: fewer say little of a tail's mean
     # --- what a record says -----------------------------------------------------------
     measured_blocks: int = 2  # blocks of batches that make a configuration measured
     keep_batches: int = 4  # batches meeting the target that justify holding
@@ -90,6 +97,11 @@ class TunerConfig:
             raise TunerConfigError(
                 f"`shift_headroom` must be at least 1. Found: {self.shift_headroom!r}. "
                 "Fix: 1 plans for the service as measured; 1.5 is the default."
+            )
+        if not self.recheck_factor >= 1.0:
+            raise TunerConfigError(
+                f"`recheck_factor` must be at least 1. Found: {self.recheck_factor!r}. "
+                "Fix: 1.5 is the default; a larger one remakes unreachable plans later."
             )
         if not self.burst_batches >= 0:
             raise TunerConfigError(
