@@ -301,9 +301,10 @@ def test_a_target_judged_unreachable_from_a_tail_is_planned_again_once_it_is_not
     tens of times the mean (the family shares one noise path): heavy-tail 503 judged
     the target out of reach from one worker's inflated mean and, with that read in
     every later plan's lateness, held 0.78 to the end. The service measured since is
-    a fifth of what the verdict assumed, so the plan is remade and the target met."""
+    a fifth of what the verdict assumed, so the plan is remade and the target met
+    (`recheck_factor`, off by default: on the dev ranges it met the target less often)."""
     s = draw("heavy-tail", 503)
-    tuner = _learned(s)
+    tuner = _learned(s, recheck_factor=1.5)
     trace = run_tuner(tuner, s.workload, s.batches, seed=9)
     assert not tuner.history[1][1].feasible  # the verdict the tail caused
     assert tuner.history[-1][1].feasible
