@@ -49,12 +49,10 @@ class TunerConfig:
     # tail in the first few batches inflates the mean, and the plan would keep it for
     # `regime_window` batches. Once the current configuration's settled batches (at
     # least `recheck_batches`) serve `recheck_factor` times faster than that plan
-    # expected of them, the plan is remade from them alone. Off by default (inf):
-    # at 1.5 on the dev ranges, run seeds 7-11, met 958 against 960 and memory within
-    # 1.25x of the oracle 794 against 789 (controller-notes.md, tenth round); the
-    # issue's gate keeps no change that meets less often.
-    recheck_factor: float = float("inf")  # 1.5 (the transient's level) turns it on
-    recheck_batches: int = 16  # two record blocks: 8 remade plans that lost a bursty meet
+    # expected of them, the plan is remade from them alone (controller-notes.md, tenth
+    # round: with `near_best` 0.02, no dev sum worse than without both).
+    recheck_factor: float = 1.5  # the transient's level; inf never remakes one
+    recheck_batches: int = 16  # two record blocks: at 8 a remade plan lost a bursty meet
     # --- what a record says -----------------------------------------------------------
     measured_blocks: int = 2  # blocks of batches that make a configuration measured
     keep_batches: int = 4  # batches meeting the target that justify holding
@@ -85,7 +83,12 @@ class TunerConfig:
     share_grid: int = 13  # points of that range (steps of 0.05)
     share_noise: float = 0.05  # a level's relative spread is taken as at least this
     share_batches: int = 8  # a busy-worker count measured on fewer batches is not used
-    near_best: float = 0.01  # predictions this close to the best count as the best
+    # Predictions this close to the best count as the best (then the least memory):
+    # 0.01 held one grid step more memory for a point nothing meets with confidence
+    # anyway; 0.02 on the dev ranges, run seeds 7-11: met 962 against 960, memory
+    # within 1.25x of the oracle 794 against 789, 24 against 27 more than 0.03 below
+    # torch's default (0.3 and 0.4 for `confidence` were worse on every count).
+    near_best: float = 0.02
     # --- the online model (`online=True`) ----------------------------------------------
     online: bool = False  # share measured errors with neighbouring configurations
     online_length: float = 1.0  # its kernel's length, in log2 of workers and of depth
@@ -104,7 +107,7 @@ class TunerConfig:
         if not self.recheck_factor >= 1.0:
             raise TunerConfigError(
                 f"`recheck_factor` must be at least 1. Found: {self.recheck_factor!r}. "
-                "Fix: 1.5 remakes unreachable plans; inf (the default) never does."
+                "Fix: 1.5 is the default; inf never remakes an unreachable plan."
             )
         if not self.burst_batches >= 0:
             raise TunerConfigError(

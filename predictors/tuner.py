@@ -25,11 +25,10 @@ Loop, per batch (`decide`):
    is not measured yet, and a few batches of extra memory cost less than a second
    step. A slowdown over within `burst_batches`, back to about the service before
    it, was a burst: its batches rejoin the regime before it, so the plan keeps the
-   depth that rides out the next one instead of chasing each. With a finite
-   `recheck_factor` (off by default: measured, it met the target less often), a plan
-   that judged the target out of reach is remade from the current configuration's
-   batches alone once they serve that many times faster than it expected (a tail in
-   the first batches inflated the mean it was judged from).
+   depth that rides out the next one instead of chasing each. A plan that judged
+   the target out of reach is remade from the current configuration's batches alone
+   once they serve `recheck_factor` times faster than it expected (a tail in the
+   first batches inflated the mean it was judged from).
 
 Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, and every
 number of `predictors.config.TunerConfig` (`confidence`: z of the lower bound,

@@ -300,17 +300,17 @@ def test_a_target_judged_unreachable_from_a_tail_is_planned_again_once_it_is_not
     """On run seed 9 the first batches of every heavy-tail scenario carry a Pareto read
     tens of times the mean (the family shares one noise path): heavy-tail 503 judged
     the target out of reach from one worker's inflated mean and, with that read in
-    every later plan's lateness, held 0.78 at three quarters of its budget to the end
-    (torch's default: 0.37). The service measured since is a fifth of what the verdict
-    assumed, so with `recheck_factor` (off by default: on the dev ranges it met the
-    target less often) the plan is remade and the target is within reach again."""
+    every later plan's lateness, never planned for it again (0.78 at three quarters of
+    its budget before `near_best` 0.02, 0.47 at depth 3 after; torch's default: 0.37).
+    The service measured since is a fifth of what the verdict assumed, so the plan is
+    remade (`recheck_factor`) and the target is met within half the budget."""
     s = draw("heavy-tail", 503)
-    tuner = _learned(s, recheck_factor=1.5)
+    tuner = _learned(s)
     trace = run_tuner(tuner, s.workload, s.batches, seed=9)
     last = trace.iloc[2 * s.batches // 3 :]
     assert not tuner.history[1][1].feasible  # the verdict the tail caused
     assert tuner.history[-1][1].feasible
-    assert time_weighted_utilization(last) >= 0.84
+    assert time_weighted_utilization(last) >= s.target - 0.01
     assert last["bound_bytes"].max() <= s.budget / 2
 
 
