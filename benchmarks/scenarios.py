@@ -66,6 +66,7 @@ SEEDS = {
     "heldout9": 90_000,  # chosen after the prior-alone default and the online model
     "heldout14": 140_000,  # chosen after issue 32 moved the lab and the own-change trial
     "heldout17": 170_000,  # chosen after the cores' share learned in the run (issue 31)
+    "heldout23": 230_000,  # chosen after the unreachable-plan recheck (issue 31, round ten)
 }
 MAX_WORKERS = 16
 

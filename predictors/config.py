@@ -45,6 +45,14 @@ class TunerConfig:
     max_window: int = 64  # the longest window, in batches
     min_pace_ms: float = 1e-3  # a step shorter than this is taken as this
     keep_samples: int = 64  # batches of the current configuration kept when holding
+    # An unreachable verdict stands only while the service it was judged from does: a
+    # tail in the first few batches inflates the mean, and the plan would keep it for
+    # `regime_window` batches. Once the current configuration's settled batches (at
+    # least `recheck_batches`) serve `recheck_factor` times faster than that plan
+    # expected of them, the plan is remade from them alone (controller-notes.md, tenth
+    # round: with `near_best` 0.02, no dev sum worse than without both).
+    recheck_factor: float = 1.5  # the transient's level; inf never remakes one
+    recheck_batches: int = 16  # two record blocks: at 8 a remade plan lost a bursty meet
     # --- what a record says -----------------------------------------------------------
     measured_blocks: int = 2  # blocks of batches that make a configuration measured
     keep_batches: int = 4  # batches meeting the target that justify holding
@@ -75,7 +83,13 @@ class TunerConfig:
     share_grid: int = 13  # points of that range (steps of 0.05)
     share_noise: float = 0.05  # a level's relative spread is taken as at least this
     share_batches: int = 8  # a busy-worker count measured on fewer batches is not used
-    near_best: float = 0.01  # predictions this close to the best count as the best
+    # Predictions this close to the best count as the best (then the least memory):
+    # 0.01 held one grid step more memory for a point nothing meets with confidence
+    # anyway. On the dev ranges, run seeds 7-11, against 0.01 (met, memory within 1.25x
+    # of the oracle, more than 0.03 below torch's default: 960, 789, 27): 0.02 alone
+    # 962, 794, 24; with the recheck above 962, 797, 25 (0.3 and 0.4 for `confidence`
+    # met less often and held more memory).
+    near_best: float = 0.02
     # --- the online model (`online=True`) ----------------------------------------------
     online: bool = False  # share measured errors with neighbouring configurations
     online_length: float = 1.0  # its kernel's length, in log2 of workers and of depth
@@ -90,6 +104,11 @@ class TunerConfig:
             raise TunerConfigError(
                 f"`shift_headroom` must be at least 1. Found: {self.shift_headroom!r}. "
                 "Fix: 1 plans for the service as measured; 1.5 is the default."
+            )
+        if not self.recheck_factor >= 1.0:
+            raise TunerConfigError(
+                f"`recheck_factor` must be at least 1. Found: {self.recheck_factor!r}. "
+                "Fix: 1.5 is the default; inf never remakes an unreachable plan."
             )
         if not self.burst_batches >= 0:
             raise TunerConfigError(

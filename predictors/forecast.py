@@ -160,13 +160,17 @@ class Forecaster:
         share = self.cores_share if est.cores_share is None else est.cores_share
         return max(share * cpu_count, 1.0)
 
+    def service_at(self, est: Service, active: int) -> float:
+        """One batch's service (ms) the prior expects at `active` busy workers: the
+        wait as measured, the CPU at the cores' contention (as `predict` has it)."""
+        cores = self.cores(est, est.cpu_count)
+        cpu = min(est.cpu_ms or 0.0, est.service_ms)
+        return est.wait_ms + cpu * max(1.0, active / cores)
+
     def service_ratio(self, est: Service, active: int, new_active: int) -> float:
         """How much the prior expects one batch's service to change from `active` to
         `new_active` busy workers (the cores' contention)."""
-        cores = self.cores(est, est.cpu_count)
-        cpu = min(est.cpu_ms or 0.0, est.service_ms)
-        before = est.wait_ms + cpu * max(1.0, active / cores)
-        return (est.wait_ms + cpu * max(1.0, new_active / cores)) / max(before, 1e-6)
+        return self.service_at(est, new_active) / max(self.service_at(est, active), 1e-6)
 
     def correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
         """The learned model's departure from its own queueing baseline, weighted by its

@@ -25,7 +25,10 @@ Loop, per batch (`decide`):
    is not measured yet, and a few batches of extra memory cost less than a second
    step. A slowdown over within `burst_batches`, back to about the service before
    it, was a burst: its batches rejoin the regime before it, so the plan keeps the
-   depth that rides out the next one instead of chasing each.
+   depth that rides out the next one instead of chasing each. A plan that judged
+   the target out of reach is remade from the current configuration's batches alone
+   once they serve `recheck_factor` times faster than it expected (a tail in the
+   first batches inflated the mean it was judged from).
 
 Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, and every
 number of `predictors.config.TunerConfig` (`confidence`: z of the lower bound,
@@ -47,7 +50,7 @@ import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from statistics import median
+from statistics import fmean, median
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -171,6 +174,7 @@ class LearnedTuner:
         self._since_plan = 0
         self._calibration = Calibration()
         self._last: Plan | None = None
+        self._unreachable_ms: float | None = None  # what an unreachable plan expected here
         # How far a prediction may be off in utilization: the model's measured error.
         self._prior_spread = float(getattr(model, "utilization_error", cfg.prior_spread))
 
@@ -223,8 +227,32 @@ class LearnedTuner:
             jump = after / before if after > before else 1.0  # nan compares False
             return self._plan(state, why, shifted=True, headroom=headroom, jump=jump)
         if self._due():
+            if self._faster_than_unreachable():
+                return self._replan_unreachable(state)
             return self._plan(state, "measured")
         return self._current
+
+    def _faster_than_unreachable(self) -> bool:
+        """The last plan judged the target out of reach, and the current
+        configuration's settled batches serve `recheck_factor` times faster than that
+        plan expected of them: what made it unreachable is no longer measured."""
+        c = self.config
+        if self._unreachable_ms is None or len(self._samples) < c.recheck_batches:
+            return False
+        measured = fmean(s.service_ms for s in self._samples)
+        return measured * c.recheck_factor < self._unreachable_ms
+
+    def _replan_unreachable(self, state: TunerState) -> Decision:
+        """The plan remade from the current configuration's batches alone (a tail in
+        the older ones no longer sets the lateness of every candidate)."""
+        expected = self._unreachable_ms
+        self._regime = list(self._samples)
+        self._records[(self._current.workers, self._current.depth)] = self._record(self._samples)
+        self._calibration = Calibration()
+        self._episode = None
+        measured = fmean(s.service_ms for s in self._samples)
+        why = f"unreachable plan remade (service {measured:.1f} ms, {expected:.1f} ms expected)"
+        return self._plan(state, why)
 
     def _cores_share(self) -> float:
         """The share of the cores the workers' CPU is spread over, as this run's
@@ -336,7 +364,13 @@ class LearnedTuner:
         new = (choice.workers, choice.depth)
         keep = record.batches >= c.keep_batches and record.utilization >= self.target
         mem_new = choice.depth * state.one_batch_bytes
-        if new == config or (keep and mem_new >= here and not shifted):
+        holding = new == config or (keep and mem_new >= here and not shifted)
+        self._unreachable_ms = None
+        if not choice.feasible:
+            self._unreachable_ms = self.forecaster.service_at(
+                sized, min(config if holding else new)
+            )
+        if holding:
             self._samples = self._samples[-c.keep_samples :]
             self._current = dataclasses.replace(
                 choice,
