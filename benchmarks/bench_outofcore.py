@@ -8,9 +8,9 @@ int64 tensors) for as many tokens. Reported: time to the first batch, steady tok
 (median and min-max over `--repeats`), and peak RSS above the process's baseline (after
 imports), sampled every 10 ms.
 
-    python benchmarks/bench_outofcore.py --budget-mb 64 --scales 1 4 16
+    python benchmarks/bench_outofcore.py --budget-mb 64 --scales 1,4,16 --out outofcore-64mib
 
-Writes benchmarks/results/outofcore.md and .json.
+Writes benchmarks/results/<out>.md and .json (default outofcore-<budget>mib).
 """
 
 from __future__ import annotations
@@ -100,13 +100,19 @@ def _corpus(root: Path, tokens: int) -> tuple[str, Path]:
     show_default=True,
     help="Corpus sizes, as multiples of the budget.",
 )
-@click.option("--batches", default=300, show_default=True, help="Batches timed per run.")
+@click.option(
+    "--batches",
+    default=2000,
+    show_default=True,
+    help="Batches timed per run: several chunks, so that reading the next one ahead is paid.",
+)
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--seq-len", default=2048, show_default=True)
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="Where corpora are written and reused (default: a temp directory).")  # fmt: skip
-def main(budget_mb, scales, batches, batch_size, seq_len, repeats, work_dir) -> None:
+@click.option("--out", default=None, help="Results' name in benchmarks/results/.")
+def main(budget_mb, scales, batches, batch_size, seq_len, repeats, work_dir, out) -> None:
     """Packed windows streamed from local disk vs memmap random windows."""
     budget = budget_mb * 2**20
     rows = []
@@ -117,13 +123,13 @@ def main(budget_mb, scales, batches, batch_size, seq_len, repeats, work_dir) -> 
             runs = []
             for _ in tqdm(range(repeats), desc=f"{scale}x budget", leave=False):
                 args = [url, str(flat), str(budget), str(batches), str(batch_size), str(seq_len)]
-                out = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True,
+                done = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True,
                                      text=True, cwd=ROOT)  # fmt: skip
-                if out.returncode:
-                    raise click.ClickException(f"the run failed:\n{out.stderr[-3000:]}")
-                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+                if done.returncode:
+                    raise click.ClickException(f"the run failed:\n{done.stderr[-3000:]}")
+                runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             rows.append({"scale": scale, "corpus_bytes": scale * budget, "runs": runs})
-    _write(rows, budget_mb, batches, batch_size, seq_len)
+    _write(rows, budget_mb, batches, batch_size, seq_len, out or f"outofcore-{budget_mb}mib")
 
 
 def _span(values: list[float], scale: float, fmt: str) -> str:
@@ -133,13 +139,14 @@ def _span(values: list[float], scale: float, fmt: str) -> str:
     return f"{mid} ({low}-{high})"
 
 
-def _write(rows: list[dict], budget_mb: int, batches: int, batch: int, seq: int) -> None:
+def _write(rows: list[dict], budget_mb: int, batches: int, batch: int, seq: int, out: str) -> None:
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "outofcore.json").write_text(json.dumps(rows, indent=1))
+    (RESULTS / f"{out}.json").write_text(json.dumps(rows, indent=1))
     lines = [
         "# Packed windows larger than cache_bytes, from local disk",
         "",
-        f"`python benchmarks/bench_outofcore.py --budget-mb {budget_mb}` — cache_bytes "
+        f"`python benchmarks/bench_outofcore.py --budget-mb {budget_mb} --batches {batches}` — "
+        f"cache_bytes "
         f"{budget_mb} MiB, shuffled, 2 thread workers, batch {batch} x seq_len {seq}, "
         f"{batches} batches timed; memmap: nanoGPT's get_batch on the same tokens, same "
         "process. Median (min-max) over repeats; RSS is the peak above the process's "
@@ -160,7 +167,7 @@ def _write(rows: list[dict], budget_mb: int, batches: int, batch: int, seq: int)
             f"| {_span(ratio, 1, '.2f')} "
             f"| {_span([r['iolib_peak_rss'] for r in runs], 2**20, '.0f')} |"
         )
-    (RESULTS / "outofcore.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -57,6 +57,7 @@ FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
+RETRY_BATCHES = 8  # batches a read-ahead that found no room waits before it looks again
 # A read in flight holds its compressed bytes and the decoder's buffers: 17 MB of Arrow
 # memory at the peak for a 4.8 MB segment of int32 tokens, so reading ahead counts it so.
 IN_FLIGHT_FACTOR = 3
@@ -215,6 +216,7 @@ class PackedTokens(SeededSource):
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
         self._hint, self._hint_epoch = 0, -1  # the batch last found, and its epoch
         self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
+        self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
         self._recent: dict[tuple[int, int], np.ndarray] = {}
         self._edges: dict[int, Any] = {}  # epoch -> its chunks' edges (`_chunk_edges`)
         self._ranges: dict[int, dict] = {}  # epoch -> what edge row groups keep (`_edge_pieces`)
@@ -654,6 +656,10 @@ class PackedTokens(SeededSource):
         """Start reading the row groups of the batches after the last one found
         (`_find`), where the cache has room."""
         total = len(self._plans[epoch])
+        # Room comes back only as batches pass: looking for it each batch cost more than
+        # the cut with a 128 MiB cache (the batches ahead's keys, gathered each time).
+        if self._stalled[0] == epoch and self._hint < self._stalled[1] + RETRY_BATCHES:
+            return
         # Batches up to `_ahead` were looked at already: only the newest one is new.
         done_epoch, done = self._ahead
         start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
@@ -665,7 +671,8 @@ class PackedTokens(SeededSource):
                     keep = keep or self._needed(epoch, k)
                     found = self._fetch(epoch, position, windows, ahead=True, keep=keep)
                 if found is None:
-                    return  # no room: this batch is looked at again next time
+                    self._stalled = (epoch, self._hint)
+                    return  # no room: this batch is looked at again a few batches on
             self._ahead = (epoch, k)
 
     def _needed(self, epoch: int, upto: int) -> set[tuple[int, int]]:
