@@ -455,7 +455,10 @@ class PackedTokens(SeededSource):
 
     def fingerprint(self) -> str:
         words = f"{self.parquet.fingerprint()}|{self.column}|{self.seq_len}|{self.eos_id}"
-        words += f"|{self.shuffle_documents}|{len(self.blocks())}|lanes {self._lanes}"
+        chunks = len(self.blocks())
+        words += f"|{self.shuffle_documents}|{chunks}|lanes {self._lanes}"
+        if chunks > 1:  # windowed: a checkpoint of the chunks cut in window space is refused
+            words += "|chunks of row groups"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def redactor(self) -> Redactor:
