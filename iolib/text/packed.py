@@ -308,7 +308,7 @@ class PackedTokens(SeededSource):
         """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the
         largest as half the cache holds, so that the next chunk is read while this one
         is cut; all if the corpus fits the cache less three row groups."""
-        sizes = self._segment_bytes(self.index)
+        sizes = self._group_bytes
         largest = max(int(sizes.max(initial=0)), 1)
         room = self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest
         if int(sizes.sum()) <= room:
@@ -601,8 +601,8 @@ class PackedTokens(SeededSource):
             order = _generator(self.seed, epoch, group) if self.shuffle_documents else None
             segment = Segment.build(table.column(self.column), first_row, self.eos_id, order)
             del table
-            ranges = self._edge_pieces(epoch).get(group, ()) if len(self.blocks()) > 1 else ()
-            pieces = [segment.piece(a, b) for a, b in ranges]
+            # A corpus in one chunk has no edges: nothing to keep.
+            pieces = [segment.piece(a, b) for a, b in self._edge_pieces(epoch).get(group, ())]
             with self._lock:
                 self._segments[key] = segment
                 if pieces:

@@ -47,12 +47,13 @@ def chunked_lane_order(
     for lane, size in enumerate(lane_sizes(total, lanes).tolist()):
         words = [_LANE_STREAM, seed, lane]
         lane_seed = int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
-        blocks, block_order = default_blocks(size, per_chunk), None
-        if chunks is not None and shuffle == "block":
-            blocks, block_order = chunks(lane)
+        blocks, block_order = (), None
+        if shuffle == "block":
+            blocks, block_order = (
+                (default_blocks(size, per_chunk), None) if chunks is None else chunks(lane)
+            )
         orders.append(EpochOrder(size, seed=lane_seed, epoch=epoch, shuffle=shuffle,
-                                 blocks=blocks if shuffle == "block" else (), window=1,
-                                 block_order=block_order))  # fmt: skip
+                                 blocks=blocks, window=1, block_order=block_order))  # fmt: skip
     return LaneOrder(orders, granule)
 
 
