@@ -99,9 +99,7 @@ class Forecaster:
         workers = np.array([w for w, _ in grid], dtype=float)
         depth = np.array([d for _, d in grid], dtype=float)
         active = np.minimum(workers, depth)
-        cores = self.cores(est, cpu_count)
-        cpu = min(est.cpu_ms or 0.0, est.service_ms)
-        service = est.wait_ms + cpu * np.maximum(1.0, active / cores)
+        service = self.service_at(est, active, cpu_count)
         headroom = active * est.step_ms / service * rate
         sigma = math.sqrt(self.prior_error**2 + est.spread**2 / max(est.samples, 1))
         point = self.utilization(headroom, depth, service, est, depth_scale)
@@ -160,17 +158,19 @@ class Forecaster:
         share = self.cores_share if est.cores_share is None else est.cores_share
         return max(share * cpu_count, 1.0)
 
-    def service_at(self, est: Service, active: int) -> float:
-        """One batch's service (ms) the prior expects at `active` busy workers: the
-        wait as measured, the CPU at the cores' contention (as `predict` has it)."""
-        cores = self.cores(est, est.cpu_count)
+    def service_at(self, est: Service, active: Any, cpu_count: int | None = None) -> Any:
+        """One batch's service (ms) the prior expects at `active` busy workers (a
+        number or an array): the wait as measured, the CPU at the cores' contention
+        (`cpu_count`, else the estimate's)."""
+        cores = self.cores(est, est.cpu_count if cpu_count is None else cpu_count)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
-        return est.wait_ms + cpu * max(1.0, active / cores)
+        return est.wait_ms + cpu * np.maximum(1.0, np.asarray(active) / cores)
 
     def service_ratio(self, est: Service, active: int, new_active: int) -> float:
         """How much the prior expects one batch's service to change from `active` to
         `new_active` busy workers (the cores' contention)."""
-        return self.service_at(est, new_active) / max(self.service_at(est, active), 1e-6)
+        after, before = self.service_at(est, new_active), self.service_at(est, active)
+        return float(after / max(float(before), 1e-6))
 
     def correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
         """The learned model's departure from its own queueing baseline, weighted by its
