@@ -261,6 +261,19 @@ class RankSchedule:
         first = base + self.rank * size + min(self.rank, extra)
         return np.arange(first, first + size + (self.rank < extra), dtype=np.int64)
 
+    @property
+    def full_batches(self) -> int:
+        """Batches of `batch_size` before the tail (`rows` covers them)."""
+        return self._full_steps
+
+    def rows(self, k: int, count: int) -> np.ndarray:
+        """Positions of full batches k .. k + count - 1 as rows of a [count, batch_size]
+        array: many batches looked up in one call."""
+        if not 0 <= k <= k + count <= self._full_steps:
+            raise IndexError(f"batches {k}..{k + count - 1} outside 0..{self._full_steps - 1}")
+        firsts = self.start + np.arange(k, k + count, dtype=np.int64) * self.step
+        return (firsts + self.rank * self.batch_size)[:, None] + np.arange(self.batch_size)
+
     def position_after(self, k: int) -> int:
         """The global cursor once every rank has delivered ``k`` batches."""
         if k <= self._full_steps:

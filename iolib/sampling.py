@@ -9,6 +9,7 @@ it submits one, a few batches ahead of the consumer.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ from iolib.plan import EpochOrder, LaneOrder, RankSchedule
 # batches spread over the epoch, so a run of bad data shorter than 7/8 of the epoch
 # (a long bad row group in a sequential read) still leaves good spares.
 RESERVE_BATCHES = 8
+KEPT_INDICES = 1 << 20  # sample indices of recent batches kept (8 MiB)
+LOOKUP_BATCHES = 64  # batches whose indices one lookup computes
 
 
 @dataclass
@@ -119,13 +122,37 @@ class EpochTasks:
     ) -> None:
         self.order, self.schedule, self.epoch = order, schedule, epoch
         self.reserve_batches = reserve_batches
+        self._kept: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.schedule)
 
     def __getitem__(self, k: int) -> BatchTask:
         positions = self.schedule.positions(k)
-        return BatchTask(k, self.order[positions], self.epoch, self._reserve(positions))
+        return BatchTask(k, self.indices(k), self.epoch, self._reserve(positions))
+
+    def indices(self, k: int) -> np.ndarray:
+        """Batch k's sample indices (read-only), looked up with the batches after it and
+        kept a while: a source that reads ahead asks for each batch before the engine
+        does, and a block shuffle's lookup costs as much for 64 batches as for one."""
+        with self._lock:
+            found = self._kept.get(k)
+        if found is not None:
+            return found
+        full = self.schedule.full_batches
+        if k < full:
+            count = min(LOOKUP_BATCHES, full - k)
+            rows = self.order[self.schedule.rows(k, count).reshape(-1)].reshape(count, -1)
+        else:
+            rows = self.order[self.schedule.positions(k)][None, :]
+        rows.flags.writeable = False
+        with self._lock:
+            for j, row in enumerate(rows):
+                self._kept.setdefault(k + j, row)
+            while len(self._kept) * rows.shape[1] > KEPT_INDICES and len(self._kept) > 1:
+                del self._kept[next(iter(self._kept))]
+        return rows[0]
 
     def _reserve(self, positions: np.ndarray) -> np.ndarray | None:
         """Spare samples, a batch's worth at a time: the batch after this one, then
@@ -156,7 +183,7 @@ class _BatchIndices:
         return len(self.tasks)
 
     def __getitem__(self, k: int) -> np.ndarray:
-        return self.tasks.order[self.tasks.schedule.positions(k)]
+        return self.tasks.indices(k)
 
 
 class StreamTasks:

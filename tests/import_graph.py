@@ -63,10 +63,10 @@ UNDRAWN = ("base",)
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the packages, by dotted name."""
+    """Every module of the packages, by dotted name (a C extension by its source)."""
     found = {}
     for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
+        for path in sorted([*(ROOT / package).rglob("*.py"), *(ROOT / package).rglob("*.c")]):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -111,6 +111,8 @@ def cycle(edges: set[tuple[str, str]]) -> list[str]:
 def imports(path: Path, module: str) -> set[str]:
     """Dotted names of the packages' modules that `path` imports."""
     out = set()
+    if path.suffix == ".c":
+        return out  # a C extension imports no Python module
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

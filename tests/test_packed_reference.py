@@ -23,7 +23,8 @@ from iolib.text import PackedTokens
 
 EOS, IGNORE = 1, -100
 KINDS = [pa.list_(pa.int32()), pa.list_(pa.int64()), pa.list_(pa.uint16()), pa.list_(pa.int16()),
-         pa.large_list(pa.int32())]  # fmt: skip
+         pa.large_list(pa.int32()), pa.list_(pa.int8()), pa.list_(pa.uint8()),
+         pa.list_(pa.uint32())]  # fmt: skip
 
 
 @st.composite
@@ -45,7 +46,8 @@ def corpora(draw):
         "shuffle": draw(st.booleans()),
         "lanes": draw(st.sampled_from(["auto", 2, 3])),
         # The token column's type: tokenizers write int32, some int64 or uint16;
-        # large_list where a row group holds over 2^31 values.
+        # large_list where a row group holds over 2^31 values; the rest for each width and
+        # sign the compiled cut widens.
         "kind": draw(st.sampled_from(KINDS)),
     }
 

@@ -46,7 +46,7 @@ from iolib.redact import Redactor
 from iolib.sources.parquet import ParquetSource
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
-from iolib.text import tokenindex
+from iolib.text import loops, tokenindex
 from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
 
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
@@ -58,9 +58,11 @@ MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 RETRY_BATCHES = 8  # batches a read-ahead that found no room waits before it looks again
-# A read in flight holds its compressed bytes and the decoder's buffers: 17 MB of Arrow
-# memory at the peak for a 4.8 MB segment of int32 tokens, so reading ahead counts it so.
-IN_FLIGHT_FACTOR = 3
+# A read in flight counts as the segment it will be: the decoder's own buffers (about 3x a
+# segment at the peak) exist only while a decode slot (one a core) holds it, so they are
+# bounded by the cores, not by the reads queued; counted 3x, the next chunk was not read
+# ahead in time and batches waited for it.
+IN_FLIGHT_FACTOR = 1
 log = logging.getLogger(__name__)
 
 
@@ -105,9 +107,7 @@ class Segment:
         starts = np.zeros(docs.size + 1, dtype=np.int64)
         np.cumsum(lengths[docs] + 1, out=starts[1:])
         tokens = np.empty(int(starts[-1]), dtype=values.dtype)
-        sizes, firsts = lengths[docs].tolist(), offsets[docs].tolist()
-        for at, first, size in zip(starts[:-1].tolist(), firsts, sizes, strict=True):
-            tokens[at : at + size] = values[first : first + size]
+        loops.pack_documents(values, offsets[docs], lengths[docs], starts, tokens)
         tokens[starts[1:] - 1] = eos
         return cls(tokens, starts, docs + first_row)
 
@@ -510,6 +510,8 @@ class PackedTokens(SeededSource):
         hi = np.minimum(lo + self.seq_len, cum[-1] - 1)
         first = np.searchsorted(cum, lo, side="right") - 1
         last = np.searchsorted(cum, hi, side="right") - 1
+        if (last - first <= 1).all():  # a window in one or two segments: no gaps to fill
+            return np.unique(np.concatenate([first, last]))
         counts = last - first + 1
         spans = np.repeat(first, counts) + (
             np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -707,119 +709,55 @@ class PackedTokens(SeededSource):
         return self._cut(windows, epoch, segments)
 
     def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
-        """The windows' columns: each window's tokens (and the one after, its last
-        label) copied from a slice or two of its segments, then every column computed
-        for the whole batch at once from where the eos fall."""
+        """The windows' columns, filled by one compiled pass over each segment's pieces
+        (`loops.cut_pieces`): a window inside one segment is one piece, one that spans
+        segments (or the stream's end) a piece of each."""
         _, cum = self._epoch(epoch)
-        length, count, width, end = self.seq_len, windows.size, self.seq_len + 1, int(cum[-1])
-        # Row r and its next token are flat[r * length : r * length + width]: rows overlap
-        # by that token, kept aside before the next row overwrites it, so that input_ids
-        # are the buffer itself (no copy of the batch).
-        flat = np.empty(count * length + 1, dtype=np.int64)
-        nexts = np.empty(count, dtype=np.int64)
-        docs = np.zeros((count, width), dtype=np.int64) if self.document_ids else None
+        length, count, width = self.seq_len, windows.size, self.seq_len + 1
         starts = windows * length
-        firsts = np.searchsorted(cum, starts, side="right") - 1
-        # Most windows lie inside one segment: one slice each.
-        whole = (starts + width <= cum[firsts + 1]) & (docs is None)
-        rows = zip(whole.tolist(), firsts.tolist(), (starts - cum[firsts]).tolist(), strict=True)
-        for row, (inside, position, a) in enumerate(rows):
-            at = row * length
-            if inside:
-                segment = segments[position]
-                a -= segment.offset  # 0 but for a piece
-                flat[at : at + width] = segment.tokens[a : a + width]
-            else:
-                lo, doc_row = int(starts[row]), None if docs is None else docs[row]
-                self._copy_pieces(flat[at : at + width], doc_row, lo, cum, segments)
-            nexts[row] = flat[at + length]
-        ids = flat[: count * length].reshape(count, length)
-        eos = _eos_at(segments, cum, starts, np.minimum(starts + width, end), width)
-        eos_rows, cols = np.divmod(eos, width)
-        labels = np.empty_like(ids)  # shifted by one as a flat copy (a 2-D one is 10x slower)
-        labels.reshape(-1)[:-1] = flat[1 : count * length]
-        labels[:, -1] = nexts
-        inside = cols < length
-        labels[eos_rows[inside], cols[inside]] = self.ignore_index
-        after = cols + 1 < length  # a sequence starts after each eos, and at each window's
-        begins = np.concatenate([np.arange(count) * length, (eos_rows * length + cols + 1)[after]])
-        columns = {"input_ids": ids, "labels": labels,
-                   "position_ids": _positions(np.sort(begins), count * length)}  # fmt: skip
-        if docs is not None:
-            columns["document_ids"] = docs[:, :length]
-        return pa.table({k: _fixed_lists(v, length) for k, v in columns.items()})
+        owners = np.searchsorted(cum, starts, side="right") - 1
+        pieces = np.empty((count, 4), dtype=np.int64)  # row, column, a, b
+        pieces[:, 0], pieces[:, 1], pieces[:, 2] = np.arange(count), 0, starts
+        pieces[:, 3] = starts + width
+        whole = pieces[:, 3] <= cum[owners + 1]  # most windows: one piece
+        if not whole.all():
+            rows = np.flatnonzero(~whole).tolist()
+            spans = np.array([p for r in rows for p in self._spans(r, int(starts[r]), cum)])
+            pieces = np.concatenate([pieces[whole], spans[:, 1:]])
+            owners = np.concatenate([owners[whole], spans[:, 0]])
+        shape = (4 if self.document_ids else 3, count, length)
+        # From Arrow's pool (mimalloc), which keeps freed pages: the system allocator gave
+        # each batch fresh pages when a worker thread cut it and the consumer freed it.
+        buffer = pa.allocate_buffer(int(np.prod(shape)) * 8)
+        out = np.frombuffer(buffer, dtype=np.int64).reshape(shape)
+        for owner in np.unique(owners).tolist():
+            segment, mine = segments[owner], pieces[owners == owner]
+            mine[:, 2:] -= int(cum[owner]) + segment.offset
+            loops.cut_pieces(segment.tokens, segment.starts, segment.rows, mine,
+                             self.ignore_index, out, count, length, self.document_ids)  # fmt: skip
+        names = ["input_ids", "labels", "position_ids", "document_ids"][: shape[0]]
+        plane = count * length * 8
+        return pa.table({name: _fixed_lists(buffer.slice(i * plane, plane), count, length)
+                         for i, name in enumerate(names)})  # fmt: skip
 
-    def _copy_pieces(
-        self, out: np.ndarray, docs: np.ndarray | None, lo: int, cum: np.ndarray,
-        segments: dict[int, Segment],
-    ) -> None:  # fmt: skip
-        """Copy one window (and its next token) that spans segments or the stream's end
-        into `out` piece by piece, zeros past the stream's end; its documents' rows into
-        `docs` where asked."""
-        width, end = self.seq_len + 1, int(cum[-1])
+    def _spans(self, row: int, lo: int, cum: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+        """(position, row, column, a, b) of each segment's part of a window (and its next
+        token) that spans segments or reaches the stream's end, in stream coordinates."""
+        end = int(cum[-1])
         position = int(np.searchsorted(cum, lo, side="right") - 1)
-        hi, done = min(lo + width, end), 0
+        hi, column, parts = min(lo + self.seq_len + 1, end), 0, []
         while lo < hi:
-            segment = segments[position]
-            base = int(cum[position]) + segment.offset
             stop = min(hi, int(cum[position + 1]))
-            a, b, n = lo - base, stop - base, stop - lo
-            out[done : done + n] = segment.tokens[a:b]
-            if docs is not None:
-                at = np.searchsorted(segment.starts, np.arange(a, b), side="right") - 1
-                docs[done : done + n] = segment.rows[at]
-            lo, done, position = stop, done + n, position + 1
-        out[done:] = 0
+            parts.append((position, row, column, lo, stop))
+            lo, column, position = stop, column + stop - lo, position + 1
+        return parts
 
 
-def _eos_at(
-    segments: dict[int, Segment], cum: np.ndarray, lo: np.ndarray, hi: np.ndarray, width: int
-) -> np.ndarray:
-    """Where, in the batch's flat [B, width] array, the eos fall: row r holds the stream's
-    tokens [lo[r], hi[r]) and past the stream's end (hi[r] < lo[r] + width) only eos.
-    The segments' eos (document j's at ``starts[j + 1] - 1``), in stream coordinates and
-    in stream order, are one sorted array: two searches find every row's."""
-    held = sorted(segments)
-    ends = [segments[p].starts[1:] for p in held]
-    bases = cum[held] + [segments[p].offset for p in held] - 1
-    stream = np.concatenate(ends) + np.repeat(bases, [e.size for e in ends])
-    first = np.searchsorted(stream, lo)
-    counts = np.searchsorted(stream, hi) - first
-    j = np.arange(int(counts.sum())) + np.repeat(first - (np.cumsum(counts) - counts), counts)
-    rows = np.arange(lo.size)
-    found = stream[j] + np.repeat(rows * width - lo, counts)
-    short = np.flatnonzero(hi - lo < width)
-    if not short.size:
-        return found  # sorted: rows in order, each row's eos in stream order
-    past = [np.arange(r * width + int(hi[r] - lo[r]), (r + 1) * width) for r in short.tolist()]
-    return np.sort(np.concatenate([found, *past]))
-
-
-def _positions(begins: np.ndarray, size: int) -> np.ndarray:
-    """Position of each token in its sequence, given where (flat, sorted, the first at 0)
-    sequences begin: the flat index less that of its sequence's first token, which a
-    cumulative sum of the jumps between beginnings gives (a `repeat` took twice as long,
-    a running maximum twenty times)."""
-    starts = np.zeros(size, dtype=np.int64)
-    starts[begins[1:]] = np.diff(begins)
-    np.cumsum(starts, out=starts)
-    return np.subtract(_ramp(size), starts, out=starts)
-
-
-@functools.lru_cache(maxsize=4)
-def _ramp(size: int) -> np.ndarray:
-    ramp = np.arange(size, dtype=np.int64)
-    ramp.flags.writeable = False  # shared by every batch of this size
-    return ramp
-
-
-def _fixed_lists(matrix: np.ndarray, length: int) -> pa.FixedSizeListArray:
-    """An int64 [B, length] matrix (or its flat values) as B fixed-size lists that share
-    its memory: `pa.array` of a NumPy array goes through pandas' type checks (~50 us a
-    column, a tenth of a batch's cut)."""
-    flat = np.ascontiguousarray(matrix, dtype=np.int64).reshape(-1)
-    values = pa.Array.from_buffers(pa.int64(), flat.size, [None, pa.py_buffer(flat)])
-    return pa.FixedSizeListArray.from_arrays(values, length)
+def _fixed_lists(values: pa.Buffer, rows: int, length: int) -> pa.FixedSizeListArray:
+    """`rows` fixed-size lists of `length` int64 that share `values`' memory (collated
+    to a [rows, length] tensor without a copy)."""
+    flat = pa.Array.from_buffers(pa.int64(), rows * length, [None, values])
+    return pa.FixedSizeListArray.from_arrays(flat, length)
 
 
 def _generator(seed: int, epoch: int, *more: int) -> np.random.Generator:
