@@ -22,12 +22,12 @@ demo: install
 	$(VENV)/bin/iolib bench
 
 lint: install
-	$(VENV)/bin/ruff check conftest.py iolib predictors benchmarks tests docs/examples
-	$(VENV)/bin/ruff format --check conftest.py iolib predictors benchmarks tests docs/examples
+	$(VENV)/bin/ruff check conftest.py setup.py iolib predictors benchmarks tests docs/examples
+	$(VENV)/bin/ruff format --check conftest.py setup.py iolib predictors benchmarks tests docs/examples
 
 format: install
-	$(VENV)/bin/ruff format conftest.py iolib predictors benchmarks tests docs/examples
-	$(VENV)/bin/ruff check --fix conftest.py iolib predictors benchmarks tests docs/examples
+	$(VENV)/bin/ruff format conftest.py setup.py iolib predictors benchmarks tests docs/examples
+	$(VENV)/bin/ruff check --fix conftest.py setup.py iolib predictors benchmarks tests docs/examples
 
 test: lint
 	$(VENV)/bin/python -m pytest -q -ra

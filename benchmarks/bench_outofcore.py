@@ -2,11 +2,11 @@
 nanoGPT-style memmap random windows of the same tokens in the same process.
 
 For each corpus size (a multiple of the budget) a fresh process runs: the iolib loader
-(`PackedTokens`, shuffled, 2 thread workers) for `--batches` batches, then nanoGPT's
-`get_batch` (`np.stack` of `seq_len` slices at random offsets of a `.bin` memmap, as
-int64 tensors) for as many tokens. Reported: time to the first batch, steady tokens/s
-(median and min-max over `--repeats`), and peak RSS above the process's baseline (after
-imports), sampled every 10 ms.
+(`PackedTokens`, shuffled, `--workers` thread workers, 2 by default) for `--batches`
+batches, then nanoGPT's `get_batch` (`np.stack` of `seq_len` slices at random offsets of
+a `.bin` memmap, as int64 tensors) for as many tokens. Reported: time to the first
+batch, steady tokens/s (median and min-max over `--repeats`), and peak RSS above the
+process's baseline (after imports), sampled every 10 ms.
 
     python benchmarks/bench_outofcore.py --budget-mb 64 --scales 1,4,16 --out outofcore-64mib
 
@@ -36,7 +36,8 @@ RUN = textwrap.dedent(
     from iolib import DataLoader
     from iolib.text import PackedTokens
 
-    url, flat, budget, batches, batch, seq = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+    url, flat = sys.argv[1], sys.argv[2]
+    budget, batches, batch, seq, workers = map(int, sys.argv[3:])
     me = psutil.Process()
     peak = [0]
     def watch():
@@ -48,7 +49,7 @@ RUN = textwrap.dedent(
     start = time.perf_counter()
     loader = DataLoader(PackedTokens(url, column="input_ids", seq_len=seq, eos_id=0,
                                      cache_bytes=budget),
-                        batch_size=batch, shuffle=True, num_workers=2, seed=0)
+                        batch_size=batch, shuffle=True, num_workers=workers, seed=0)
     def forever():
         epoch = 0
         while True:  # a small corpus has fewer batches than are timed: go on to the next epoch
@@ -109,10 +110,11 @@ def _corpus(root: Path, tokens: int) -> tuple[str, Path]:
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--seq-len", default=2048, show_default=True)
 @click.option("--repeats", default=3, show_default=True)
+@click.option("--workers", default=2, show_default=True, help="iolib's num_workers (threads).")
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="Where corpora are written and reused (default: a temp directory).")  # fmt: skip
 @click.option("--out", default=None, help="Results' name in benchmarks/results/.")
-def main(budget_mb, scales, batches, batch_size, seq_len, repeats, work_dir, out) -> None:
+def main(budget_mb, scales, batches, batch_size, seq_len, repeats, workers, work_dir, out) -> None:
     """Packed windows streamed from local disk vs memmap random windows."""
     budget = budget_mb * 2**20
     rows = []
@@ -122,14 +124,15 @@ def main(budget_mb, scales, batches, batch_size, seq_len, repeats, work_dir, out
             url, flat = _corpus(root, scale * budget // 4)  # int32 tokens: 4 bytes each
             runs = []
             for _ in tqdm(range(repeats), desc=f"{scale}x budget", leave=False):
-                args = [url, str(flat), str(budget), str(batches), str(batch_size), str(seq_len)]
+                args = [url, str(flat), *map(str, (budget, batches, batch_size, seq_len, workers))]
                 done = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True,
                                      text=True, cwd=ROOT)  # fmt: skip
                 if done.returncode:
                     raise click.ClickException(f"the run failed:\n{done.stderr[-3000:]}")
                 runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             rows.append({"scale": scale, "corpus_bytes": scale * budget, "runs": runs})
-    _write(rows, budget_mb, batches, batch_size, seq_len, out or f"outofcore-{budget_mb}mib")
+    name = f"outofcore-{budget_mb}mib" + ("" if workers == 2 else f"-{workers}workers")
+    _write(rows, budget_mb, batches, batch_size, seq_len, workers, out or name)
 
 
 def _span(values: list[float], scale: float, fmt: str) -> str:
@@ -139,15 +142,17 @@ def _span(values: list[float], scale: float, fmt: str) -> str:
     return f"{mid} ({low}-{high})"
 
 
-def _write(rows: list[dict], budget_mb: int, batches: int, batch: int, seq: int, out: str) -> None:
+def _write(
+    rows: list[dict], budget_mb: int, batches: int, batch: int, seq: int, workers: int, out: str
+) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{out}.json").write_text(json.dumps(rows, indent=1))
     lines = [
         "# Packed windows larger than cache_bytes, from local disk",
         "",
-        f"`python benchmarks/bench_outofcore.py --budget-mb {budget_mb} --batches {batches}` — "
-        f"cache_bytes "
-        f"{budget_mb} MiB, shuffled, 2 thread workers, batch {batch} x seq_len {seq}, "
+        f"`python benchmarks/bench_outofcore.py --budget-mb {budget_mb} --batches {batches} "
+        f"--workers {workers}` — cache_bytes "
+        f"{budget_mb} MiB, shuffled, {workers} thread workers, batch {batch} x seq_len {seq}, "
         f"{batches} batches timed; memmap: nanoGPT's get_batch on the same tokens, same "
         "process. Median (min-max) over repeats; RSS is the peak above the process's "
         "baseline after imports.",

@@ -9,12 +9,14 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
 
 from iolib import DataLoader
 from iolib.errors import ConfigError
+from iolib.sources.parquet_fetch import decode_slots
 from iolib.testing import (
     assert_checkpoint_roundtrip,
     assert_same_batches_across_workers,
@@ -122,6 +124,17 @@ def test_each_row_group_is_read_once_an_epoch_when_streamed(corpus, world_size, 
 
     for epoch, rank in [(e, r) for e in (0, 1) for r in range(world_size)]:
         assert fetched(BUDGET, epoch, rank) == fetched(10**8, epoch, rank)
+
+
+def test_local_reads_run_on_as_many_threads_as_decode_at_once(corpus) -> None:
+    """From local disk a read is all decode: reads in flight are capped at the decode
+    slots (each more thread's allocator kept what its reads freed), where a remote store
+    keeps eight in flight."""
+    with_budget = DataLoader(_packed(corpus), batch_size=16, shuffle=True, seed=11)
+    seen: set[str] = set()
+    for _ in with_budget:  # every chunk's first batch asks for all its row groups at once
+        seen |= {t.name for t in threading.enumerate() if t.name.startswith("iolib-tokens")}
+    assert 1 <= len(seen) <= decode_slots()
 
 
 def test_windows_mix_across_the_epoch(corpus) -> None:

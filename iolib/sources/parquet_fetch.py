@@ -45,11 +45,17 @@ class _DecodeSlots:
 
     def _after_fork(self) -> None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        self.slots = threading.BoundedSemaphore(max(2, cores or os.cpu_count() or 2))
+        self.count = max(2, cores or os.cpu_count() or 2)
+        self.slots = threading.BoundedSemaphore(self.count)
 
 
 _DECODING = _DecodeSlots()
 reset_after_fork(_DECODING)  # a slot held by a parent's thread at the fork is the child's
+
+
+def decode_slots() -> int:
+    """Row groups this process decodes at once (one a core it may use, at least 2)."""
+    return _DECODING.count
 
 
 def _null_items(column: pa.ChunkedArray) -> bool:

@@ -44,6 +44,7 @@ from iolib.forks import reset_after_fork
 from iolib.plan import EpochOrder, LaneOrder, default_blocks, lane_sizes
 from iolib.redact import Redactor
 from iolib.sources.parquet import ParquetSource
+from iolib.sources.parquet_fetch import decode_slots
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
 from iolib.text import loops, tokenindex
@@ -53,7 +54,7 @@ _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the wind
 _CHUNK_STREAM = 0x43484E4B  # "CHNK": the order of an epoch's chunks
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
-FETCH_THREADS = 8  # row-group reads in flight: a store's per-connection rate is far below its total
+FETCH_THREADS = 8  # row-group reads in flight from a remote store (`_read_threads`)
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
@@ -553,7 +554,8 @@ class PackedTokens(SeededSource):
             if ahead and not self._room_for(key, keep):
                 return None  # no room to read ahead: the batch that needs it will
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="iolib-tokens")
+                threads = self._read_threads()
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iolib-tokens")
                 weakref.finalize(self, self._pool.shutdown, wait=False)
             flight = self._flights[key] = self._pool.submit(self._load, key)
         return flight
@@ -576,6 +578,14 @@ class PackedTokens(SeededSource):
             if start <= need_lo and need_hi <= start + piece.tokens.size:
                 return piece
         return None
+
+    def _read_threads(self) -> int:
+        """Row-group reads in flight: FETCH_THREADS from a remote store, whose rate per
+        connection is far below its total; from local disk as many as decode at once: a
+        read there is all decode, and more threads only hold more memory (each thread's
+        allocator keeps what its reads freed)."""
+        local = all("://" not in url or url.startswith("file://") for url in self.parquet.urls)
+        return decode_slots() if local else FETCH_THREADS
 
     def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
         """Whether the cache has room to read `key` ahead, made by dropping held segments
