@@ -109,6 +109,7 @@ def _args(**changes):
         ({"out": np.zeros((3, 1, 3), dtype=np.int64)}, ValueError),  # smaller than asked
         ({"want_docs": True}, ValueError),  # no plane for the documents
         ({"starts": np.array([0, 4, 10], dtype=np.int32)}, TypeError),  # not int64
+        ({"starts": np.array([0, 6, 4], dtype=np.int64)}, ValueError),  # not rising
         ({"tokens": np.zeros(10, dtype=np.float64)}, TypeError),  # not integers
         ({"out": np.zeros((3, 1, 4), dtype=np.int64)[:, :, ::2]}, ValueError),  # not contiguous
     ],
@@ -125,5 +126,7 @@ def test_pack_documents_refuses_a_document_outside_its_buffers() -> None:
         loops.pack_documents(values, np.array([3]), np.array([3]), np.array([0]), out)
     with pytest.raises(IndexError):
         loops.pack_documents(values, np.array([0]), one * 3, np.array([4]), out)
+    with pytest.raises(IndexError):  # an end past 2^63 bytes, which would wrap to negative
+        loops.pack_documents(values, one, one * 2**62, one, out)
     with pytest.raises(TypeError):  # out of another width than values
         loops.pack_documents(values, one, one, one, np.zeros(6, dtype=np.int64))

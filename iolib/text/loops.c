@@ -83,9 +83,10 @@ static PyObject *pack_documents(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "firsts and starts need an entry a document");
         goto fail;
     }
+    Py_ssize_t n_values = v[0].len / k, n_out = v[4].len / k;
     for (Py_ssize_t j = 0; j < docs; j++) { /* bounds, before the GIL is let go */
-        if (firsts[j] < 0 || sizes[j] < 0 || starts[j] < 0 || (firsts[j] + sizes[j]) * k > v[0].len
-            || (starts[j] + sizes[j]) * k > v[4].len) {
+        if (firsts[j] < 0 || sizes[j] < 0 || starts[j] < 0 || firsts[j] > n_values
+            || sizes[j] > n_values - firsts[j] || starts[j] > n_out || sizes[j] > n_out - starts[j]) {
             PyErr_Format(PyExc_IndexError, "document %zd lies outside values or out", j);
             goto fail;
         }
@@ -144,11 +145,17 @@ static PyObject *cut_pieces(PyObject *self, PyObject *args) {
     }
     Py_ssize_t planes = want_docs ? 4 : 3, n_tokens = v[0].len / v[0].itemsize;
     Py_ssize_t n_starts = v[1].len / 8, n_rows = v[2].len / 8, n_pieces = v[3].len / 32;
-    if (n_starts < 1 || rows < 0 || length < 1 || v[4].len / 8 < planes * rows * length) {
+    if (n_starts < 1 || rows < 0 || length < 1 || rows > v[4].len / 8 / planes / length) {
         PyErr_SetString(PyExc_ValueError, "out is smaller than [planes, rows, length]");
         goto fail;
     }
     const int64_t *starts = v[1].buf, *doc_rows = v[2].buf, *pieces = v[3].buf;
+    for (Py_ssize_t j = 0; j < n_starts; j++) { /* the loop below walks documents in order */
+        if (starts[j] < 0 || (j > 0 && starts[j] <= starts[j - 1])) {
+            PyErr_SetString(PyExc_ValueError, "starts must rise from 0 or more");
+            goto fail;
+        }
+    }
     for (Py_ssize_t p = 0; p < n_pieces; p++) { /* bounds, before the GIL is let go */
         const int64_t *q = pieces + 4 * p;
         if (q[0] < 0 || q[0] >= rows || q[1] < 0 || q[1] > length || q[2] < 0 || q[3] < q[2]

@@ -59,11 +59,6 @@ MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 RETRY_BATCHES = 8  # batches a read-ahead that found no room waits before it looks again
-# A read in flight counts as the segment it will be: the decoder's own buffers (about 3x a
-# segment at the peak) exist only while a decode slot (one a core) holds it, so they are
-# bounded by the cores, not by the reads queued; counted 3x, the next chunk was not read
-# ahead in time and batches waited for it.
-IN_FLIGHT_FACTOR = 1
 log = logging.getLogger(__name__)
 
 
@@ -592,7 +587,7 @@ class PackedTokens(SeededSource):
         not in `keep`, oldest read first: when the next chunk's row groups are due the
         cache is full of the last chunk's, which it would otherwise keep until a batch
         has to wait for its reads. Under the lock."""
-        size, budget = IN_FLIGHT_FACTOR * int(self._group_bytes[key[1]]), self.cache_bytes
+        size, budget = int(self._group_bytes[key[1]]), self.cache_bytes
         if self._segments.currsize + self._in_flight_bytes() + size <= budget:
             return True
         for old in [k for k in self._segments if k not in keep] if keep is not None else ():
@@ -602,8 +597,11 @@ class PackedTokens(SeededSource):
         return False
 
     def _in_flight_bytes(self) -> int:
+        """A read in flight counts as the segment it will be: the decoder's own buffers
+        exist only while a decode slot (one a core) holds it, bounded by the cores, not by
+        the reads queued (counted 3x, the next chunk was not read ahead in time)."""
         sizes = self._group_bytes
-        return IN_FLIGHT_FACTOR * int(sum(sizes[group] for _, group in self._flights))
+        return int(sum(sizes[group] for _, group in self._flights))
 
     def _load(self, key: tuple[int, int]) -> Segment:
         epoch, group = key
