@@ -23,6 +23,7 @@ from iolib.testing import (
     epoch_batches,
 )
 from iolib.text import PackedTokens
+from iolib.text.packed import FETCH_THREADS
 from iolib.text.tokenindex import beside_url, cache_dir
 from tests.token_data import doc_lengths, write_documents
 
@@ -126,15 +127,27 @@ def test_each_row_group_is_read_once_an_epoch_when_streamed(corpus, world_size, 
         assert fetched(BUDGET, epoch, rank) == fetched(10**8, epoch, rank)
 
 
-def test_local_reads_run_on_as_many_threads_as_decode_at_once(corpus) -> None:
-    """From local disk a read is all decode: reads in flight are capped at the decode
-    slots (each more thread's allocator kept what its reads freed), where a remote store
-    keeps eight in flight."""
-    with_budget = DataLoader(_packed(corpus), batch_size=16, shuffle=True, seed=11)
+def _read_threads_seen(url: str, **kw) -> int:
+    """Read threads alive at any batch of an epoch held whole: its first batch asks for
+    every row group at once."""
+    windows = PackedTokens(url, column="tokens", seq_len=SEQ, eos_id=EOS, cache_bytes=10**8,
+                           **kw)  # fmt: skip
     seen: set[str] = set()
-    for _ in with_budget:  # every chunk's first batch asks for all its row groups at once
+    for _ in DataLoader(windows, batch_size=16, shuffle=True, seed=11):
         seen |= {t.name for t in threading.enumerate() if t.name.startswith("iolib-tokens")}
-    assert 1 <= len(seen) <= decode_slots()
+    return len(seen)
+
+
+@pytest.mark.parametrize("form", ["{}", "file://{}"])
+def test_local_reads_run_on_as_many_threads_as_decode_at_once(corpus, form) -> None:
+    """From local disk (a path or a file:// URL) a read is all decode: reads in flight
+    are capped at the decode slots (each more thread's allocator kept what its reads
+    freed); from a store behind a wrapper, even one over local files, FETCH_THREADS run at
+    once (a store's rate per connection is far below its total)."""
+    assert 1 <= _read_threads_seen(form.format(corpus)) <= decode_slots()
+    fast = {"throttled": {"latency_ms": 0, "skip_instance_cache": True}}
+    remote = _read_threads_seen(f"throttled::file://{corpus}", storage_options=fast)
+    assert remote == FETCH_THREADS  # 25 row groups asked for at once
 
 
 def test_windows_mix_across_the_epoch(corpus) -> None:

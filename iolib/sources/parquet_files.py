@@ -24,7 +24,7 @@ from iolib.redact import Redactor
 from iolib.sources.footer import column_sizes
 from iolib.sources.ranges import Span, column_spans
 from iolib.sources.summary import SummarizedFile, read_summary, version_of
-from iolib.storage import RetryPolicy, call_with_retries, open_filesystem
+from iolib.storage import RetryPolicy, call_with_retries, is_local, open_filesystem
 
 GLOB_CHARS = "*?["
 FOOTER_THREADS = 64  # footers cost a request or two each: many in flight (latency-bound)
@@ -133,10 +133,7 @@ def _version(fs: Any, path: str, handle: Any) -> str:
     """What the store says changes with a file's content (`summary.version_of`): from
     the request that opened it, or a stat for a local file."""
     details = getattr(handle, "details", None)
-    if not isinstance(details, dict) and getattr(fs, "protocol", None) in (
-        "file",
-        ("file", "local"),
-    ):
+    if not isinstance(details, dict) and is_local(fs):
         details = fs.info(path)  # a stat: no request
     return version_of(details)
 

@@ -5,7 +5,7 @@ retries, throttling and fault injection wrap one function rather than many.
 Filesystem objects are never carried across processes: workers get (url, options)
 and open their own.
 
-Modules, one job each: `filesystems` (open_filesystem, wrap_url), `retries`
+Modules, one job each: `filesystems` (open_filesystem, is_local, wrap_url), `retries`
 (RetryPolicy, call_with_retries), `timeouts` (the helper thread that lets a stuck
 request be abandoned), `counters` (per-thread bytes, retries and helper CPU), `wrapper`
 (the base of the wrappers), `throttle` (throttled::), `faults` (faulty::), `cache`
@@ -21,7 +21,7 @@ import fsspec
 from iolib.storage.cache import BoundedCacheFileSystem
 from iolib.storage.counters import IOCounters, count_bytes, helper_cpu_s, take_counters
 from iolib.storage.faults import FaultyFileSystem
-from iolib.storage.filesystems import open_filesystem, wrap_url
+from iolib.storage.filesystems import is_local, open_filesystem, wrap_url
 from iolib.storage.retries import PERMANENT_ERRORS, RetryPolicy, call_with_retries
 from iolib.storage.throttle import PROFILES, ThrottledFileSystem, ThrottleProfile, resolve_profile
 from iolib.storage.wrapper import ShortReadError
@@ -39,6 +39,7 @@ __all__ = [
     "call_with_retries",
     "count_bytes",
     "helper_cpu_s",
+    "is_local",
     "open_filesystem",
     "resolve_profile",
     "take_counters",

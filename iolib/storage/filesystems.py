@@ -36,6 +36,13 @@ def open_filesystem(
     return fs, path
 
 
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether `fs` is the local disk itself (not a wrapper or a cache in front of it):
+    there a read costs no request, and a stat costs no round trip."""
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocol
+
+
 def _one_retry_layer(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """`storage_options` with botocore's retries set to `BOTOCORE_RETRIES` for an s3 URL,
     unless the user set them (`config_kwargs["retries"]`, AWS_MAX_ATTEMPTS,

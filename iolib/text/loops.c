@@ -45,14 +45,29 @@ static void widen(int64_t *dst, const char *src, enum kind kind, Py_ssize_t star
     }
 }
 
-static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
-    if (itemsize && view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd", name, itemsize,
-                     view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
+/* One argument's buffer: C-contiguous, `itemsize`-byte items (any if 0). */
+struct arg { const char *name; int writable; Py_ssize_t itemsize; };
+
+static void release_all(Py_buffer *views, int got) {
+    for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+}
+
+/* The buffers of `n` arguments, or -1 with an error set and none held. An itemsize of -1
+ * means the first argument's. */
+static int get_all(PyObject **objs, Py_buffer *views, const struct arg *args, int n) {
+    for (int i = 0; i < n; i++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (args[i].writable ? PyBUF_WRITABLE : 0);
+        Py_ssize_t want = args[i].itemsize < 0 ? views[0].itemsize : args[i].itemsize;
+        if (PyObject_GetBuffer(objs[i], &views[i], flags) < 0) {
+            release_all(views, i);
+            return -1;
+        }
+        if (want && views[i].itemsize != want) {
+            PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd", args[i].name,
+                         want, views[i].itemsize);
+            release_all(views, i + 1);
+            return -1;
+        }
     }
     return 0;
 }
@@ -63,18 +78,10 @@ static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize
 static PyObject *pack_documents(PyObject *self, PyObject *args) {
     PyObject *o[5];
     Py_buffer v[5];
+    static const struct arg spec[5] = {
+        {"values", 0, 0}, {"firsts", 0, 8}, {"sizes", 0, 8}, {"starts", 0, 8}, {"out", 1, -1}};
     if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
-    int got = 0;
-    if (get(o[0], &v[0], 0, 0, "values") < 0) goto fail;
-    got = 1;
-    if (get(o[1], &v[1], 0, 8, "firsts") < 0) goto fail;
-    got = 2;
-    if (get(o[2], &v[2], 0, 8, "sizes") < 0) goto fail;
-    got = 3;
-    if (get(o[3], &v[3], 0, 8, "starts") < 0) goto fail;
-    got = 4;
-    if (get(o[4], &v[4], 1, v[0].itemsize, "out") < 0) goto fail;
-    got = 5;
+    if (get_all(o, v, spec, 5) < 0) return NULL;
     Py_ssize_t docs = v[2].len / 8, k = v[0].itemsize;
     const int64_t *firsts = v[1].buf, *sizes = v[2].buf, *starts = v[3].buf;
     const char *values = v[0].buf;
@@ -95,10 +102,10 @@ static PyObject *pack_documents(PyObject *self, PyObject *args) {
     for (Py_ssize_t j = 0; j < docs; j++)
         memcpy(out + starts[j] * k, values + firsts[j] * k, (size_t)(sizes[j] * k));
     Py_END_ALLOW_THREADS
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    release_all(v, 5);
     Py_RETURN_NONE;
 fail:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    release_all(v, 5);
     return NULL;
 }
 
@@ -124,20 +131,13 @@ static PyObject *cut_pieces(PyObject *self, PyObject *args) {
     Py_buffer v[5];
     long long ignore;
     Py_ssize_t rows, length;
-    int want_docs, got = 0;
+    int want_docs;
+    static const struct arg spec[5] = {
+        {"tokens", 0, 0}, {"starts", 0, 8}, {"doc_rows", 0, 8}, {"pieces", 0, 8}, {"out", 1, 8}};
     if (!PyArg_ParseTuple(args, "OOOOLOnnp", &o[0], &o[1], &o[2], &o[3], &ignore, &o[4], &rows,
                           &length, &want_docs))
         return NULL;
-    if (get(o[0], &v[0], 0, 0, "tokens") < 0) goto fail;
-    got = 1;
-    if (get(o[1], &v[1], 0, 8, "starts") < 0) goto fail;
-    got = 2;
-    if (get(o[2], &v[2], 0, 8, "doc_rows") < 0) goto fail;
-    got = 3;
-    if (get(o[3], &v[3], 0, 8, "pieces") < 0) goto fail;
-    got = 4;
-    if (get(o[4], &v[4], 1, 8, "out") < 0) goto fail;
-    got = 5;
+    if (get_all(o, v, spec, 5) < 0) return NULL;
     enum kind kind = kind_of(&v[0]);
     if (kind == NOT_INT) {
         PyErr_SetString(PyExc_TypeError, "tokens: not an integer buffer");
@@ -194,10 +194,10 @@ static PyObject *cut_pieces(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    release_all(v, 5);
     Py_RETURN_NONE;
 fail:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    release_all(v, 5);
     return NULL;
 }
 

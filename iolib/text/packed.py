@@ -45,7 +45,7 @@ from iolib.plan import EpochOrder, LaneOrder, default_blocks, lane_sizes
 from iolib.redact import Redactor
 from iolib.sources.parquet import ParquetSource
 from iolib.sources.parquet_fetch import decode_slots
-from iolib.storage import count_bytes, take_counters
+from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
 from iolib.storage.counters import count_retries
 from iolib.text import loops, tokenindex
 from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
@@ -579,7 +579,8 @@ class PackedTokens(SeededSource):
         connection is far below its total; from local disk as many as decode at once: a
         read there is all decode, and more threads only hold more memory (each thread's
         allocator keeps what its reads freed)."""
-        local = all("://" not in url or url.startswith("file://") for url in self.parquet.urls)
+        options = self.parquet.storage_options
+        local = all(is_local(open_filesystem(url, options)[0]) for url in self.parquet.urls)
         return decode_slots() if local else FETCH_THREADS
 
     def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
@@ -734,7 +735,8 @@ class PackedTokens(SeededSource):
             pieces = np.concatenate([pieces[whole], spans[:, 1:]])
             owners = np.concatenate([owners[whole], spans[:, 0]])
         shape = (4 if self.document_ids else 3, count, length)
-        # From Arrow's pool (mimalloc), which keeps freed pages: the system allocator gave
+        # From pyarrow's default pool (mimalloc, unless a ParquetSource chose the system
+        # allocator: arrow_pool.py), which keeps freed pages: the system allocator gave
         # each batch fresh pages when a worker thread cut it and the consumer freed it.
         buffer = pa.allocate_buffer(int(np.prod(shape)) * 8)
         out = np.frombuffer(buffer, dtype=np.int64).reshape(shape)
