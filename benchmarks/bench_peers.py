@@ -77,7 +77,7 @@ PEER_MODULES = {"streaming": "streaming", "litdata": "litdata", "webdataset": "w
 @contextlib.contextmanager
 def throttled_store(latency: float, conn_mbps: float, total_mbps: float) -> Iterator[dict]:
     """moto's S3 server and the proxy in front of it, each in a child process."""
-    from iolib.bench.s3server import moto_s3
+    from iolib.cli.bench.s3server import moto_s3
 
     with moto_s3(BUCKET) as options:
         proxy = subprocess.Popen(

@@ -26,8 +26,8 @@ ARGS = [
 
 
 def write_markdown() -> None:
-    from iolib.bench.display import LEGEND, summary_table
-    from iolib.bench.records import read_observations
+    from iolib.cli.bench.display import LEGEND, summary_table
+    from iolib.cli.bench.records import read_observations
 
     rows = read_observations(os.path.join(OUT, "observations.parquet")).to_dict("records")
     with open(os.path.join(HERE, "results", "profiles.md"), "w") as f:

@@ -10,7 +10,7 @@ def moto_options():
     (skips where s3fs or moto's server is not installed)."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    from iolib.bench.s3server import moto_s3
+    from iolib.cli.bench.s3server import moto_s3
 
     with moto_s3() as options:
         yield options

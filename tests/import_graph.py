@@ -18,13 +18,6 @@ PACKAGES = ("iolib", "predictors")
 # Layer of each module, by the longest matching prefix of its dotted name.
 LAYERS: dict[str, str] = {
     "iolib.cli": "cli",
-    "iolib._cli_common": "cli",
-    "iolib.bench": "cli",
-    "iolib.convert": "cli",
-    "iolib.inspect_data": "cli",
-    "iolib.index_command": "cli",
-    "iolib.tune_command": "cli",
-    "iolib.tune_probe": "cli",
     "iolib.loader": "loader",
     "iolib.options": "loader",
     "iolib.checkpoint": "loader",

@@ -10,8 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from iolib.bench.records import CONFIG, FEATURES, OUTCOMES, SCHEMA, arrow_type, read_observations
 from iolib.cli import main
+from iolib.cli.bench.records import (
+    CONFIG,
+    FEATURES,
+    OUTCOMES,
+    SCHEMA,
+    arrow_type,
+    read_observations,
+)
 
 # --repeats 1 --step-ms 0: one flat-out run per configuration (the demo's defaults,
 # 3 repeats of a 40 ms step, would triple these tests' time).
@@ -119,7 +126,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
 
 
 def test_ctrl_c_keeps_what_was_measured():
-    from iolib.bench.loop import measure
+    from iolib.cli.bench.loop import measure
 
     def batches():
         yield {"x": b"1234"}
@@ -132,7 +139,7 @@ def test_ctrl_c_keeps_what_was_measured():
 
 
 def test_ctrl_c_in_cli_writes_observations(tmp_path, capsys, monkeypatch):
-    import iolib.bench.runner as runner
+    import iolib.cli.bench.runner as runner
 
     real = runner.run_one
     calls = []
@@ -157,7 +164,7 @@ def _row(loader, sps, util, repeat=0, profile="local"):
 
 
 def test_verdict_says_ratio_busy_share_and_when_noise_decides():
-    from iolib.bench.display import verdict
+    from iolib.cli.bench.display import verdict
 
     clear = [_row("iolib", v, 0.99, i) for i, v in enumerate((900, 950, 1000))]
     clear += [_row("torch", v, 0.5, i) for i, v in enumerate((400, 450, 500))]
@@ -173,7 +180,7 @@ def test_verdict_says_ratio_busy_share_and_when_noise_decides():
 
 def test_plot_of_one_depth_is_bars_with_linear_axes(tmp_path):
     pytest.importorskip("matplotlib")
-    from iolib.bench.display import plot
+    from iolib.cli.bench.display import plot
 
     rows = [_row("iolib", 900 + i, 0.99, i) for i in range(3)]
     rows += [_row("torch", 450 + i, 0.5, i) for i in range(3)]
@@ -204,7 +211,7 @@ def test_data_whose_binary_column_is_not_images_names_file_column_and_row(tmp_pa
 
 
 def test_a_bad_image_past_the_probe_names_the_column_and_value():
-    from iolib.bench.datasets import Collate
+    from iolib.cli.bench.datasets import Collate
     from iolib.errors import DataError
 
     with pytest.raises(DataError, match=r"Value 1 of the batch in column 'image' is not an"):
@@ -247,9 +254,9 @@ def test_both_loaders_read_the_same_samples_in_order(tmp_path):
     """The row-group baseline and iolib hand over the same images and labels (no shuffle)."""
     import torch
 
-    from iolib.bench.profiles import prepare_storage
-    from iolib.bench.runner import BenchSpec, Config, make_loader
-    from iolib.bench.workloads import make_images
+    from iolib.cli.bench.profiles import prepare_storage
+    from iolib.cli.bench.runner import BenchSpec, Config, make_loader
+    from iolib.cli.bench.workloads import make_images
 
     wl = make_images(str(tmp_path / "d"), 48, size=16, rows_per_group=16, seed=2)
     st = prepare_storage("local", str(tmp_path / "d"), overrides={})

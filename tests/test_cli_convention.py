@@ -59,12 +59,12 @@ def test_bench_reads_a_converted_folder_of_mixed_sizes(tmp_path: Path, capsys) -
 
 
 def test_both_storage_option_forms_reach_the_command(tmp_path: Path, capsys, monkeypatch) -> None:
-    import iolib.inspect_data
+    import iolib.cli.inspect_data
 
     seen = []
-    monkeypatch.setattr(iolib.inspect_data, "image_summary", lambda url, options: seen.append(
+    monkeypatch.setattr(iolib.cli.inspect_data, "image_summary", lambda url, options: seen.append(
         options) or {})  # fmt: skip
-    monkeypatch.setattr(iolib.inspect_data, "format_text", lambda summary: "")
+    monkeypatch.setattr(iolib.cli.inspect_data, "format_text", lambda summary: "")
     as_json = json.dumps({"anon": True, "endpoint_url": "http://h:9"})
     forms = (["-o", "anon=true", "-o", "endpoint_url=http://h:9"], ["--storage-options", as_json])
     for form in forms:

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from iolib import DataLoader
-from iolib.convert import relative_path, shard_plan
+from iolib.cli.convert import relative_path, shard_plan
 from iolib.sources import ParquetSource
 from iolib.sources.files import SCHEMA
 from tests.conftest import run_cli as run

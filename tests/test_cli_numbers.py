@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolib._cli_common import ByteSize, Number, NumberList
-from iolib.bench.loop import measure
 from iolib.cli import _COMMANDS, cli
+from iolib.cli.bench.loop import measure
+from iolib.cli.common import ByteSize, Number, NumberList
 from iolib.storage import open_filesystem
 from tests.conftest import run_cli as run
 

@@ -648,8 +648,8 @@ def test_credentials_in_storage_options_never_reach_errors() -> None:
 
 
 def test_bench_command_and_observations_are_redacted(tmp_path: Path) -> None:
-    from iolib.bench import records
-    from iolib.bench.runner import BenchSpec
+    from iolib.cli.bench import records
+    from iolib.cli.bench.runner import BenchSpec
 
     options = {"key": "AKIAFAKEKEY", "secret": "SECRETVALUE9"}
     command = (

@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 from click.testing import CliRunner
 
-from iolib.tune_command import tune
+from iolib.cli.tune import tune
 
 
 class _Tables(HTMLParser):

@@ -1,6 +1,6 @@
 """What `iolib tune` measures: runs across epochs, the configurations to verify, and
 what drives the result for a dataset (its measured service, step and CPU, and the
-prior's predictions over workers and depth). `iolib.tune_command` composes these.
+prior's predictions over workers and depth). `iolib.cli.tune` composes these.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from iolib._cli_common import storage_options_option
+from iolib.cli.common import storage_options_option
 from iolib.sources import ParquetSource
 from iolib.sources.summary import write_summary
 from iolib.storage import open_filesystem

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 import psutil
 
-from iolib.bench.datasets import batch_nbytes
+from iolib.cli.bench.datasets import batch_nbytes
 from iolib.errors import IolibError
 
 T = TypeVar("T")

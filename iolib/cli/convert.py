@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from iolib._cli_common import Number, storage_options_option
+from iolib.cli.common import Number, storage_options_option
 from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS, BadImage, probe
 from iolib.errors import DataError
 from iolib.rng import order_rng

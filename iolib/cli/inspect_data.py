@@ -15,7 +15,7 @@ from typing import Any
 import click
 import numpy as np
 
-from iolib._cli_common import storage_options_option
+from iolib.cli.common import storage_options_option
 from iolib.errors import DataError
 from iolib.storage import open_filesystem
 

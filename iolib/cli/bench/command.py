@@ -17,10 +17,10 @@ from typing import Any
 
 import click
 
-from iolib._cli_common import Number, NumberList, storage_options_option
-from iolib.bench.profiles import PROFILE_NAMES
-from iolib.bench.runner import SHUFFLES, TORCH_READS, BenchSpec
-from iolib.bench.workloads import WORKLOAD_KINDS
+from iolib.cli.bench.profiles import PROFILE_NAMES
+from iolib.cli.bench.runner import SHUFFLES, TORCH_READS, BenchSpec
+from iolib.cli.bench.workloads import WORKLOAD_KINDS
+from iolib.cli.common import Number, NumberList, storage_options_option
 
 # The sweep behind `--sweep` (a training set for the predictor; time-bounded).
 SWEEP = {
@@ -291,14 +291,14 @@ def bench(**kw: Any) -> None:
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     from tqdm import tqdm
 
-    from iolib.bench import display
-    from iolib.bench.runner import run_bench
+    from iolib.cli.bench import display
+    from iolib.cli.bench.runner import run_bench
 
     def progress(total: int):
         return tqdm(total=total, desc="iolib bench", unit="run", disable=not kw["progress"],
                     file=sys.stderr, leave=False)  # fmt: skip
 
-    from iolib.bench.loop import BenchTimeout
+    from iolib.cli.bench.loop import BenchTimeout
 
     try:
         rows, interrupted = run_bench(spec, progress=progress)
@@ -405,7 +405,7 @@ def _command_line() -> str:
 
 
 def _write(rows: list[dict[str, Any]], spec: BenchSpec, out: str | None, plot: bool) -> None:
-    from iolib.bench import display, records
+    from iolib.cli.bench import display, records
 
     if out and rows:
         paths = records.write_observations(rows, out)

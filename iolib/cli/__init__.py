@@ -21,11 +21,11 @@ from iolib.redact import Redactor, is_sensitive
 
 # name -> "module:attribute" of a click.Command; loaded on first use.
 _COMMANDS = {
-    "bench": ("iolib.bench.command:bench", "Measure a loading configuration, side by side."),
-    "tune": ("iolib.tune_command:tune", "Recommend workers and prefetch depth; write a report."),
-    "convert": ("iolib.convert:convert", "Convert an image folder to Parquet shards."),
-    "inspect": ("iolib.inspect_data:inspect", "Show files, rows, row groups, schema, bytes."),
-    "index": ("iolib.index_command:index", "Write _metadata and token indexes beside the data."),
+    "bench": ("iolib.cli.bench.command:bench", "Measure a loading configuration, side by side."),
+    "tune": ("iolib.cli.tune:tune", "Recommend workers and prefetch depth; write a report."),
+    "convert": ("iolib.cli.convert:convert", "Convert an image folder to Parquet shards."),
+    "inspect": ("iolib.cli.inspect_data:inspect", "Show files, rows, row groups, schema, bytes."),
+    "index": ("iolib.cli.index:index", "Write _metadata and token indexes beside the data."),
 }
 
 

@@ -1,7 +1,7 @@
 """Run a grid of configurations for iolib and torch through one measurement loop.
 
 `BenchSpec` describes what to run (immutable); `run_bench` executes it and returns
-observation rows (iolib.bench.records). A Ctrl-C stops after the configuration being
+observation rows (iolib.cli.bench.records). A Ctrl-C stops after the configuration being
 measured, whose partial result is kept with `complete=False`.
 """
 
@@ -19,12 +19,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from iolib.bench import probes
-from iolib.bench.datasets import Collate, FileSampleDataset, ParquetRowDataset, TokenRangeDataset
-from iolib.bench.loop import BenchTimeout, bounded, measure
-from iolib.bench.profiles import Storage, prepare_storage
-from iolib.bench.records import machine_description, versions
-from iolib.bench.workloads import Workload, inspect_dataset, make_images, make_tokens
+from iolib.cli.bench import probes
+from iolib.cli.bench.datasets import (
+    Collate,
+    FileSampleDataset,
+    ParquetRowDataset,
+    TokenRangeDataset,
+)
+from iolib.cli.bench.loop import BenchTimeout, bounded, measure
+from iolib.cli.bench.profiles import Storage, prepare_storage
+from iolib.cli.bench.records import machine_description, versions
+from iolib.cli.bench.workloads import Workload, inspect_dataset, make_images, make_tokens
 from iolib.redact import redact_text, secrets_in
 from iolib.resources import cpu_count
 
@@ -224,7 +229,7 @@ def run_one(cfg: Config, prep: _Prepared, spec: BenchSpec, on_batch=None) -> dic
 @contextlib.contextmanager
 def _s3_if_needed(spec: BenchSpec) -> Iterator[dict | None]:
     if "s3" in spec.profiles:
-        from iolib.bench.s3server import moto_s3
+        from iolib.cli.bench.s3server import moto_s3
 
         with moto_s3() as options:
             yield options
@@ -310,7 +315,7 @@ def _prepared(spec: BenchSpec, base: str, s3_options: dict | None) -> Iterator[_
 
 def _storage_for(spec, profile, root, s3_options, cache_dir) -> Storage:
     if spec.data is not None:
-        from iolib.bench.profiles import throttle_options
+        from iolib.cli.bench.profiles import throttle_options
         from iolib.storage import wrap_url
 
         throttle = None if profile == "local" else throttle_options(profile, spec.overrides, 0)

@@ -10,7 +10,7 @@ import statistics
 import time
 from typing import Any
 
-from iolib.bench.datasets import decode_jpeg
+from iolib.cli.bench.datasets import decode_jpeg
 from iolib.errors import DataError
 from iolib.storage import open_filesystem
 

@@ -24,12 +24,12 @@ from typing import Any
 
 import click
 
-from iolib._cli_common import ByteSize, Number, storage_options_option
+from iolib.cli.common import ByteSize, Number, storage_options_option
+from iolib.cli.tune_probe import TuneRequest
 from iolib.errors import ConfigError
-from iolib.tune_probe import TuneRequest
 
-DEFAULT_OBSERVATIONS = Path(__file__).parent.parent / "predictors" / "data" / "sweep"
-CHECKOUT = Path(__file__).resolve().parent.parent  # a source checkout holds benchmarks/ here
+DEFAULT_OBSERVATIONS = Path(__file__).parents[2] / "predictors" / "data" / "sweep"
+CHECKOUT = Path(__file__).resolve().parents[2]  # a source checkout holds benchmarks/ here
 
 
 def lab_training() -> ModuleType:
@@ -87,7 +87,7 @@ def _decoder(source: Any, size: int) -> Any:
 def _recommend(request: TuneRequest) -> dict[str, Path]:
     import pandas as pd
 
-    from iolib import tune_probe
+    from iolib.cli import tune_probe
     from iolib.loader import DataLoader
     from predictors.report import write_report
 
@@ -283,7 +283,7 @@ def tune(**kw: Any) -> None:
         return _model_command(kw["retrain"], kw["model_out"], files)
     if not kw["data"]:
         raise click.UsageError("Give DATA (a dataset URL), or --evaluate / --retrain.")
-    from iolib.bench.command import writable_directory
+    from iolib.cli.bench.command import writable_directory
 
     writable_directory(kw["out"], "--out")  # before the probe, not after its whole run
     request = TuneRequest(
