@@ -189,8 +189,10 @@ def test_an_index_that_would_inflate_to_gigabytes_is_refused_before_reading(tmp_
         TokenIndex.from_bytes(path.read_bytes(), groups=12)
 
 
-def test_index_is_written_atomically(tmp_path, monkeypatch) -> None:
-    """An `iolib index` that fails while writing leaves the files it found, whole."""
+@pytest.mark.parametrize("fails", ["encoding the index", "renaming"])
+def test_index_is_written_atomically(tmp_path, monkeypatch, fails) -> None:
+    """An `iolib index` that fails while writing leaves the files it found, whole (before:
+    the token index was opened for writing, so emptied, before its bytes existed)."""
     url = write_documents(tmp_path / "c", LENGTHS, shards=3, row_group_size=8)
     _index(url, "--tokens", "tokens")
     files = [Path(url) / "_metadata", Path(url) / "_iolib_tokens.tokens.npz"]
@@ -199,11 +201,15 @@ def test_index_is_written_atomically(tmp_path, monkeypatch) -> None:
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(os, "replace", fail)
+    if fails == "renaming":
+        monkeypatch.setattr(os, "replace", fail)
+    else:
+        monkeypatch.setattr(TokenIndex, "to_bytes", fail)
     _rewrite_a_shard(url)
     result = CliRunner().invoke(cli, ["index", url, "--tokens", "tokens"])
     assert result.exit_code != 0
-    assert [f.read_bytes() for f in files] == before
+    kept = slice(None) if fails == "renaming" else slice(1, None)  # _metadata came first
+    assert [f.read_bytes() for f in files][kept] == before[kept]
     assert sorted(p.name for p in Path(url).iterdir()) == sorted(
         ["_metadata", "_iolib_tokens.tokens.npz", "part-0.parquet", "part-1.parquet",
          "part-2.parquet"]
