@@ -4,8 +4,9 @@
  * cost more than the whole batch of a memmap loader; a JIT (Numba) would cost its LLVM's
  * memory in every process, against a memory budget. These loops touch each token once
  * and release the GIL. Arrays come through the buffer protocol, C-contiguous, native-order
- * integers of a checked format; the indices are copied and checked before the GIL is let go
- * (another thread may write the arguments meanwhile), so a bad argument raises, never
+ * integers of a checked format; every index is checked before the GIL is let go, and
+ * what another thread may write meanwhile cannot move a read or write out of bounds (the
+ * indices are copied, or read once and kept in bounds), so a bad argument raises, never
  * corrupts.
  */
 #define PY_SSIZE_T_CLEAN
@@ -211,7 +212,10 @@ static PyObject *cut_pieces(PyObject *self, PyObject *args) {
         return NULL;
     if (get_all(o, v, kinds, spec, 5) < 0) return NULL;
     enum kind kind = kinds[0];
-    int64_t *starts = NULL, *pieces = NULL; /* copies: read once, with the GIL held */
+    /* pieces: copied and checked with the GIL held. starts: checked, then read once a
+     * value in the loop, which stays in bounds whatever another thread writes there
+     * meanwhile (a copy of a row group's every start cost more than the cut). */
+    int64_t *pieces = NULL;
     Py_ssize_t planes = want_docs ? 4 : 3, n_tokens = v[0].len / v[0].itemsize;
     Py_ssize_t n_starts = v[1].len / 8, n_rows = v[2].len / 8, n_pieces = v[3].len / 32;
     if (n_starts < 1) {
@@ -222,14 +226,14 @@ static PyObject *cut_pieces(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "out is smaller than [planes, rows, length]");
         goto fail;
     }
-    if ((starts = copy_of(&v[1], n_starts)) == NULL || (pieces = copy_of(&v[3], 4 * n_pieces)) == NULL)
-        goto fail;
+    const int64_t *starts = v[1].buf;
     for (Py_ssize_t j = 0; j < n_starts; j++) { /* the loop below walks documents in order */
         if (starts[j] < 0 || (j > 0 && starts[j] <= starts[j - 1])) {
             PyErr_SetString(PyExc_ValueError, "starts must rise from 0 or more");
             goto fail;
         }
     }
+    if ((pieces = copy_of(&v[3], 4 * n_pieces)) == NULL) goto fail;
     for (Py_ssize_t p = 0; p < n_pieces; p++) { /* bounds, before the GIL is let go */
         const int64_t *q = pieces + 4 * p;
         if (q[0] < 0 || q[0] >= rows || q[1] < 0 || q[1] > length || q[2] < 0 || q[3] < q[2]
@@ -256,25 +260,29 @@ static PyObject *cut_pieces(PyObject *self, PyObject *args) {
         widen(id, tokens, kind, a, n);
         widen(label, tokens, kind, a + 1, m);
         if (n > 0 && m < n) label[n - 1] = ignore; /* the stream's end: only eos past it */
+        /* Each start read once, and what is made of it kept in bounds: checked above, it
+         * is; changed since by another thread, the output is wrong but no write strays. */
         Py_ssize_t doc = document_of(starts, n_starts, a), lo = 0;
+        doc = doc < 0 ? 0 : doc;
         while (lo < n) {
-            int ends_here = doc < last && starts[doc + 1] - a <= n; /* its eos is here */
-            Py_ssize_t hi = ends_here ? starts[doc + 1] - a : n;
+            int64_t next = doc < last ? starts[doc + 1] - a : (int64_t)n + 1;
+            int ends_here = next > lo && next <= n; /* its eos is here */
+            Py_ssize_t hi = ends_here ? (Py_ssize_t)next : n;
             for (Py_ssize_t i = lo; i < hi; i++) position[i] = i - lo;
-            if (want_docs)
-                for (Py_ssize_t i = lo; i < hi; i++) docs[row * length + column + i] = doc_rows[doc];
+            if (want_docs) {
+                int64_t owner = doc < n_rows ? doc_rows[doc] : -1;
+                for (Py_ssize_t i = lo; i < hi; i++) docs[row * length + column + i] = owner;
+            }
             if (ends_here) label[hi - 1] = ignore;
             lo = hi;
             doc++;
         }
     }
     Py_END_ALLOW_THREADS
-    PyMem_Free(starts);
     PyMem_Free(pieces);
     release_all(v, 5);
     Py_RETURN_NONE;
 fail:
-    PyMem_Free(starts);
     PyMem_Free(pieces);
     release_all(v, 5);
     return NULL;
