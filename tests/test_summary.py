@@ -4,6 +4,7 @@ it matches the directory, and then reads no footer of its own."""
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -45,10 +46,12 @@ def test_a_summary_replaces_every_footer(tmp_path) -> None:
     assert "3 files, 12 row groups, 300 rows" in _index(str(tmp_path / "d"))
     # Damage a footer: a source that reads footers fails; one that trusts the summary
     # reads the (intact) column chunks by the summary's offsets.
+    # (Its size and time kept: a file that changes either reads as stale, below.)
     victim = tmp_path / "d" / "p1.parquet"
-    data = bytearray(victim.read_bytes())
+    data, stat = bytearray(victim.read_bytes()), victim.stat()
     data[-4:] = b"XXXX"
     victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     source = ParquetSource(str(tmp_path / "d"))
     assert len(source) == 300
     got = source.read(np.array([299, 130, 5]))

@@ -4,10 +4,16 @@ with an error, never read or written out of bounds."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from iolib.text import loops
 
@@ -112,6 +118,7 @@ def _args(**changes):
         ({"starts": np.array([0, 6, 4], dtype=np.int64)}, ValueError),  # not rising
         ({"tokens": np.zeros(10, dtype=np.float64)}, TypeError),  # not integers
         ({"out": np.zeros((3, 1, 4), dtype=np.int64)[:, :, ::2]}, ValueError),  # not contiguous
+        ({"starts": np.zeros(0, dtype=np.int64)}, ValueError),  # no document at all
     ],
 )
 def test_cut_pieces_refuses_what_it_would_read_or_write_out_of_bounds(changes, error) -> None:
@@ -130,3 +137,272 @@ def test_pack_documents_refuses_a_document_outside_its_buffers() -> None:
         loops.pack_documents(values, one, one * 2**62, one, out)
     with pytest.raises(TypeError):  # out of another width than values
         loops.pack_documents(values, one, one, one, np.zeros(6, dtype=np.int64))
+
+
+def test_an_empty_starts_is_named_as_such() -> None:
+    with pytest.raises(ValueError, match="starts is empty"):
+        loops.cut_pieces(*_args(starts=np.zeros(0, dtype=np.int64)))
+
+
+# The family grid: every argument of both loops x every dtype x both byte orders. Each
+# argument's row runs in a child process, so a crash (the segfault of an object buffer
+# read as int64, the SIGFPE of a zero item size) fails that row, not the suite.
+ROOT = Path(__file__).resolve().parent.parent
+GRID_DTYPES = [
+    "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8", "c16", "?", "O", "S8",
+    "V0", "M8[s]",
+]  # fmt: skip
+CUT_ARGS = ["tokens", "starts", "doc_rows", "pieces", "out"]
+PACK_ARGS = ["values", "firsts", "sizes", "starts", "out"]
+TOKEN_KINDS = {"i1", "u1", "i2", "u2", "i4", "u4", "i8"}  # what tokens/values may be
+
+
+def _dtype(code: str, swapped: bool) -> np.dtype:
+    dtype = np.dtype([]) if code == "V0" else np.dtype(code)
+    return dtype.newbyteorder("S") if swapped else dtype
+
+
+def _cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype.itemsize == 0:
+        return np.zeros(array.shape, dtype=dtype)
+    if dtype.kind == "O":
+        return array.astype(object)
+    if dtype.kind in "SV":
+        return array.astype(np.int64).view(np.uint8).copy().view(dtype) if dtype.itemsize == 8 \
+            else np.zeros(array.shape, dtype=dtype)  # fmt: skip
+    return array.astype(dtype)
+
+
+def _grid_case(function: str, argument: str, code: str, swapped: bool) -> str:
+    """One call with one argument in another dtype: 'ok' (and equal to the int64 call's
+    result), or the error's type and message."""
+    dtype = _dtype(code, swapped)
+    if function == "cut":
+        names = CUT_ARGS
+        args = _args(want_docs=True, out=np.zeros((4, 1, 4), dtype=np.int64))
+        position = {"tokens": 0, "starts": 1, "doc_rows": 2, "pieces": 3, "out": 5}[argument]
+        call, out_at = loops.cut_pieces, 5
+    else:
+        names = PACK_ARGS
+        values = np.arange(6, dtype=np.int64)
+        args = [values, np.array([0, 3]), np.array([2, 3]), np.array([4, 0]),
+                np.zeros(8, dtype=np.int64)]  # fmt: skip
+        position, call, out_at = names.index(argument), loops.pack_documents, 4
+        if argument == "values":  # out follows values' kind, as its rule asks
+            args[4] = np.zeros(8, dtype=np.int64)
+    want = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    call(*want)
+    try:
+        args[position] = _cast(args[position], dtype)
+        if function == "pack" and argument == "values" and dtype.kind in "iu" and dtype.itemsize:
+            args[4] = np.zeros(8, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        return f"unbuildable {type(exc).__name__}"
+    try:
+        call(*args)
+    except Exception as exc:  # any refusal is recorded; the test says which are right
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        right = np.array_equal(np.asarray(args[out_at]).astype(np.int64), want[out_at])
+    except Exception:  # what was written cannot even be read back
+        right = False
+    return "ok" if right else "ok but wrong"
+
+
+def _grid_child() -> None:
+    for function, names in (("cut", CUT_ARGS), ("pack", PACK_ARGS)):
+        for argument in names:
+            for code in GRID_DTYPES:
+                for swapped in (False, True):
+                    case = [function, argument, code, swapped]
+                    print(json.dumps(case), flush=True)  # the case, should it crash
+                    print(json.dumps([*case, _grid_case(*case)]), flush=True)
+
+
+def _accepted(function: str, argument: str, code: str, swapped: bool) -> bool:
+    native = not swapped or np.dtype(code).itemsize <= 1
+    if argument in ("tokens", "values"):
+        return native and code in TOKEN_KINDS
+    return native and code == "i8"
+
+
+@pytest.fixture(scope="module")
+def grid() -> tuple[dict, str]:
+    """The whole grid, run once in a child process: its outcomes, and how it ended."""
+    child = subprocess.run(
+        [sys.executable, "-c", "from tests.test_text_loops import _grid_child; _grid_child()"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [json.loads(line) for line in child.stdout.splitlines()]
+    outcomes = {tuple(line[:2]): [] for line in lines}
+    for line in lines:
+        if len(line) == 5:
+            outcomes[tuple(line[:2])].append(line[2:])
+    ended = f"exit {child.returncode} after {lines[-1:]}: {child.stderr[-1500:]}"
+    return outcomes, ended
+
+
+@pytest.mark.parametrize(
+    ("function", "argument"),
+    [("cut", a) for a in CUT_ARGS] + [("pack", a) for a in PACK_ARGS],
+)
+def test_every_argument_dtype_and_byte_order_is_read_right_or_refused(grid, function, argument):
+    outcomes, ended = grid
+    rows = outcomes.get((function, argument), [])
+    assert len(rows) == 2 * len(GRID_DTYPES), f"the child crashed: {ended}"
+    for code, swapped, outcome in rows:
+        case = f"{argument} {code} {'swapped' if swapped else 'native'}: {outcome}"
+        if outcome.startswith("unbuildable"):  # NumPy cannot make it: nothing to pass
+            continue
+        if _accepted(function, argument, code, swapped):
+            assert outcome == "ok", case
+        else:
+            assert outcome.split(":")[0] in ("TypeError", "ValueError", "BufferError"), case
+            assert f"{argument}:" in outcome, case
+
+
+# The fuzz: arbitrary arrays (dtypes, byte orders, shapes, values) for every argument.
+# The loops raise an error or agree with the Python statement above; never crash.
+ANY_DTYPE = (
+    hnp.integer_dtypes(endianness="?")
+    | hnp.unsigned_integer_dtypes(endianness="?")
+    | hnp.floating_dtypes(endianness="?")
+    | hnp.boolean_dtypes()
+    | st.just(np.dtype(object))
+)
+
+
+@st.composite
+def any_array(draw, dtype=ANY_DTYPE, elements=None):
+    dtype = draw(dtype)
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6))
+    if dtype.kind == "O":
+        return np.array(draw(st.lists(st.integers(-5, 50), min_size=2, max_size=8)), dtype=object)
+    kw = {}
+    if elements is not None and dtype.kind in "iu":  # small values: some calls get through
+        kw = {"elements": elements if dtype.kind == "i" else elements.map(abs)}
+    return draw(hnp.arrays(dtype, shape, **kw))
+
+
+SMALL = st.integers(-3, 40)
+SOMETIMES = st.integers(0, 3).map(lambda x: x == 0)  # replace an argument 1 time in 4
+
+
+def _maybe(draw, value, other):
+    """`value`, or 1 time in 4 an arbitrary array: most calls keep most arguments right,
+    so the checks of one argument are reached with the others valid."""
+    return draw(other) if draw(SOMETIMES) else value
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data(), segments(), st.booleans(), st.integers(-(2**63), 2**63 - 1))
+def test_cut_pieces_fuzz_raises_or_agrees_with_the_statement(data, segment, want_docs, ignore):
+    tokens, starts, doc_rows, pieces, rows, length = segment
+    draw = data.draw
+    tokens = _maybe(draw, tokens, any_array())
+    starts = _maybe(draw, starts, any_array(elements=SMALL))
+    doc_rows = _maybe(draw, doc_rows, any_array(elements=SMALL))
+    pieces = _maybe(draw, pieces, any_array(elements=SMALL))
+    rows, length = _maybe(draw, rows, st.integers(-2, 5)), _maybe(draw, length, st.integers(-1, 12))
+    out_dtype = _maybe(draw, np.int64, st.sampled_from([np.int32, object, np.float64, ">i8"]))
+    out = np.full((4 if want_docs else 3, max(rows, 0), max(length, 0)), 7, dtype=out_dtype)
+    try:
+        loops.cut_pieces(tokens, starts, doc_rows, pieces, ignore, out, rows, length, want_docs)
+    except (TypeError, ValueError, IndexError, BufferError, OverflowError) as exc:
+        event(f"refused: {type(exc).__name__}")
+        return
+    event("accepted")
+    global IGNORE
+    saved, IGNORE = IGNORE, ignore
+    try:
+        want = _reference(tokens.ravel(), starts.ravel(), doc_rows.ravel(),
+                          pieces.ravel()[: pieces.size // 4 * 4].reshape(-1, 4), rows, length,
+                          want_docs)  # fmt: skip
+    finally:
+        IGNORE = saved
+    np.testing.assert_array_equal(out, want)
+
+
+@st.composite
+def packings(draw):
+    """Valid pack_documents arguments, as test_pack_documents… draws them."""
+    dtype = draw(st.sampled_from(DTYPES))
+    lengths = np.array(draw(st.lists(st.integers(0, 6), min_size=1, max_size=12)), np.int64)
+    values = np.arange(int(lengths.sum()), dtype=np.int64).astype(dtype)
+    firsts = np.cumsum(lengths) - lengths
+    starts = np.concatenate([[0], np.cumsum(lengths + 1)]).astype(np.int64)
+    return values, firsts, lengths, starts[:-1].copy(), np.zeros(int(starts[-1]), dtype=dtype)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), packings())
+def test_pack_documents_fuzz_raises_or_copies(data, packing) -> None:
+    values, firsts, sizes, starts, out = (
+        _maybe(data.draw, a, any_array(elements=SMALL if i in (1, 2, 3) else None))
+        for i, a in enumerate(packing)
+    )
+    before = out.copy()
+    try:
+        loops.pack_documents(values, firsts, sizes, starts, out)
+    except (TypeError, ValueError, IndexError, BufferError) as exc:
+        event(f"refused: {type(exc).__name__}")
+        return
+    event("accepted")
+    # Accepted: every document lies inside both buffers, copied item for item.
+    want = before.ravel().copy()
+    flat = values.ravel()
+    for first, size, start in zip(firsts.ravel()[: sizes.size], sizes.ravel(),
+                                  starts.ravel()[: sizes.size], strict=True):  # fmt: skip
+        want[start : start + size] = flat[first : first + size]
+    np.testing.assert_array_equal(out.ravel(), want)
+
+
+# Another thread writing `pieces` and `starts` while the loops run without the GIL: the
+# loops read their own copies, so the process lives (before: a segfault). Each bad value
+# is put back at once, so that calls pass their checks and run while it is there.
+_RACE = r"""
+import sys
+import threading
+import numpy as np
+from iolib.text import loops
+
+sys.setswitchinterval(1e-6)
+tokens = np.arange(200_000, dtype=np.int32)
+good_starts = np.arange(0, 200_000, 50, dtype=np.int64)
+starts = good_starts.copy()
+doc_rows = np.arange(starts.size, dtype=np.int64)
+good = np.array([[r, 0, 50 * r, 50 * r + 64] for r in range(2000)], dtype=np.int64)
+pieces = good.copy()
+out = np.zeros((4, 2000, 64), dtype=np.int64)
+stop = threading.Event()
+evil = np.array([2**62, -(2**62), 2**40, -1], dtype=np.int64)
+
+def mutate():
+    i = 0
+    while not stop.is_set():
+        k, j = i % 2000, (i * 7) % starts.size
+        pieces[k] = evil
+        pieces[k] = good[k]
+        starts[j] = -(2**40)
+        starts[j] = good_starts[j]
+        i += 1
+
+thread = threading.Thread(target=mutate)
+thread.start()
+errors = 0
+for _ in range(2000):
+    try:
+        loops.cut_pieces(tokens, starts, doc_rows, pieces, -100, out, 2000, 64, True)
+    except (IndexError, ValueError):
+        errors += 1
+stop.set()
+thread.join()
+print("survived", errors)
+"""
+
+
+def test_a_thread_writing_the_arguments_during_calls_cannot_crash_the_process() -> None:
+    child = subprocess.run([sys.executable, "-c", _RACE], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert child.returncode == 0, f"exit {child.returncode}: {child.stderr[-2000:]}"
+    assert "survived" in child.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import pyarrow as pa
 
 from iolib.cli.common import storage_options_option
 from iolib.sources import ParquetSource
@@ -36,6 +37,8 @@ def index(url: str, column: str | None, storage_options: dict[str, Any]) -> None
         raise click.BadParameter(f"{url!r} is not a directory of Parquet files.", param_hint="URL")
     source = ParquetSource(url, storage_options=storage_options)
     files = [f.path for f in source.files]
+    if column is not None:  # before anything is written
+        _check_token_column(source, column)
     where = write_summary(fs, path, files)
     rows = len(source)
     click.echo(f"wrote {where}: {len(files)} files, {len(source.blocks())} row groups, {rows} rows")
@@ -46,4 +49,22 @@ def index(url: str, column: str | None, storage_options: dict[str, Any]) -> None
         click.echo(
             f"wrote {written}: {int(tokens.tokens.sum())} tokens in "
             f"{int(tokens.documents.sum())} documents of {column!r}"
+        )
+
+
+def _check_token_column(source: ParquetSource, column: str) -> None:
+    """--tokens names a list column of integers, or the command stops here."""
+    schema = source.schema
+    if column not in schema.names:
+        raise click.BadParameter(
+            f"{source.describe()} has no column {column!r}; its columns: {schema.names}.",
+            param_hint="--tokens",
+        )
+    kind = schema.field(column).type
+    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if not (is_list and pa.types.is_integer(kind.value_type)):
+        raise click.BadParameter(
+            f"column {column!r} is {kind}: --tokens needs a list of integer token ids "
+            "(list<int32>, list<int64>...). Nothing was written.",
+            param_hint="--tokens",
         )

@@ -23,13 +23,22 @@ from iolib.errors import DataError
 from iolib.redact import Redactor
 from iolib.sources.footer import column_sizes
 from iolib.sources.ranges import Span, column_spans
-from iolib.sources.summary import SummarizedFile, read_summary, version_of
+from iolib.sources.summary import (
+    SummarizedFile,
+    listing,
+    read_summary,
+    regular_file,
+    version_of,
+)
 from iolib.storage import RetryPolicy, call_with_retries, is_local, open_filesystem
 
 GLOB_CHARS = "*?["
 FOOTER_THREADS = 64  # footers cost a request or two each: many in flight (latency-bound)
 # What Arrow says of undecodable bytes (thrift headers, pages, magic, compression).
-_CORRUPT_WORDS = re.compile(r"deseriali|corrupt|invalid|magic|decompress|page header", re.I)
+# "more than one dictionary": a column chunk read at offsets of another version of the file.
+_CORRUPT_WORDS = re.compile(
+    r"deseriali|corrupt|invalid|magic|decompress|page header|more than one dictionary", re.I
+)
 
 
 def is_corrupt(exc: BaseException) -> bool:
@@ -167,9 +176,11 @@ class _Lister:
 
     def summarized(self, root: int, url: str) -> list[FileMeta] | None:
         """A directory's files from its `_metadata` summary, where it has a valid one."""
-        if any(c in url for c in GLOB_CHARS) or url.endswith((".parquet", ".pq")):
+        if url.endswith((".parquet", ".pq")):
             return None
         fs, path = open_filesystem(url, self.storage_options)
+        if is_pattern(fs, path):
+            return None
         protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
         found = call_with_retries(
             lambda: read_summary(fs, path) if fs.isdir(path) else None,
@@ -231,29 +242,48 @@ class _Lister:
         return _from_footer(url, path, size, root, meta, version, 0, meta.num_row_groups, schema)
 
 
+def is_pattern(fs: Any, path: str) -> bool:
+    """Whether `path` is a glob: it holds `*`, `?` or `[` and names nothing as written
+    (a directory `run[1]/` is read as itself, not as `run1/`)."""
+    return any(c in path for c in GLOB_CHARS) and not fs.exists(path)
+
+
+def _not_regular(shown: str) -> DataError:
+    return DataError(
+        f"{shown!r} is not a regular file (a FIFO, device or socket, which would be read "
+        "forever): a Parquet source reads regular files only."
+    )
+
+
 def _list(fs: Any, path: str, shown: str) -> list[str]:
-    if any(c in path for c in GLOB_CHARS):
+    if is_pattern(fs, path):
         found = sorted(fs.glob(path))
         if not found:
             raise DataError(f"No Parquet files match {shown!r}. Check the pattern and bucket.")
+        odd = [p for p in found if not regular_file(fs, p)]
+        if odd:
+            raise _not_regular(odd[0])
         return found
     try:  # info, not exists()/isdir(): those answer False on a transient error
-        kind = fs.info(path)["type"]
+        kind = fs.info(path)["type"]  # after links
     except FileNotFoundError:
         raise DataError(
             f"Parquet source {shown!r} does not exist. Check the path (and credentials "
             "in storage_options for remote storage)."
         ) from None
-    if kind != "directory":
+    if kind == "file":
         return [path]
+    if kind != "directory":
+        raise _not_regular(shown)
     # The directory's own files only: a data/ holding train/ and val/ must not mix
-    # them. Recursion is a glob away: data/**/*.parquet.
-    entries = fs.ls(path, detail=True)
-    found = sorted(
-        e["name"]
-        for e in entries
-        if e.get("type") == "file" and e["name"].endswith((".parquet", ".pq"))
-    )
+    # them. Recursion is a glob away: data/**/*.parquet. Links are followed (a Hugging
+    # Face hub snapshot is a directory of links to its blobs).
+    entries = listing(fs, path)
+    named = [e for e in entries if e["name"].endswith((".parquet", ".pq"))]
+    odd = [e["name"] for e in named if e.get("type") not in ("file", "directory")]
+    if odd:
+        raise _not_regular(odd[0])
+    found = sorted(e["name"] for e in named if e.get("type") == "file")
     if not found:
         folders = [
             e["name"].rstrip("/").rsplit("/", 1)[-1]

@@ -612,6 +612,8 @@ class PackedTokens(SeededSource):
             order = _generator(self.seed, epoch, group) if self.shuffle_documents else None
             segment = Segment.build(table.column(self.column), first_row, self.eos_id, order)
             del table
+            documents = segment.starts.size - 1  # the index's counts, checked (free here)
+            self.index.check_segment(group, segment.tokens.size - documents, documents)
             # A corpus in one chunk has no edges: nothing to keep.
             pieces = [segment.piece(a, b) for a, b in self._edge_pieces(epoch).get(group, ())]
             with self._lock:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import io
 import logging
 import os
+import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,7 +25,10 @@ import numpy as np
 import pyarrow.compute as pc
 
 from iolib.errors import DataError
+from iolib.sources.footer import leaf_values
 from iolib.sources.parquet import ParquetSource
+from iolib.sources.parquet_files import is_pattern
+from iolib.sources.summary import regular_file, write_atomic
 from iolib.storage import open_filesystem
 
 log = logging.getLogger(__name__)
@@ -42,12 +46,48 @@ def cache_dir() -> Path:
 def beside_url(source: ParquetSource, column: str) -> str:
     """The index file's URL beside the data: in the first URL's directory."""
     first = source.urls[0].rstrip("/")
-    folder = first if not first.endswith((".parquet", ".pq")) and "*" not in first else None
+    fs, path = open_filesystem(first, source.storage_options)
+    pattern = is_pattern(fs, path)
+    folder = first if not first.endswith((".parquet", ".pq")) and not pattern else None
     if folder is None:
         folder = first.rsplit("/", 1)[0] if "/" in first else "."
-        while any(c in folder for c in "*?["):
+        while pattern and any(c in folder for c in "*?["):
             folder = folder.rsplit("/", 1)[0]
     return f"{folder}/_iolib_tokens.{column}.npz"
+
+
+# What a valid index file holds: each member's dtype kind and number of dimensions.
+_MEMBERS = {"version": ("iu", 0), "fingerprint": ("U", 0), "column": ("U", 0),
+            "tokens": ("i", 1), "documents": ("i", 1)}  # fmt: skip
+
+
+def size_bound(groups: int) -> int:
+    """The most bytes an index of `groups` row groups can take (16 a row group, stored
+    uncompressed, plus names and headers): a larger file is not an index of this data,
+    and is never inflated (a 2 MB zip inflated to a 2 GiB array before failing)."""
+    return 16 * groups + 64 * 1024
+
+
+def _checked_header(archive: zipfile.ZipFile, name: str, bound: int) -> None:
+    """Refuse a member whose header (read alone: a few hundred bytes) is not what an
+    index holds, before any of its data is inflated."""
+    kinds, ndim = _MEMBERS[name]
+    info = archive.getinfo(f"{name}.npy")
+    if info.file_size > bound:
+        raise ValueError(f"{name} takes {info.file_size} bytes, over {bound}")
+    with archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+        else:
+            raise ValueError(f"{name}: .npy format {version}")
+    widest = 4096 if dtype.kind == "U" else 8  # a name of 1,024 characters, int64
+    if dtype.kind not in kinds or dtype.itemsize > widest:
+        raise ValueError(f"{name} is {dtype}")
+    if len(shape) != ndim or int(np.prod(shape)) * dtype.itemsize > bound:
+        raise ValueError(f"{name} has shape {shape}")
 
 
 @dataclass(frozen=True)
@@ -58,6 +98,7 @@ class TokenIndex:
     column: str
     tokens: np.ndarray  # int64 [row groups]
     documents: np.ndarray  # int64 [row groups]: rows with at least one token
+    where: str = field(default="", compare=False)  # the file it came from, for messages
 
     @property
     def stream(self) -> np.ndarray:
@@ -78,11 +119,57 @@ class TokenIndex:
         return out.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> TokenIndex:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            if int(z["version"]) != INDEX_VERSION:
-                raise ValueError(f"index version {int(z['version'])}, not {INDEX_VERSION}")
-            return cls(str(z["fingerprint"]), str(z["column"]), z["tokens"], z["documents"])
+    def from_bytes(cls, data: bytes, groups: int | None = None) -> TokenIndex:
+        """Parse an index file; every member's header is checked before its data is
+        read (ValueError if it is not an index, or not one of `groups` row groups)."""
+        bound = size_bound(groups if groups is not None else len(data))
+        try:
+            archive = zipfile.ZipFile(io.BytesIO(data))
+        except zipfile.BadZipFile as exc:
+            raise ValueError(f"not an index file ({exc})") from None
+        with archive:
+            names = set(archive.namelist())
+            missing = [n for n in _MEMBERS if f"{n}.npy" not in names]
+            if missing:
+                raise ValueError(f"no {', '.join(missing)} in it")
+            for name in _MEMBERS:
+                _checked_header(archive, name, bound)
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                if int(z["version"]) != INDEX_VERSION:
+                    raise ValueError(f"index version {int(z['version'])}, not {INDEX_VERSION}")
+                tokens, documents = z["tokens"].astype(np.int64), z["documents"].astype(np.int64)
+                index = cls(str(z["fingerprint"]), str(z["column"]), tokens, documents)
+        if groups is not None and index.tokens.size != groups:
+            raise ValueError(f"{index.tokens.size} row groups, not {groups}")
+        if index.documents.size != index.tokens.size:
+            raise ValueError("tokens and documents differ in length")
+        return index
+
+    def check(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Raise ValueError unless each row group's counts can be true of data with
+        `rows` rows and `values` list items (Parquet's footer counts) per row group."""
+        tokens, documents = self.tokens, self.documents
+        bad = (tokens < 0) | (documents < 0) | (documents > tokens) | (documents > rows)
+        bad |= tokens > values
+        if bad.any():
+            g = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"row group {g}: {int(tokens[g])} tokens in {int(documents[g])} documents, "
+                f"of {int(rows[g])} rows and {int(values[g])} list items"
+            )
+
+    def check_segment(self, group: int, tokens: int, documents: int) -> None:
+        """Raise a DataError unless row group `group`, as read, has the index's counts:
+        a wrong count shifts every window after it (halved counts delivered half the
+        tokens, silently)."""
+        want = (int(self.tokens[group]), int(self.documents[group]))
+        if (tokens, documents) != want:
+            raise DataError(
+                f"The token index of {self.column!r} ({self.where or 'computed'}) says row "
+                f"group {group} holds {want[0]} tokens in {want[1]} documents; it holds "
+                f"{tokens} in {documents}. The data changed since the index was written, or "
+                "the index is damaged: run `iolib index` again (or delete the file)."
+            )
 
 
 NO_SKIP = (
@@ -121,38 +208,82 @@ def compute(source: ParquetSource, column: str) -> TokenIndex:
     return TokenIndex(_fingerprint(source, column), column, pairs[:, 0], pairs[:, 1])
 
 
-def _read(url: str, storage_options: dict) -> bytes | None:
+def _footer_counts(source: ParquetSource, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and list items of the column per row group, from the footers (no read)."""
+    rows = np.array(source.blocks(), dtype=np.int64)
+    values = [
+        leaf_values(f.group_meta(local)).get(column, 0)
+        for f in source.files
+        for local in range(len(f.row_groups))
+    ]
+    return rows, np.array(values, dtype=np.int64)
+
+
+def _read(url: str, storage_options: dict, bound: int) -> tuple[bytes | None, str]:
+    """The file's bytes, or None (with why, where it is there but cannot be an index)."""
     try:
         fs, path = open_filesystem(url, storage_options)
+        if not regular_file(fs, path):
+            return None, "not a regular file"
         with fs.open(path, "rb") as handle:
-            return handle.read()
-    except (FileNotFoundError, PermissionError, OSError):
-        return None
+            data = handle.read(bound + 1)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:  # a directory, no permission, storage down: computed instead
+        return None, f"{type(exc).__name__}: {exc}"
+    if len(data) > bound:
+        return None, f"larger than {bound} bytes, the most an index of this data takes"
+    return data, ""
 
 
-def _valid(data: bytes | None, fingerprint: str, where: str) -> TokenIndex | None:
+def _valid(
+    data: bytes | None, why: str, fingerprint: str, where: str, counts: Callable[[], tuple]
+) -> TokenIndex | None:
     if data is None:
+        if why:
+            log.warning("Ignoring the token index %s: %s; computing it again.", where, why)
         return None
+    rows, values = counts()
     try:
-        index = TokenIndex.from_bytes(data)
-    except (ValueError, KeyError, OSError) as exc:
-        log.warning("Ignoring the token index %s: unreadable (%s); computing it again.", where, exc)
+        index = TokenIndex.from_bytes(data, groups=rows.size)
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        log.warning(
+            "Ignoring the token index %s: unreadable (%s); computing it again (`iolib index` "
+            "writes it again).", where, exc,
+        )  # fmt: skip
         return None
     if index.fingerprint != fingerprint:
         log.info("Ignoring the token index %s: written for other data.", where)
         return None
-    return index
+    try:
+        index.check(rows, values)
+    except ValueError as exc:
+        log.warning(
+            "Ignoring the token index %s: it cannot be true of this data (%s); computing it "
+            "again (`iolib index` writes it again).", where, exc,
+        )  # fmt: skip
+        return None
+    return TokenIndex(index.fingerprint, index.column, index.tokens, index.documents, where)
 
 
 def load_or_compute(source: ParquetSource, column: str) -> TokenIndex:
     """The index from beside the data, else the local cache, else computed (and kept in
-    the local cache for the next run)."""
+    the local cache for the next run). A file found is checked against the footers'
+    counts; one that cannot be read, or cannot be true, is ignored with a warning."""
     fingerprint = _fingerprint(source, column)
     beside = beside_url(source, column)
-    found = _valid(_read(beside, source.storage_options), fingerprint, "beside the data")
+    bound = size_bound(len(source.blocks()))
+    counted: list[tuple] = []
+
+    def counts() -> tuple:
+        if not counted:
+            counted.append(_footer_counts(source, column))
+        return counted[0]
+
+    found = _valid(*_read(beside, source.storage_options, bound), fingerprint, beside, counts)
     local = cache_dir() / f"{fingerprint}.npz"
-    if found is None and local.is_file():
-        found = _valid(local.read_bytes(), fingerprint, str(local))
+    if found is None and (local.exists() or local.is_symlink()):
+        found = _valid(*_read(str(local), {}, bound), fingerprint, str(local), counts)
     if found is not None:
         return found
     log.info(
@@ -177,6 +308,5 @@ def write_beside(source: ParquetSource, column: str) -> tuple[str, TokenIndex]:
     index = compute(source, column)
     url = beside_url(source, column)
     fs, path = open_filesystem(url, source.storage_options)
-    with fs.open(path, "wb") as handle:
-        handle.write(index.to_bytes())
+    write_atomic(fs, path, index.to_bytes())  # an interrupted run leaves the old file
     return url, index
