@@ -76,10 +76,11 @@ def _read_all(dst: Path) -> dict[str, list]:
 
 def test_round_trip_bytes_identical(image_folder: Path, tmp_path: Path, capsys) -> None:
     dst = tmp_path / "out"
-    assert run(capsys, "convert", str(image_folder), str(dst), "--rows-per-group", "4")[0] == 0
+    args = ["convert", str(image_folder), str(dst), "--rows-per-group", "4", "--sorted"]
+    assert run(capsys, *args)[0] == 0
     rows = _read_all(dst)
     assert len(rows["path"]) == sum(COUNTS.values())
-    assert rows["path"] == sorted(rows["path"])  # unshuffled: class, then file name
+    assert rows["path"] == sorted(rows["path"])  # --sorted: class, then file name
     for image, label, path in zip(rows["image"], rows["label"], rows["path"], strict=True):
         assert not path.startswith("/") and ".." not in path.split("/")
         assert image == (image_folder / path).read_bytes()
@@ -268,3 +269,25 @@ def test_convert_refuses_a_file_that_is_not_an_image_naming_it(
     (image_folder / "dog" / "a.jpg").unlink()  # the fix the message names works
     code, _, err = run(capsys, "convert", str(image_folder), str(dst))
     assert code == 0, err
+
+
+def test_convert_names_every_bad_file_in_one_pass(image_folder: Path, tmp_path: Path, capsys):
+    """Three undecodable files: one run names all three (not one per run), keeps no shard;
+    --skip-bad leaves them out and lists them in DST/_skipped.txt."""
+    bad = ["cat/x.jpg", "dog/y.jpg", "eel/z.jpg"]
+    for name in bad:
+        (image_folder / name).write_bytes(b"not an image")
+    dst = tmp_path / "out"
+    code, _, err = run(capsys, "convert", str(image_folder), str(dst), "--rows-per-group", "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "3 files are not images" in err and "--skip-bad" in err
+    assert all(f"{image_folder}/{name}" in err for name in bad), err
+    assert not list(dst.glob("*.parquet"))
+    code, _, err = run(capsys, "convert", str(image_folder), str(dst), "--skip-bad")
+    assert code == 0, err
+    assert "Left out 3 file(s) that do not decode" in err and "_skipped.txt" in err
+    listed = [line.split("\t")[0] for line in (dst / "_skipped.txt").read_text().splitlines()]
+    assert sorted(listed) == bad
+    assert len(ParquetSource(str(dst))) == sum(COUNTS.values())
+    code, _, err = run(capsys, "convert", str(image_folder), str(dst), "--skip-bad", "--overwrite")
+    assert code == 0, err  # _skipped.txt is convert's own: --overwrite replaces it
