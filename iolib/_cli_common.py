@@ -20,6 +20,30 @@ STORAGE_OPTIONS_HELP = (
 )
 
 
+CREDENTIALS_FIX = (
+    " Fix: pass credentials with -o key=... -o secret=... (and -o endpoint_url=... for an "
+    "S3-compatible store), or configure the backend's own lookup (~/.aws, AWS_* "
+    "environment variables)."
+)
+
+
+def credentials_fix(exc: BaseException) -> str:
+    """The "Fix:" sentence for a missing-credentials error a command met unwrapped (the
+    Python API's retry layer adds its own), else ""."""
+    from iolib.storage.retries import CREDENTIAL_ERRORS
+
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception and its causes
+        if seen is None:
+            return ""
+        if type(seen).__name__ in CREDENTIAL_ERRORS:
+            if "Fix:" in str(exc):
+                return ""
+            return ("" if str(exc).rstrip().endswith(".") else ".") + CREDENTIALS_FIX
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``("anon=true", "endpoint_url=http://...")`` -> fsspec storage options.
 
