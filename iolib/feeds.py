@@ -14,6 +14,7 @@ its mode needs (the plan, the user's sampler, torch's loader) and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -241,6 +242,10 @@ class _KeyedFeed(ABC):
     def stats(self) -> dict[str, Any]:
         snapshot = self.runner.stats()
         snapshot.update(self.source.cache_stats())  # row-group reads and re-reads
+        resolved = getattr(self.options.sample.decode, "resolved_backend", None)
+        if resolved is not None:  # which decoder runs (ImagePipeline's "auto" resolved)
+            with contextlib.suppress(Exception):
+                snapshot["decode_backend"] = resolved()
         return snapshot
 
     @property
