@@ -44,6 +44,17 @@ def credentials_fix(exc: BaseException) -> str:
     return ""
 
 
+def as_given(path: str, given: str) -> str:
+    """A local `path` shown as the user gave its root: relative to the working directory
+    where `given` was relative ('shards/part-00000.parquet', not '/home/.../shards/...');
+    URLs and absolute input unchanged."""
+    import os
+
+    if "://" in given or "://" in path or os.path.isabs(given) or not os.path.isabs(path):
+        return path
+    return os.path.relpath(path)
+
+
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``("anon=true", "endpoint_url=http://...")`` -> fsspec storage options.
 

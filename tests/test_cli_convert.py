@@ -291,3 +291,17 @@ def test_convert_names_every_bad_file_in_one_pass(image_folder: Path, tmp_path: 
     assert len(ParquetSource(str(dst))) == sum(COUNTS.values())
     code, _, err = run(capsys, "convert", str(image_folder), str(dst), "--skip-bad", "--overwrite")
     assert code == 0, err  # _skipped.txt is convert's own: --overwrite replaces it
+
+
+def test_inspect_and_index_print_paths_as_given(image_folder, tmp_path, capsys, monkeypatch):
+    """Relative input, relative output (not the absolute path, not a mix of both)."""
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "convert", "src", "shards")[0] == 0
+    code, out, _ = run(capsys, "inspect", "shards")
+    assert code == 0 and "  shards/part-00000.parquet " in out and str(tmp_path) not in out
+    report = json.loads(run(capsys, "inspect", "shards", "--json")[1])
+    assert report["per_file"][0]["url"] == "shards/part-00000.parquet"
+    code, out, _ = run(capsys, "index", "shards")
+    assert code == 0 and out.startswith("wrote shards/_metadata:") and str(tmp_path) not in out
+    code, out, _ = run(capsys, "inspect", str(tmp_path / "shards"))  # absolute stays absolute
+    assert f"{tmp_path}/shards/part-00000.parquet" in out
