@@ -4,6 +4,7 @@ and bad input (exit code 2, one line)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import uuid
 from pathlib import Path
@@ -305,3 +306,34 @@ def test_inspect_and_index_print_paths_as_given(image_folder, tmp_path, capsys, 
     assert code == 0 and out.startswith("wrote shards/_metadata:") and str(tmp_path) not in out
     code, out, _ = run(capsys, "inspect", str(tmp_path / "shards"))  # absolute stays absolute
     assert f"{tmp_path}/shards/part-00000.parquet" in out
+
+
+def test_row_groups_by_bytes(tmp_path: Path, capsys) -> None:
+    """The default sizes row groups by bytes: each closes at the first image that brings
+    it to --row-group-mb, so images of different weights make groups of different rows
+    but like bytes; --rows-per-group still fixes the count."""
+    root = tmp_path / "src"
+    rng = np.random.default_rng(0)
+    for c, side in (("small", 16), ("large", 64)):  # about 0.8 and 3.5 KB a JPEG
+        (root / c).mkdir(parents=True)
+        for i in range(12):
+            out = io.BytesIO()
+            Image.fromarray(rng.integers(0, 255, (side, side, 3), np.uint8)).save(out, "JPEG")
+            (root / c / f"{i:02d}.jpg").write_bytes(out.getvalue())
+    target = 10_000
+    code, out, err = run(capsys, "convert", str(root), str(tmp_path / "out"),
+                         "--row-group-mb", str(target / 1e6))  # fmt: skip
+    assert code == 0, err
+    biggest = max(p.stat().st_size for p in root.rglob("*.jpg"))
+    table = pq.read_table(tmp_path / "out")
+    meta = pq.ParquetFile(tmp_path / "out" / "part-00000.parquet").metadata
+    rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    sizes = [len(v) for v in table.column("image").to_pylist()]
+    starts = np.cumsum([0, *rows])
+    held = [sum(sizes[a:b]) for a, b in itertools.pairwise(starts)]
+    assert all(target <= h < target + biggest for h in held[:-1]), held
+    assert len(set(rows)) > 1  # rows differ with the images' weights
+    assert run(capsys, "convert", str(root), str(tmp_path / "fixed"), "--rows-per-group",
+               "5")[0] == 0  # fmt: skip
+    meta = pq.ParquetFile(tmp_path / "fixed" / "part-00000.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [5, 5, 5, 5, 4]
