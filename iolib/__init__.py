@@ -30,3 +30,8 @@ def __getattr__(name: str) -> Any:
 
         return sources
     raise AttributeError(f"module 'iolib' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The lazy public names too, so that dir() and completion offer them."""
+    return sorted({*globals(), *__all__} - {"Any", "annotations"})

@@ -147,6 +147,34 @@ def require_non_negative_int(name: str, value: object) -> int:
     return value
 
 
+# Arguments of DataLoader that newcomers pass to what it loads (a source, a decoder).
+LOADER_ARGUMENTS = ("batch_size", "shuffle", "num_workers", "drop_last", "sampler", "seed")
+_accepted: dict[type, frozenset[str] | None] = {}
+
+
+def refuse_loader_arguments(cls: type, given: dict[str, Any], example: str = "") -> None:
+    """Raise a one-line TypeError if `given` holds a DataLoader argument that `cls`'s
+    __init__ does not take (e.g. batch_size= on a source): say where it belongs."""
+    if not given:
+        return
+    if cls not in _accepted:
+        import inspect
+
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+        _accepted[cls] = None if takes_any else frozenset(p.name for p in parameters)
+    accepted = _accepted[cls]
+    misplaced = [k for k in LOADER_ARGUMENTS if k in given and accepted is not None
+                 and k not in accepted]  # fmt: skip
+    if misplaced:
+        names = ", ".join(f"{k}=" for k in misplaced)
+        example = example or f"DataLoader({cls.__name__}(...), {misplaced[0]}=...)"
+        raise TypeError(
+            f"{cls.__name__} takes no {names}: that is an argument of DataLoader, e.g. "
+            f"{example.format(name=misplaced[0])}."
+        )
+
+
 def failure_text(exc: BaseException) -> str:
     """Everything a batch failure shows when printed: its message, iolib's note (stage,
     batch, samples), its traceback (a process worker's is in the message) and the causes

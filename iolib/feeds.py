@@ -14,6 +14,7 @@ its mode needs (the plan, the user's sampler, torch's loader) and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -107,6 +108,17 @@ def _warn_if_out_of_order(o: LoaderOptions) -> None:
         )
 
 
+def _check_worker_number(o: LoaderOptions) -> None:
+    """torch's worker-count warning, told from the script's DataLoader(...) line rather
+    than from here (torch's own stacklevel points into its caller, this module)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        TorchDataLoader.check_worker_number_rationality(o)  # type: ignore[arg-type]
+    for warning in caught:
+        # The script's DataLoader(...): this, feed, make_feed, _setup, __init__.
+        warnings.warn(warning.message, warning.category, stacklevel=6)
+
+
 class _KeyedFeed(ABC):
     """Samples read by key (a map-style dataset or an iolib Source) through iolib's
     fetcher and engine: what the plan and the sampler modes share. Subclasses give the
@@ -125,7 +137,7 @@ class _KeyedFeed(ABC):
             # torch's own warning when processes outnumber the cores (its wording and
             # rule: it reads num_workers only); threads that wait on storage cost no
             # core, and a tuner's num_workers is only its upper bound.
-            TorchDataLoader.check_worker_number_rationality(o)  # type: ignore[arg-type]
+            _check_worker_number(o)
         self.source = self._source(dataset)
         self.plan = EpochPlan(
             self.source,
@@ -230,6 +242,10 @@ class _KeyedFeed(ABC):
     def stats(self) -> dict[str, Any]:
         snapshot = self.runner.stats()
         snapshot.update(self.source.cache_stats())  # row-group reads and re-reads
+        resolved = getattr(self.options.sample.decode, "resolved_backend", None)
+        if resolved is not None:  # which decoder runs (ImagePipeline's "auto" resolved)
+            with contextlib.suppress(Exception):
+                snapshot["decode_backend"] = resolved()
         return snapshot
 
     @property

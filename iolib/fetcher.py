@@ -110,13 +110,14 @@ class Failure:
         kind = _importable_type(self.kind) if self.kind is not None else None
         return {**self.__dict__, "exception": None, "kind": kind}
 
-    def context(self, batch: int, epoch: int) -> str:
+    def context(self, batch: int, epoch: int, *, message: bool = True) -> str:
         shown = self.samples[:8]
         more = f" (+{len(self.samples) - 8} more)" if len(self.samples) > 8 else ""
-        return (
+        where = (
             f"Batch {batch} of epoch {epoch} failed in stage '{self.stage}' for sample(s) "
-            f"{shown}{more}: {self.message}"
+            f"{shown}{more}"
         )
+        return f"{where}: {self.message}" if message else f"{where}."
 
     def to_exception(self, batch: int, epoch: int) -> BaseException:
         """The error to raise in the consumer: the worker's own exception where this
@@ -142,7 +143,8 @@ class Failure:
                 remote_traceback=self.traceback,
             )
         else:
-            add_note(exc, f"iolib: {context}")
+            # The exception prints its own message: the note adds only where it failed.
+            add_note(exc, f"iolib: {self.context(batch, epoch, message=False)}")
         for name, value in (("stage", self.stage), ("batch", batch), ("samples", self.samples)):
             with contextlib.suppress(Exception):
                 setattr(exc, f"iolib_{name}", value)

@@ -34,7 +34,7 @@ import numpy as np
 from iolib.decode import BACKENDS, Backend, OutputSpec, dali_available, dali_package
 from iolib.decode import geometry as geo
 from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS
-from iolib.errors import ConfigError, OnError, require_positive_int
+from iolib.errors import ConfigError, OnError, refuse_loader_arguments, require_positive_int
 from iolib.resources import cpu_count
 
 __all__ = ["ImagePipeline"]
@@ -86,6 +86,13 @@ class ImagePipeline:
     threads: int | None = None
     _runtime: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> ImagePipeline:
+        # batch_size= here: say it is DataLoader's
+        refuse_loader_arguments(
+            cls, kwargs, "DataLoader(source, {name}=..., decode=ImagePipeline(...))"
+        )
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         require_positive_int("size", self.size)
         require_positive_int("max_image_pixels", self.max_image_pixels)
@@ -115,6 +122,8 @@ class ImagePipeline:
             raise ConfigError(
                 f"`device` must be 'cpu', 'cuda' or 'cuda:N'. Found: {self.device!r}."
             )
+        if self.device is not None and self.device.startswith("cuda"):
+            _require_cuda(self.device)
 
     # Pickling: the description travels; decoders (DALI pipelines) are rebuilt where used.
     def __getstate__(self) -> dict[str, Any]:
@@ -214,6 +223,24 @@ class ImagePipeline:
 def _require_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"`{name}` must be one of {choices}. Found: {value!r}.")
+
+
+def _require_cuda(device: str) -> None:
+    """Refuse a CUDA device this process cannot use now, not at the first batch."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={device!r} but CUDA is not available here (torch "
+            f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}). Pass "
+            "device='cpu', or leave device unset to use the GPU where there is one."
+        )
+    number = device.partition(":")[2]
+    if number and (not number.isdigit() or int(number) >= torch.cuda.device_count()):
+        raise ConfigError(
+            f"device={device!r} but this process sees {torch.cuda.device_count()} CUDA "
+            "device(s), numbered from 0."
+        )
 
 
 def _default_device() -> str:

@@ -8,6 +8,7 @@ how batches are made and the cursor (epoch, position) that is the loader's state
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -163,9 +164,28 @@ class DataLoader(Generic[T_co]):
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ConfigError(f"`epoch` must be a non-negative integer. Found: {epoch!r}.")
         if epoch != self._cursor.epoch:
+            if self._resume_pending:
+                self._warn_cursor_discarded(int(epoch))
             self._cursor.epoch, self._cursor.position = int(epoch), 0
             self._resume_pending = False
         self._epoch_chosen = True
+
+    def _warn_cursor_discarded(self, epoch: int) -> None:
+        """set_epoch(another epoch) right after load_state_dict drops the restored cursor:
+        the commonest resume bug (a loop from 0 replays epoch 0), so say what is lost,
+        unless the restored epoch was finished and the loop moves on to the next."""
+        restored, position = self._cursor.epoch, self._cursor.position
+        plan = getattr(self._feed, "plan", None)
+        left = len(plan.schedule(position)) if plan is not None and position else None
+        if epoch == restored + 1 and left == 0:
+            return
+        warnings.warn(
+            f"set_epoch({epoch}) after load_state_dict discards the restored cursor (epoch "
+            f"{restored}, position {position}): the loader starts epoch {epoch} from its "
+            f"beginning. To resume where the state left off, call set_epoch({restored}) "
+            "(e.g. start the epoch loop at state['epoch']).",
+            stacklevel=3,  # the script's set_epoch(...) line
+        )
 
     @property
     def epoch(self) -> int:

@@ -19,6 +19,7 @@ from torch.utils.data import BatchSampler, Sampler
 
 from iolib.errors import DataError
 from iolib.fetcher import BatchTask
+from iolib.layout import warn_if_block_shuffle_sorted
 from iolib.plan import EpochOrder, LaneOrder, RankSchedule
 
 # Batches' worth of spare samples a task carries under skip: the next batch's, then
@@ -80,6 +81,8 @@ class EpochPlan:
         shuffle, window = self.shuffle, self.window
         if self.windowed_ok:
             shuffle, window = self.source.order_mode(shuffle, window)
+        if self.shuffle == "block":  # a few classes per batch over label-sorted shards
+            warn_if_block_shuffle_sorted(self.source)
         own = self.source.lane_order(self.seed, epoch, shuffle)
         if own is not None:
             return own

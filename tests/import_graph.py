@@ -41,6 +41,7 @@ LAYERS: dict[str, str] = {
     "iolib.decode": "decode",
     "iolib.text": "text",
     "iolib.sources": "sources",
+    "iolib.layout": "sources",  # label-sorted shards, from footers (loader and convert)
     "iolib.storage": "storage",
     "iolib.plan": "plan",
     "iolib.permute": "plan",

@@ -3,7 +3,8 @@
 Each guide is one test module: its Python blocks share one namespace, in order, in a
 fresh working directory that holds small data under the names the guides use
 (``data/train``, an image folder of mixed sizes; ``data/train-parquet``, its Parquet
-shards), with moto's S3 server standing in for ``s3://bucket``. A ``bash`` block runs
+shards; none for a guide that makes its own), with moto's S3 server standing in for
+``s3://bucket``. A ``bash`` block runs
 its ``iolib ...`` commands in-process; any other command must be marked as a fragment
 with ``<!-- skip: next "why" -->`` just above the block, and the runnable version
 named next to it.
@@ -24,8 +25,9 @@ from PIL import Image
 # The guides' S3 examples read these, as a user's script would read its credentials.
 S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "S3_ENDPOINT_URL")
 S3_BUCKET = "bucket"
-# Guides that make data/train-parquet themselves (with `iolib convert`).
-CONVERTS_ITSELF = {"quickstart.md"}
+# Guides that make all their data themselves (the quickstart walks it end to end): they
+# start in an empty directory.
+MAKES_ITS_OWN_DATA = {"quickstart.md"}
 
 
 def write_mixed_image_folder(root: Path, classes: int = 3, per_class: int = 6) -> Path:
@@ -49,11 +51,12 @@ def make_workspace(directory: Path, guide: str) -> None:
     """The data every guide reads, under `directory` (the guide's working directory)."""
     from iolib.cli import main
 
-    write_mixed_image_folder(directory / "data" / "train")
-    if guide not in CONVERTS_ITSELF:
-        data = directory / "data"
-        run_iolib(main, ["convert", str(data / "train"), str(data / "train-parquet"),
-                         "--rows-per-group", "6"])  # fmt: skip
+    if guide in MAKES_ITS_OWN_DATA:
+        return
+    data = directory / "data"
+    write_mixed_image_folder(data / "train")
+    run_iolib(main, ["convert", str(data / "train"), str(data / "train-parquet"),
+                     "--rows-per-group", "6"])  # fmt: skip
 
 
 def upload_to_s3(options: dict[str, Any], directory: Path) -> None:

@@ -4,6 +4,7 @@ and bad input (exit code 2, one line)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import uuid
 from pathlib import Path
@@ -76,10 +77,11 @@ def _read_all(dst: Path) -> dict[str, list]:
 
 def test_round_trip_bytes_identical(image_folder: Path, tmp_path: Path, capsys) -> None:
     dst = tmp_path / "out"
-    assert run(capsys, "convert", str(image_folder), str(dst), "--rows-per-group", "4")[0] == 0
+    args = ["convert", str(image_folder), str(dst), "--rows-per-group", "4", "--sorted"]
+    assert run(capsys, *args)[0] == 0
     rows = _read_all(dst)
     assert len(rows["path"]) == sum(COUNTS.values())
-    assert rows["path"] == sorted(rows["path"])  # unshuffled: class, then file name
+    assert rows["path"] == sorted(rows["path"])  # --sorted: class, then file name
     for image, label, path in zip(rows["image"], rows["label"], rows["path"], strict=True):
         assert not path.startswith("/") and ".." not in path.split("/")
         assert image == (image_folder / path).read_bytes()
@@ -268,3 +270,70 @@ def test_convert_refuses_a_file_that_is_not_an_image_naming_it(
     (image_folder / "dog" / "a.jpg").unlink()  # the fix the message names works
     code, _, err = run(capsys, "convert", str(image_folder), str(dst))
     assert code == 0, err
+
+
+def test_convert_names_every_bad_file_in_one_pass(image_folder: Path, tmp_path: Path, capsys):
+    """Three undecodable files: one run names all three (not one per run), keeps no shard;
+    --skip-bad leaves them out and lists them in DST/_skipped.txt."""
+    bad = ["cat/x.jpg", "dog/y.jpg", "eel/z.jpg"]
+    for name in bad:
+        (image_folder / name).write_bytes(b"not an image")
+    dst = tmp_path / "out"
+    code, _, err = run(capsys, "convert", str(image_folder), str(dst), "--rows-per-group", "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "3 files are not images" in err and "--skip-bad" in err
+    assert all(f"{image_folder}/{name}" in err for name in bad), err
+    assert not list(dst.glob("*.parquet"))
+    code, _, err = run(capsys, "convert", str(image_folder), str(dst), "--skip-bad")
+    assert code == 0, err
+    assert "Left out 3 file(s) that do not decode" in err and "_skipped.txt" in err
+    listed = [line.split("\t")[0] for line in (dst / "_skipped.txt").read_text().splitlines()]
+    assert sorted(listed) == bad
+    assert len(ParquetSource(str(dst))) == sum(COUNTS.values())
+    code, _, err = run(capsys, "convert", str(image_folder), str(dst), "--skip-bad", "--overwrite")
+    assert code == 0, err  # _skipped.txt is convert's own: --overwrite replaces it
+
+
+def test_inspect_and_index_print_paths_as_given(image_folder, tmp_path, capsys, monkeypatch):
+    """Relative input, relative output (not the absolute path, not a mix of both)."""
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "convert", "src", "shards")[0] == 0
+    code, out, _ = run(capsys, "inspect", "shards")
+    assert code == 0 and "  shards/part-00000.parquet " in out and str(tmp_path) not in out
+    report = json.loads(run(capsys, "inspect", "shards", "--json")[1])
+    assert report["per_file"][0]["url"] == "shards/part-00000.parquet"
+    code, out, _ = run(capsys, "index", "shards")
+    assert code == 0 and out.startswith("wrote shards/_metadata:") and str(tmp_path) not in out
+    code, out, _ = run(capsys, "inspect", str(tmp_path / "shards"))  # absolute stays absolute
+    assert f"{tmp_path}/shards/part-00000.parquet" in out
+
+
+def test_row_groups_by_bytes(tmp_path: Path, capsys) -> None:
+    """The default sizes row groups by bytes: each closes at the first image that brings
+    it to --row-group-mb, so images of different weights make groups of different rows
+    but like bytes; --rows-per-group still fixes the count."""
+    root = tmp_path / "src"
+    rng = np.random.default_rng(0)
+    for c, side in (("small", 16), ("large", 64)):  # about 0.8 and 3.5 KB a JPEG
+        (root / c).mkdir(parents=True)
+        for i in range(12):
+            out = io.BytesIO()
+            Image.fromarray(rng.integers(0, 255, (side, side, 3), np.uint8)).save(out, "JPEG")
+            (root / c / f"{i:02d}.jpg").write_bytes(out.getvalue())
+    target = 10_000
+    code, out, err = run(capsys, "convert", str(root), str(tmp_path / "out"),
+                         "--row-group-mb", str(target / 1e6))  # fmt: skip
+    assert code == 0, err
+    biggest = max(p.stat().st_size for p in root.rglob("*.jpg"))
+    table = pq.read_table(tmp_path / "out")
+    meta = pq.ParquetFile(tmp_path / "out" / "part-00000.parquet").metadata
+    rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    sizes = [len(v) for v in table.column("image").to_pylist()]
+    starts = np.cumsum([0, *rows])
+    held = [sum(sizes[a:b]) for a, b in itertools.pairwise(starts)]
+    assert all(target <= h < target + biggest for h in held[:-1]), held
+    assert len(set(rows)) > 1  # rows differ with the images' weights
+    assert run(capsys, "convert", str(root), str(tmp_path / "fixed"), "--rows-per-group",
+               "5")[0] == 0  # fmt: skip
+    meta = pq.ParquetFile(tmp_path / "fixed" / "part-00000.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [5, 5, 5, 5, 4]

@@ -128,7 +128,16 @@ def test_convert_bench_and_tune_print_no_secret(memory_data, capfd, tmp_path: Pa
     commands = [
         ["bench", "--data", f"{WITH_SLASH}/train", "-w", "images", "--out", str(tmp_path)],
         ["bench", "--data", f"{memory_data}/absent", "--storage-options", options],
-        ["tune", f"{memory_data}/absent", "--step-ms", "5", "--storage-options", options],
+        [
+            "tune",
+            f"{memory_data}/absent",
+            "--step-ms",
+            "5",
+            "--storage-options",
+            options,
+            "--out",
+            str(tmp_path / "report"),
+        ],  # not ./tune-report in the checkout
         ["convert", f"{WITH_SLASH}/images", str(tmp_path / "other")],
     ]
     for args in commands:

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from iolib.cli.common import credentials_fix
 from iolib.errors import IolibError
 from iolib.redact import Redactor, is_sensitive
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("IOLIB_DEBUG"):
             traceback.print_exc()
         hint = "" if isinstance(exc, IolibError) else " (IOLIB_DEBUG=1 shows the traceback)"
-        click.echo(f"Error: {_one_line(exc)}{hint}", err=True)
+        click.echo(f"Error: {_one_line(exc)}{credentials_fix(exc)}{hint}", err=True)
         sys.exit(2)
     finally:
         sys.stdout, sys.stderr = saved

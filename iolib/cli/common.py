@@ -20,6 +20,41 @@ STORAGE_OPTIONS_HELP = (
 )
 
 
+CREDENTIALS_FIX = (
+    " Fix: pass credentials with -o key=... -o secret=... (and -o endpoint_url=... for an "
+    "S3-compatible store), or configure the backend's own lookup (~/.aws, AWS_* "
+    "environment variables)."
+)
+
+
+def credentials_fix(exc: BaseException) -> str:
+    """The "Fix:" sentence for a missing-credentials error a command met unwrapped (the
+    Python API's retry layer adds its own), else ""."""
+    from iolib.storage.retries import CREDENTIAL_ERRORS
+
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception and its causes
+        if seen is None:
+            return ""
+        if type(seen).__name__ in CREDENTIAL_ERRORS:
+            if "Fix:" in str(exc):
+                return ""
+            return ("" if str(exc).rstrip().endswith(".") else ".") + CREDENTIALS_FIX
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
+def as_given(path: str, given: str) -> str:
+    """A local `path` shown as the user gave its root: relative to the working directory
+    where `given` was relative ('shards/part-00000.parquet', not '/home/.../shards/...');
+    URLs and absolute input unchanged."""
+    import os
+
+    if "://" in given or "://" in path or os.path.isabs(given) or not os.path.isabs(path):
+        return path
+    return os.path.relpath(path)
+
+
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``("anon=true", "endpoint_url=http://...")`` -> fsspec storage options.
 

@@ -13,7 +13,7 @@ from typing import Any
 import click
 import pyarrow as pa
 
-from iolib.cli.common import storage_options_option
+from iolib.cli.common import as_given, storage_options_option
 from iolib.sources import ParquetSource
 from iolib.sources.summary import write_summary
 from iolib.storage import open_filesystem
@@ -41,13 +41,14 @@ def index(url: str, column: str | None, storage_options: dict[str, Any]) -> None
         _check_token_column(source, column)
     where = write_summary(fs, path, files)
     rows = len(source)
-    click.echo(f"wrote {where}: {len(files)} files, {len(source.blocks())} row groups, {rows} rows")
+    groups, shown = len(source.blocks()), as_given(where, url)
+    click.echo(f"wrote {shown}: {len(files)} files, {groups} row groups, {rows} rows")
     if column is not None:
         from iolib.text.tokenindex import write_beside
 
         written, tokens = write_beside(ParquetSource(url, [column], storage_options), column)
         click.echo(
-            f"wrote {written}: {int(tokens.tokens.sum())} tokens in "
+            f"wrote {as_given(written, url)}: {int(tokens.tokens.sum())} tokens in "
             f"{int(tokens.documents.sum())} documents of {column!r}"
         )
 

@@ -15,7 +15,7 @@ from typing import Any
 import click
 import numpy as np
 
-from iolib.cli.common import storage_options_option
+from iolib.cli.common import as_given, storage_options_option
 from iolib.errors import DataError
 from iolib.storage import open_filesystem
 
@@ -66,7 +66,7 @@ def parquet_summary(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
         "bytes": {"total": sum(f.size for f in files), "columns": column_bytes},
         "per_file": [
             {
-                "url": f.url,
+                "url": as_given(f.url, urls[f.root]),
                 "rows": sum(f.row_groups),
                 "row_groups": len(f.row_groups),
                 "bytes": f.size,
@@ -74,7 +74,7 @@ def parquet_summary(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
             for f in files
         ],
     }
-    differ = [f.url for f in files if not f.schema.equals(schema)]
+    differ = [as_given(f.url, urls[f.root]) for f in files if not f.schema.equals(schema)]
     if differ:
         summary["schema_differs"] = differ
     classes = _classes_file(urls[0], options) if len(urls) == 1 else None

@@ -56,6 +56,7 @@ def decode_batch(
             "set ImagePipeline(image_column=...)."
         )
     blobs = list(batch[column])
+    _require_image_bytes(blobs, batch, column)
     indices = np.asarray(indices, dtype=np.int64)
     if len(blobs) != len(indices):
         raise ValueError(f"{len(blobs)} images but {len(indices)} indices in one batch")
@@ -74,6 +75,23 @@ def decode_batch(
     out = take_rows(batch, keep, len(blobs), skip=column)
     out[column] = images
     return out, [int(indices[p]) for p in sorted(bad)]
+
+
+def _require_image_bytes(blobs: list[Any], batch: dict[str, Any], column: str) -> None:
+    """A column with no bytes at all (text, numbers) is the wrong column, not bad data:
+    on_error='skip' would drop every sample, so name image_column instead."""
+    kinds = {type(b).__name__ for b in blobs if b is not None}
+    if not kinds or any(isinstance(b, (bytes, bytearray, memoryview, np.ndarray)) for b in blobs):
+        return
+    binary = [
+        k for k, v in batch.items()
+        if isinstance(v, (list, tuple)) and v and isinstance(v[0], (bytes, bytearray))
+    ]  # fmt: skip
+    raise ConfigError(
+        f"Column {column!r} holds {', '.join(sorted(kinds))}, not encoded image bytes, so it "
+        f"is not the image column. Set ImagePipeline(image_column=...) to the column of image "
+        f"bytes (columns of bytes in this batch: {binary})."
+    )
 
 
 def probe_all(blobs: list[Any], max_pixels: int) -> tuple[list[tuple[int, int]], dict[int, str]]:

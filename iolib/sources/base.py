@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from iolib.errors import refuse_loader_arguments
 from iolib.redact import Redactor
 
 
@@ -25,6 +26,10 @@ class Source(ABC):
 
     #: True when `read` returns a pyarrow Table (collated column by column).
     columnar: bool = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Source:
+        refuse_loader_arguments(cls, kwargs)  # batch_size= here: say it is DataLoader's
+        return super().__new__(cls)
 
     @abstractmethod
     def __len__(self) -> int:

@@ -182,12 +182,20 @@ class _Lister:
         if is_pattern(fs, path):
             return None
         protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
-        found = call_with_retries(
-            lambda: read_summary(fs, path) if fs.isdir(path) else None,
-            what=f"reading the _metadata summary of {self.redact(url)!r}",
+        # Two steps, so that a failure names the one that failed: the first request
+        # (credentials, endpoint, bucket) is the lookup, not the summary.
+        is_dir = call_with_retries(
+            lambda: fs.isdir(path),
+            what=f"listing {self.redact(url)!r}",
             policy=self.retry,
             redact=self.redact,
         )
+        found = None if not is_dir else call_with_retries(
+            lambda: read_summary(fs, path),
+            what=f"reading the _metadata summary of {self.redact(url)!r}",
+            policy=self.retry,
+            redact=self.redact,
+        )  # fmt: skip
         if found is None:
             return None
         meta, files = found

@@ -22,6 +22,7 @@ def open_filesystem(
 ) -> tuple[fsspec.AbstractFileSystem, str]:
     """Resolve `url` to (filesystem, path), with a message naming the package to install."""
     _check_userinfo(url)
+    _check_s3_option_names(url, storage_options or {})
     options = _one_retry_layer(url, storage_options or {})
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
@@ -34,6 +35,40 @@ def open_filesystem(
             f"Install it: pip install {package}. ({exc})"
         ) from exc
     return fs, path
+
+
+# boto3's names (or near misses) that s3fs spells otherwise: s3fs would pass them on to
+# aiobotocore, whose TypeError does not say which option was meant.
+_S3_NAMES = {
+    "endpoint": "endpoint_url",
+    "endpoint_uri": "endpoint_url",
+    "url": "endpoint_url",
+    "aws_access_key_id": "key",
+    "access_key": "key",
+    "access_key_id": "key",
+    "aws_secret_access_key": "secret",
+    "secret_key": "secret",
+    "secret_access_key": "secret",
+    "aws_session_token": "token",
+    "session_token": "token",
+    "region": "client_kwargs={'region_name': ...}",
+    "region_name": "client_kwargs={'region_name': ...}",
+}
+
+
+def _check_s3_option_names(url: str, options: dict[str, Any]) -> None:
+    """Name s3fs's spelling of a misspelt S3 option before any request."""
+    protocol = url.split("::")[-1].split("://", 1)[0] if "://" in url else "file"
+    if protocol not in _S3_PROTOCOLS:
+        return
+    wrong = [k for k in options if k in _S3_NAMES]
+    if wrong:
+        fixes = ", ".join(f"{k!r} -> {_S3_NAMES[k]}" for k in wrong)
+        raise ConfigError(
+            f"storage_options for s3:// URLs: s3fs does not know {wrong}; it spells "
+            f"them {fixes} (e.g. storage_options={{'endpoint_url': 'http://host:9000'}}, "
+            "or -o endpoint_url=... on the command line)."
+        )
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:

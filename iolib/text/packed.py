@@ -26,10 +26,12 @@ Worked example: documents [a a a], [b], [c c c c] in one row group with eos E, s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -190,7 +192,8 @@ class PackedTokens(SeededSource):
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options)
         # The reader of row groups: no cache of its own (this source keeps segments).
-        self.parquet = source.uncached([column])
+        with _named_column():
+            self.parquet = source.uncached([column])
         self.column, self.seq_len, self.eos_id = column, seq_len, int(eos_id)
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)
@@ -249,7 +252,8 @@ class PackedTokens(SeededSource):
         return self._index
 
     def _check_column(self) -> None:
-        field = self.parquet.schema.field(self.column)
+        with _named_column():
+            field = self.parquet.schema.field(self.column)
         kind = field.type
         is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
         if not (is_list and pa.types.is_integer(kind.value_type)):
@@ -785,3 +789,14 @@ def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:
     starts = torch.nonzero(flat == 0).flatten()
     end = torch.tensor([flat.numel()], dtype=starts.dtype, device=flat.device)
     return torch.cat([starts, end]).to(torch.int32)
+
+
+@contextlib.contextmanager
+def _named_column() -> Iterator[None]:
+    """A missing column is PackedTokens' `column` argument, not ParquetSource's `columns`."""
+    try:
+        yield
+    except DataError as exc:
+        if "Fix `columns`." not in str(exc):
+            raise
+        raise DataError(str(exc).replace("Fix `columns`.", "Fix `column`.")) from None

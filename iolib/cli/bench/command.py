@@ -283,7 +283,8 @@ def _grid(choices: tuple[str, ...]):
     "--progress/--no-progress",
     default=True,
     show_default=True,
-    help="Show a progress bar on stderr.",
+    help="Show a progress bar on stderr when it is a terminal (never in a log file, where "
+    "it would share a line with the table).",
 )
 def bench(**kw: Any) -> None:
     """Measure data-loading configurations, iolib and torch's DataLoader side by side."""
@@ -295,7 +296,10 @@ def bench(**kw: Any) -> None:
     from iolib.cli.bench.runner import run_bench
 
     def progress(total: int):
-        return tqdm(total=total, desc="iolib bench", unit="run", disable=not kw["progress"],
+        # disable=None: tqdm's "off unless stderr is a terminal", so a log of stdout and
+        # stderr together never holds a bar's carriage returns before the table.
+        return tqdm(total=total, desc="iolib bench", unit="run",
+                    disable=None if kw["progress"] else True,
                     file=sys.stderr, leave=False)  # fmt: skip
 
     from iolib.cli.bench.loop import BenchTimeout
