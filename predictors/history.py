@@ -39,6 +39,9 @@ DEFAULT_MAX_RUNS = 32
 # A file larger than this, or with more rows, is no history iolib wrote.
 _MAX_FILE_BYTES = 16 << 20
 _MAX_ROWS = 4096
+# The pooled service samples a warm plan reads (the most recent): the forecast scores
+# every candidate against each, so more would slow a plan, not sharpen it.
+MAX_POOLED = 2048
 _SUFFIX = ".parquet"
 _META_KEY = b"iolib.history"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -92,8 +95,19 @@ class WorkloadKey:
 
     def digest(self) -> str:
         """16 hex digits naming the workload (the history's directory name)."""
-        text = json.dumps(self.parts(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return _digest(self.parts())
+
+    def base_digest(self) -> str:
+        """The digest of every part but the step: what a run knows before its first step
+        (`RunHistory.find` looks a workload up by it)."""
+        parts = self.parts()
+        del parts["step_bucket"]
+        return _digest(parts)
+
+
+def _digest(parts: dict[str, Any]) -> str:
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -122,12 +136,13 @@ class RunRecord:
     met: bool = False
     settled: bool = False  # the configuration the run settled on, not one it passed through
     label: str = ""  # a short human description of the workload (no credentials)
+    base: str = ""  # WorkloadKey.base_digest(): the workload but its step
 
 
 _INT = ("rank", "workers", "depth", "batch_size", "memory_bytes", "batches")
 _FLOAT = ("started", "storage_ms", "decode_ms", "cpu_ms", "utilization", "utilization_se")
 _FLOAT += ("step_ms", "target")
-_STR = ("workload", "run_id", "source", "label")
+_STR = ("workload", "run_id", "source", "label", "base")
 _BOOL = ("met", "settled")
 _LIST = ("service_ms", "lateness_ms")
 _FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord))
@@ -163,6 +178,8 @@ def _check(record: RunRecord) -> str | None:
     """Why `record` is no record iolib would write, or None when it is sound."""
     if not re.fullmatch(r"[0-9a-f]{16}", record.workload or ""):
         return f"workload {record.workload!r} is no digest"
+    if record.base and not re.fullmatch(r"[0-9a-f]{16}", record.base):
+        return f"base {record.base!r} is no digest"
     if record.source not in _SOURCES:
         return f"source {record.source!r} is none of {_SOURCES}"
     if record.workers < 0 or record.workers > 4096:
@@ -311,6 +328,19 @@ class RunHistory:
         records.sort(key=lambda r: (r.started, r.run_id, r.rank))
         return records
 
+    def find(self, base: str) -> list[str]:
+        """The workloads whose runs share `base` (`WorkloadKey.base_digest()`: all but the
+        step), the most recently run first. Reads the newest file of each workload."""
+        found = []
+        for workload in self.workloads():
+            files = self._files(workload)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", HistoryWarning)  # runs() warns when read
+                records = self._read(files[-1], workload) if files else []
+            if records and records[-1].base == base:
+                found.append((files[-1].rsplit("/", 1)[-1], workload))
+        return [workload for _, workload in sorted(found, reverse=True)]
+
     def clear(self, workload: str | None = None) -> int:
         """Remove one workload's runs (all workloads when None); returns files removed."""
         names = [workload] if workload is not None else self.workloads()
@@ -427,3 +457,100 @@ def _read_file(fs: Any, path: str, workload: str) -> list[RunRecord]:
 def new_run_id() -> str:
     """A run id unique across processes and hosts, ordered by time for people reading it."""
     return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What a run of a workload with history starts from (`LearnedTuner(warm=...)`).
+
+    `start`: the configuration whose pooled measurement met the target with the least
+    memory (else the one the last run settled on); `relative`: every earlier batch's
+    service over its record's mean, pooled (bursts and tails included) for the plan's
+    lateness; `reference_ms`: service samples measured at `start`, the change detector's
+    reference (a run that serves otherwise is another regime); `step_ms`: the step the
+    history measured (a run whose step differs by more than `step_factor` sets it aside).
+    """
+
+    workload: str
+    start: tuple[int, int]
+    met: bool
+    runs: int
+    relative: tuple[float, ...]
+    reference_ms: tuple[float, ...]
+    step_ms: float
+    utilization: float
+    memory_bytes: int
+    records: tuple[RunRecord, ...] = ()
+    step_factor: float = 1.5
+
+    @classmethod
+    def from_records(
+        cls,
+        records: Iterable[RunRecord],
+        target: float,
+        *,
+        memory_budget: float | None = None,
+        max_workers: int | None = None,
+    ) -> WarmStart | None:
+        """The warm start these records give for `target` (None without any usable one).
+        A configuration's measurement is the mean over every run that measured it."""
+        usable = [
+            r
+            for r in records
+            if r.batches > 0
+            and (memory_budget is None or r.memory_bytes <= memory_budget)
+            and (max_workers is None or r.workers <= max_workers)
+        ]
+        if not usable:
+            return None
+        by_config: dict[tuple[int, int], list[RunRecord]] = {}
+        for r in usable:
+            by_config.setdefault((r.workers, r.depth), []).append(r)
+
+        def mean(rs: list[RunRecord], name: str) -> float:
+            return sum(getattr(r, name) for r in rs) / len(rs)
+
+        met = [c for c, rs in by_config.items() if mean(rs, "utilization") >= target]
+        if met:  # least memory, then fewer workers, then the most recently measured
+            start = min(
+                met,
+                key=lambda c: (
+                    mean(by_config[c], "memory_bytes"),
+                    c[0],
+                    -max(r.started for r in by_config[c]),
+                ),
+            )
+        else:
+            last = max(usable, key=lambda r: (r.started, r.settled))
+            settled = [r for r in usable if r.run_id == last.run_id and r.settled]
+            start = ((settled or [last])[-1].workers, (settled or [last])[-1].depth)
+        relative: list[float] = []
+        for r in usable:
+            if r.service_ms:
+                m = sum(r.service_ms) / len(r.service_ms)
+                if m > 0:
+                    relative.extend(v / m for v in r.service_ms)
+        at_start = by_config[start]
+        reference = [v for r in at_start for v in r.service_ms]
+        steps = sorted(r.step_ms for r in usable if r.step_ms > 0)
+        return cls(
+            workload=usable[-1].workload,
+            start=start,
+            met=bool(met),
+            runs=len({r.run_id for r in usable}),
+            relative=tuple(relative[-MAX_POOLED:]),
+            reference_ms=tuple(reference[-64:]),
+            step_ms=steps[len(steps) // 2] if steps else 0.0,
+            utilization=mean(at_start, "utilization"),
+            memory_bytes=round(mean(at_start, "memory_bytes")),
+            records=tuple(usable),
+        )
+
+    def describe(self) -> str:
+        """One line for logs and reports."""
+        w, d = self.start
+        how = "met the target with the least memory" if self.met else "was settled on last"
+        return (
+            f"warm start from {self.runs} earlier run(s): {w} worker(s), depth {d} {how} "
+            f"(measured {self.utilization:.2f})"
+        )
