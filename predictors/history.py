@@ -240,9 +240,11 @@ class RunHistory:
 
     # ---- writing ----
 
-    def append(self, records: Iterable[RunRecord]) -> list[str]:
+    def append(self, records: Iterable[RunRecord], *, replace: bool = False) -> list[str]:
         """Write `records` (one file per workload, run and rank); returns the paths written.
-        Raises ValueError naming the first unsound record; storage errors propagate."""
+        `replace`: they replace what this object wrote for their run and rank before (a
+        run that records its measurement so far at each epoch's end). Raises ValueError
+        naming the first unsound record; storage errors propagate."""
         groups: dict[tuple[str, str, int], list[RunRecord]] = {}
         for record in records:
             record = dataclasses.replace(
@@ -257,7 +259,7 @@ class RunHistory:
         written = []
         for key, new in groups.items():
             with self._lock:
-                rows = self._written.get(key, []) + new
+                rows = new if replace else self._written.get(key, []) + new
                 self._written[key] = rows
             written.append(self._write(rows))
             self._prune(key[0])

@@ -258,15 +258,16 @@ class LearnedTuner:
 
     def _check_warm(self, shift: str | None) -> None:
         """Set the history aside for the rest of the run when this run is another
-        workload: the detector alarmed (the service moved from what the history measured)
-        or the step differs from the history's by more than the key's factor."""
+        workload: at the warm start, the detector (its reference the history's service
+        there) alarmed, or the step differs from the history's by more than its factor.
+        A shift after the run moved on is this run's own, which the plan answers."""
         warm = self.warm
-        if warm is None or self.warm_set_aside is not None:
+        if warm is None or self.warm_set_aside is not None or len(self.history) > 1:
             return
         why = None
         if shift is not None:
             why = f"regime shift ({shift}) against the history's service"
-        elif warm.step_ms > 0 and len(self._samples) >= self.config.warmup_batches:
+        elif warm.step_ms > 0 and len(self._samples) == self.config.warmup_batches:
             step = median(s.step_ms for s in self._samples)
             if not warm.step_ms / warm.step_factor <= step <= warm.step_ms * warm.step_factor:
                 why = f"step {step:.1f} ms against {warm.step_ms:.1f} ms in the history"
