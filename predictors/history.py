@@ -236,6 +236,7 @@ class RunHistory:
         self._root = root.rstrip("/")
         self._local = "file" in _protocols(self._fs)
         self._written: dict[tuple[str, str, int], list[RunRecord]] = {}
+        self._skipped: set[str] = set()
         self._lock = threading.Lock()
 
     # ---- writing ----
@@ -332,15 +333,15 @@ class RunHistory:
 
     def find(self, base: str) -> list[str]:
         """The workloads whose runs share `base` (`WorkloadKey.base_digest()`: all but the
-        step), the most recently run first. Reads the newest file of each workload."""
+        step), the most recently run first. Reads the newest sound file of each workload."""
         found = []
         for workload in self.workloads():
-            files = self._files(workload)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", HistoryWarning)  # runs() warns when read
-                records = self._read(files[-1], workload) if files else []
-            if records and records[-1].base == base:
-                found.append((files[-1].rsplit("/", 1)[-1], workload))
+            for path in reversed(self._files(workload)):
+                records = self._read(path, workload)
+                if records:
+                    if records[-1].base == base:
+                        found.append((path.rsplit("/", 1)[-1], workload))
+                    break
         return [workload for _, workload in sorted(found, reverse=True)]
 
     def clear(self, workload: str | None = None) -> int:
@@ -384,8 +385,10 @@ class RunHistory:
         try:
             return _read_file(self._fs, path, workload)
         except Exception as exc:  # a broken file must never break a run: skip it, say which
-            shown = _unstrip(self._fs, path)
-            warnings.warn(f"run history: skipped {shown}: {exc}", HistoryWarning, stacklevel=3)
+            if path not in self._skipped:  # once per file and history object
+                self._skipped.add(path)
+                shown = _unstrip(self._fs, path)
+                warnings.warn(f"run history: skipped {shown}: {exc}", HistoryWarning, stacklevel=3)
             return []
 
 
