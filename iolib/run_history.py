@@ -37,8 +37,20 @@ _MIN_BATCHES = 8  # a configuration measured on fewer says too little to record
 _BLOCK = 8  # batches per block of the utilization's standard error (stalls come in runs)
 
 
+@dataclasses.dataclass(frozen=True)
+class HistoryAs:
+    """`history=` for a loader whose records say they came from `kind` ("tune" for
+    `iolib tune`'s runs, "bench" for `iolib bench`'s); `history` as `history=` takes it."""
+
+    history: Any = None
+    kind: str = "auto"
+
+
 def check_history(value: Any) -> Any:
     """`history=` as given, if it is one of the accepted kinds; ConfigError otherwise."""
+    if isinstance(value, HistoryAs):
+        check_history(value.history)
+        return value
     ok = value is None or isinstance(value, (bool, str, os.PathLike))
     ok = ok or (hasattr(value, "append") and hasattr(value, "runs"))
     if not ok:
@@ -54,6 +66,8 @@ def open_history(value: Any = None) -> Any:
     None and True: $IOLIB_HISTORY, else ``history`` under the cache directory."""
     from predictors.history import RunHistory, default_location
 
+    if isinstance(value, HistoryAs):
+        return open_history(value.history)
     if value is False:
         return None
     if value is None or value is True:
@@ -214,6 +228,8 @@ class Recorder:
     def open(cls, value: Any, **options: Any) -> Recorder | None:
         """A recorder on the history `value` names (None when it is off or cannot open:
         a history never stops a run)."""
+        if isinstance(value, HistoryAs):
+            options.setdefault("kind", value.kind)
         try:
             history = open_history(value)
             return None if history is None else cls(history, **options)
@@ -355,3 +371,55 @@ def _describe(source: Any) -> str:
         return str(source.describe())
     except Exception:
         return type(source).__name__
+
+
+def record_measured(
+    history: Any,
+    loader: Any,
+    *,
+    kind: str,
+    workers: int,
+    depth: int,
+    utilization: float,
+    batches: int,
+    step_ms: float,
+    target: float | None = None,
+    lateness_ms: list[float] | None = None,
+) -> None:
+    """Record one fixed configuration's measurement (an `iolib tune` verification run, an
+    `iolib bench` configuration) from `loader.stats()`; a failure warns, never raises."""
+    from predictors.history import RunRecord
+
+    try:
+        recorder = Recorder.open(
+            history, source=loader.source, batch_size=loader.batch_size or 1,
+            decode=loader.decode, rank=getattr(loader, "rank", 0), target=target or 0.0,
+            kind=kind,
+        )  # fmt: skip
+        if recorder is None or not batches or not math.isfinite(utilization):
+            return
+        stats = loader.stats()
+        stages, cpu = stats.get("stage_ms", {}), stats.get("stage_cpu_ms", {})
+        key = dataclasses.replace(recorder.key, step_ms=step_ms)
+        utilization = min(max(float(utilization), 0.0), 1.0)
+        met = target is not None and utilization >= target
+        late = [1e3 * s for s in (lateness_ms or []) if math.isfinite(s) and s >= 0]
+        record = RunRecord(
+            workload=key.digest(), run_id=recorder.run_id, rank=recorder.rank,
+            started=recorder.started, source=kind, workers=int(workers), depth=int(depth),
+            batch_size=int(key.batch_size), storage_ms=float(stages.get("read", 0.0)),
+            decode_ms=float(stages.get("decode", 0.0)),
+            cpu_ms=float(sum(cpu.values()) if cpu else stages.get("transform", 0.0)),
+            lateness_ms=late, utilization=utilization,
+            utilization_se=0.1,  # unknown: one run of a fixed configuration, no blocks kept
+            memory_bytes=int(depth * stats.get("batch_bytes", 0)), step_ms=float(step_ms),
+            batches=int(batches), target=float(target or 0.0), met=met, settled=True,
+            label=recorder.label, base=key.base_digest(),
+        )  # fmt: skip
+        recorder.history.append([record])
+    except Exception as exc:  # the measurement stands without its record
+        warnings.warn(
+            f"iolib: a run could not be recorded in the history ({type(exc).__name__}: "
+            f"{redact_text(str(exc))}).",
+            stacklevel=2,
+        )

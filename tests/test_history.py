@@ -293,3 +293,35 @@ def test_the_history_command_lists_shows_and_clears(tmp_path, capsys) -> None:
     assert code == 2 and "iolib history list" in err
     code, out, _ = run_cli(capsys, "history", "--at", str(tmp_path), "clear", "--yes")
     assert code == 0 and not store.workloads()
+
+
+def _recorded(kind: str) -> list[RunRecord]:
+    import os
+
+    store = RunHistory(os.environ["IOLIB_HISTORY"])
+    return [r for w in store.workloads() for r in store.runs(w) if r.source == kind]
+
+
+def test_tune_records_its_probe_and_each_verification(token_dir, tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from iolib.tune_command import tune
+
+    args = [str(token_dir), "--step-ms", "2", "--batch-size", "10", "--batches", "30"]
+    args += ["--verify-batches", "12", "--max-workers", "2", "--out", str(tmp_path / "r")]
+    result = CliRunner().invoke(tune, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    records = _recorded("tune")
+    verified = {(r.workers, r.depth) for r in records if r.run_id != records[0].run_id}
+    assert len({r.run_id for r in records}) >= 2 and verified
+    assert all(r.target == 0.9 and r.batch_size == 10 for r in records)
+
+
+def test_bench_records_each_iolib_configuration(tmp_path, capsys) -> None:
+    from tests.test_bench import TINY
+    from tests.test_bench import run_cli as bench
+
+    code, _, err = bench([*TINY, "--profile", "local", "--workload", "tokens"], capsys)
+    assert code == 0, err
+    records = _recorded("bench")
+    assert records and all((r.workers, r.depth) == (1, 2) and r.lateness_ms for r in records)
