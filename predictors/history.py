@@ -43,6 +43,7 @@ _MAX_ROWS = 4096
 # every candidate against each, so more would slow a plan, not sharpen it.
 MAX_POOLED = 2048
 _SUFFIX = ".parquet"
+_BASES = "bases"  # bases/BASE/WORKLOAD: which workloads share all but the step
 _META_KEY = b"iolib.history"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -194,7 +195,7 @@ def _check(record: RunRecord) -> str | None:
         value = getattr(record, name)
         if not math.isfinite(value) or value < 0:
             return f"{name} is {value}"
-    if record.utilization > 2 or record.target > 1:
+    if record.utilization > 1 or record.target > 1:
         return f"utilization {record.utilization} / target {record.target} out of range"
     for name in _LIST:
         values = getattr(record, name)
@@ -286,7 +287,20 @@ class RunHistory:
         else:
             self._fs.makedirs(directory, exist_ok=True)
             self._fs.pipe_file(path, data)  # one PUT: an object appears whole or not at all
+        if first.base:
+            self._mark(first.base, first.workload)
         return path
+
+    def _mark(self, base: str, workload: str) -> None:
+        """An empty file `bases/BASE/WORKLOAD`: `find` lists one folder, not every file."""
+        marker = f"{self._root}/{_BASES}/{base}/{workload}"
+        if self._fs.exists(marker):
+            return
+        if self._local:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            Path(marker).touch()
+        else:
+            self._fs.pipe_file(marker, b"")
 
     def _prune(self, workload: str) -> None:
         """Remove the files of runs older than the last `max_runs` (best effort)."""
@@ -333,15 +347,19 @@ class RunHistory:
 
     def find(self, base: str) -> list[str]:
         """The workloads whose runs share `base` (`WorkloadKey.base_digest()`: all but the
-        step), the most recently run first. Reads the newest sound file of each workload."""
+        step) and still hold a run, the most recently run first."""
+        if not re.fullmatch(r"[0-9a-f]{16}", base):
+            raise ValueError(f"run history: {base!r} is no workload digest")
+        try:
+            markers = self._fs.ls(f"{self._root}/{_BASES}/{base}", detail=False)
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            return []
         found = []
-        for workload in self.workloads():
-            for path in reversed(self._files(workload)):
-                records = self._read(path, workload)
-                if records:
-                    if records[-1].base == base:
-                        found.append((path.rsplit("/", 1)[-1], workload))
-                    break
+        for marker in markers:
+            workload = marker.rstrip("/").rsplit("/", 1)[-1]
+            files = self._files(workload) if re.fullmatch(r"[0-9a-f]{16}", workload) else []
+            if files:  # names start with the start time: the newest last
+                found.append((files[-1].rsplit("/", 1)[-1], workload))
         return [workload for _, workload in sorted(found, reverse=True)]
 
     def clear(self, workload: str | None = None) -> int:
@@ -365,6 +383,9 @@ class RunHistory:
             # Not empty (a writer arrived) or the store has no directories: leave it.
             with contextlib.suppress(FileNotFoundError, OSError):
                 self._fs.rmdir(directory)
+        if workload is None:  # the index of workloads by base goes with them
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self._fs.rm(f"{self._root}/{_BASES}", recursive=True)
         with self._lock:
             self._written = {k: v for k, v in self._written.items() if workload not in (None, k[0])}
         return removed

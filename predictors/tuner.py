@@ -177,6 +177,7 @@ class LearnedTuner:
         # plans with their pooled service, until this run measures another regime.
         self.warm = warm
         self.warm_set_aside: str | None = None  # why this run stopped using the history
+        self._warm_batches = 0  # settled batches seen while the history stood
         if warm is not None:
             self.start = warm.start
             self._current = Decision(*warm.start, warm.describe())
@@ -258,17 +259,21 @@ class LearnedTuner:
 
     def _check_warm(self, shift: str | None) -> None:
         """Set the history aside for the rest of the run when this run is another
-        workload: at the warm start, the detector (its reference the history's service
-        there) alarmed, or the step differs from the history's by more than its factor.
-        A shift after the run moved on is this run's own, which the plan answers."""
+        workload: in its first twice `detector_reference` settled batches, the detector
+        (its reference the history's service at the start) alarmed, or the step differs
+        from the history's by more than its factor. A later shift is this run's own,
+        which the plan answers."""
         warm = self.warm
-        if warm is None or self.warm_set_aside is not None or len(self.history) > 1:
+        if warm is None or self.warm_set_aside is not None:
+            return
+        self._warm_batches += 1
+        if self._warm_batches > 2 * self.config.detector_reference:
             return
         why = None
         if shift is not None:
             why = f"regime shift ({shift}) against the history's service"
-        elif warm.step_ms > 0 and len(self._samples) == self.config.warmup_batches:
-            step = median(s.step_ms for s in self._samples)
+        elif warm.step_ms > 0 and self._warm_batches == self.config.warmup_batches:
+            step = median(s.step_ms for s in self._evidence)
             if not warm.step_ms / warm.step_factor <= step <= warm.step_ms * warm.step_factor:
                 why = f"step {step:.1f} ms against {warm.step_ms:.1f} ms in the history"
         if why is not None:

@@ -130,6 +130,15 @@ def test_a_workload_that_changed_sets_the_history_aside_once(tmp_path, caplog) -
     assert len(said) == 1
 
 
+def test_another_step_time_sets_the_history_aside(tmp_path) -> None:
+    _train(tmp_path, step_s=0.008)
+    _, slower_step = _train(tmp_path, step_s=0.04)
+    report = slower_step.stats()["tuner"]["history"]
+    assert report["runs"] == 1 and report["set_aside"].startswith("step ")
+    # Recorded as a workload of its own (the step is part of the key).
+    assert len(RunHistory(tmp_path).workloads()) == 2
+
+
 def test_history_false_and_off_write_nothing(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("IOLIB_HISTORY", str(tmp_path / "env"))
     _, loader = _train(False)
