@@ -94,6 +94,8 @@ class AutoPrefetch:
             warm = None
             if recorder is not None:
                 warm = recorder.warm_start(target, memory_budget, max_workers)
+                if warm is not None:
+                    log.info("tuner: %s", warm.describe())
             tuner = LearnedTuner(
                 target_utilization=target,
                 memory_budget_bytes=memory_budget,

@@ -274,11 +274,16 @@ class Recorder:
 
     def records(self, settled: tuple[int, int] | None) -> list[Any]:
         """What this run measured so far, one record per configuration measured on
-        `_MIN_BATCHES` or more batches; `settled`: the one the run holds now."""
+        `_MIN_BATCHES` or more batches, and the one the run holds now (`settled`) however
+        few (its record says how many)."""
         from predictors.history import RunRecord
 
         with self._lock:
-            segments = {k: v for k, v in self._segments.items() if v.batches >= _MIN_BATCHES}
+            segments = {
+                k: v
+                for k, v in self._segments.items()
+                if v.batches >= _MIN_BATCHES or (k == settled and v.batches)
+            }
             steps = [s for seg in segments.values() for s in seg.step]
             if not segments:
                 return []

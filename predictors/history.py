@@ -34,6 +34,8 @@ FORMAT = "iolib.history/1"
 # How many samples of each per-batch list a record keeps: enough for the tails a warm
 # plan pools, small enough that a file stays a few kilobytes.
 MAX_SAMPLES = 256
+# A configuration measured on fewer batches says too little to start a run from.
+MIN_BATCHES = 8
 # The last K runs of a workload are kept and read; older files are removed on append.
 DEFAULT_MAX_RUNS = 32
 # A file larger than this, or with more rows, is no history iolib wrote.
@@ -523,7 +525,7 @@ class WarmStart:
         usable = [
             r
             for r in records
-            if r.batches > 0
+            if r.batches >= MIN_BATCHES
             and (memory_budget is None or r.memory_bytes <= memory_budget)
             and (max_workers is None or r.workers <= max_workers)
         ]

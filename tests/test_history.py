@@ -83,8 +83,8 @@ def test_a_run_records_what_it_measured_and_the_next_starts_where_it_met(tmp_pat
     store = RunHistory(tmp_path)
     [workload] = store.workloads()
     records = store.runs(workload)
-    assert records and all(r.source == "auto" and r.batches >= 8 for r in records)
-    assert sum(r.settled for r in records) == 1
+    assert records and all(r.source == "auto" and (r.batches >= 8 or r.settled) for r in records)
+    assert sum(r.settled for r in records) <= 1  # 0 if it changed in its last batches
     cold_report = cold.stats()["tuner"]["history"]
     assert cold_report["runs"] == 0 and cold_report["started_from"] is None
     assert cold.stats()["tuner"]["decisions"][0]["batch"] > 0  # cold: it started at (1, 1)
@@ -270,7 +270,7 @@ def test_64_processes_writing_at_once_lose_nothing(tmp_path) -> None:
     assert sorted(r.run_id for r in records) == [f"w{i:02d}" for i in range(64)]
     assert all((r.workers, r.depth) == (1 + int(r.run_id[1:]) % 4, 2 + int(r.run_id[1:]) % 8)
                for r in records)  # fmt: skip
-    assert not [p for p in _files(tmp_path) if p.suffix != ".parquet"]  # no temporary left
+    assert not [p for p in _files(tmp_path) if p.name.endswith(".tmp")]  # no temporary left
 
 
 def test_the_history_keeps_the_last_runs_and_clears(tmp_path) -> None:
@@ -278,7 +278,7 @@ def test_the_history_keeps_the_last_runs_and_clears(tmp_path) -> None:
     for i in range(5):
         store.append([record(f"r{i}", started=1000.0 + i)])
     assert [r.run_id for r in store.runs(KEY.digest())] == ["r2", "r3", "r4"]
-    assert len(_files(tmp_path)) == 3  # the older runs' files are gone
+    assert len(list(tmp_path.glob("*/*.parquet"))) == 3  # the older runs' files are gone
     assert store.workloads() == [KEY.digest()]
     assert store.clear(KEY.digest()) == 3 and store.workloads() == []
 
