@@ -421,10 +421,11 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 
 def _unstrip(fs: Any, path: str) -> str:
-    try:
-        return fs.unstrip_protocol(path)
-    except Exception:
-        return path
+    """The file's URL for a message, any user info (a credential) in it masked."""
+    with contextlib.suppress(Exception):
+        path = fs.unstrip_protocol(path)
+    path = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1***@", path)
+    return re.sub(r"(^|/)[^/@\s]+:[^/@\s]*@", r"\1***@", path)  # user:secret@ anywhere
 
 
 def _run_of(path: str) -> str:

@@ -28,6 +28,7 @@ from predictors.history import (
     WorkloadKey,
 )
 from tests.conftest import run_cli
+from tests.fixtures_s3 import s3_options  # noqa: F401
 
 KEY = WorkloadKey("0123abcd", 8, "", 20.0, 2, 8 << 30, "")
 
@@ -334,3 +335,26 @@ def test_bench_records_each_iolib_configuration(tmp_path, capsys) -> None:
     assert code == 0, err
     records = _recorded("bench")
     assert records and all((r.workers, r.depth) == (1, 2) and r.lateness_ms for r in records)
+
+
+@pytest.mark.s3
+def test_a_history_on_s3_is_shared_by_writers(s3_options) -> None:  # noqa: F811
+    url = "s3://iolib-bench/iolib-history"
+    RunHistory(url, storage_options=s3_options).append([record("node-a", 2, 4)])
+    RunHistory(url, storage_options=s3_options).append([record("node-b", 3, 8)])
+    store = RunHistory(url, storage_options=s3_options)
+    assert store.find(KEY.base_digest()) == [KEY.digest()]
+    assert sorted(r.run_id for r in store.runs(KEY.digest())) == ["node-a", "node-b"]
+    assert store.clear() == 2 and store.workloads() == []
+
+
+def test_a_skipped_file_is_named_without_credentials() -> None:
+    store = RunHistory("memory://AKIAFAKEKEY7:SECRETVALUE9@histbucket/h")
+    store.append([record("ok")])
+    [path] = [p for p in store._fs.find(store._root) if p.endswith(".parquet")]
+    store._fs.pipe_file(path.replace("ok", "zz"), b"broken")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store.runs(KEY.digest())
+    [text] = [str(w.message) for w in caught if issubclass(w.category, HistoryWarning)]
+    assert "SECRETVALUE9" not in text and "zz" in text
