@@ -391,3 +391,10 @@ def test_a_skipped_file_is_named_without_credentials() -> None:
         store.runs(KEY.digest())
     [text] = [str(w.message) for w in caught if issubclass(w.category, HistoryWarning)]
     assert "SECRETVALUE9" not in text and "zz" in text
+
+
+def test_a_bad_history_argument_is_refused_at_construction() -> None:
+    from iolib.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="`history` must be a path or fsspec URL"):
+        DataLoader(Sleepy(), batch_size=4, prefetch="auto", history=3)
