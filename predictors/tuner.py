@@ -57,7 +57,14 @@ import numpy as np
 
 from predictors.config import TunerConfig
 from predictors.forecast import Forecaster
-from predictors.measure import ChangeDetector, Measured, Service, fit_cores_share, summarize
+from predictors.measure import (
+    ChangeDetector,
+    Measured,
+    Service,
+    fit_cores_share,
+    service_spread,
+    summarize,
+)
 from predictors.state import (
     Decision,
     PerformanceModel,
@@ -70,6 +77,8 @@ from predictors.state import (
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from predictors.history import WarmStart
 
 __all__ = ["Decision", "LearnedTuner", "PerformanceModel", "Tuner", "TunerConfig", "TunerState"]
 
@@ -132,6 +141,7 @@ class LearnedTuner:
         max_depth: int = 64,
         start: tuple[int, int] = (1, 1),
         config: TunerConfig | None = None,
+        warm: WarmStart | None = None,
         **overrides: Any,
     ) -> None:
         cfg = TunerConfig.with_overrides(config, **overrides)
@@ -163,6 +173,14 @@ class LearnedTuner:
         )
         self.history: list[tuple[int, Decision]] = []  # every change, with its batch
         self._current = Decision(*start, f"safe start: {start[0]} worker(s), depth {start[1]}")
+        # A warm run (predictors.history): it starts where earlier runs met the target and
+        # plans with their pooled service, until this run measures another regime.
+        self.warm = warm
+        self.warm_set_aside: str | None = None  # why this run stopped using the history
+        self._warm_batches = 0  # settled batches seen while the history stood
+        if warm is not None:
+            self.start = warm.start
+            self._current = Decision(*warm.start, warm.describe())
         self._records: dict[tuple[int, int], Measured] = defaultdict(self._new_record)
         self._samples: list[TunerState] = []  # settled batches of the current configuration
         self._regime: list[TunerState] = []  # settled batches since the last shift
@@ -177,6 +195,12 @@ class LearnedTuner:
         self._unreachable_ms: float | None = None  # what an unreachable plan expected here
         # How far a prediction may be off in utilization: the model's measured error.
         self._prior_spread = float(getattr(model, "utilization_error", cfg.prior_spread))
+        if warm is not None and warm.reference_ms:
+            # The detector's reference is what the history measured at the start, so a
+            # run whose service differs from it alarms as a regime shift would.
+            for ms in warm.reference_ms[-cfg.detector_reference :]:
+                self.detector.update(ms)
+            self._settle_ms = cfg.settle_services * median(warm.reference_ms)
 
     def _new_record(self) -> Measured:
         c = self.config
@@ -207,6 +231,7 @@ class LearnedTuner:
         self._since_plan += 1
         self._records[config].add(state)
         shift = self.detector.update(state.service_ms)
+        self._check_warm(shift)
         if shift is not None:
             fresh = max(self.detector.run, c.fresh_batches)
             before = self._last.service_ms if self._last else float("nan")
@@ -231,6 +256,37 @@ class LearnedTuner:
                 return self._replan_unreachable(state)
             return self._plan(state, "measured")
         return self._current
+
+    def _check_warm(self, shift: str | None) -> None:
+        """Set the history aside for the rest of the run when this run is another
+        workload: in its first twice `detector_reference` settled batches, the detector
+        (its reference the history's service at the start) alarmed, or the step differs
+        from the history's by more than its factor. A later shift is this run's own,
+        which the plan answers."""
+        warm = self.warm
+        if warm is None or self.warm_set_aside is not None:
+            return
+        self._warm_batches += 1
+        if self._warm_batches > 2 * self.config.detector_reference:
+            return
+        why = None
+        if shift is not None:
+            why = f"regime shift ({shift}) against the history's service"
+        elif warm.step_ms > 0 and self._warm_batches == self.config.warmup_batches:
+            step = median(s.step_ms for s in self._evidence)
+            if not warm.step_ms / warm.step_factor <= step <= warm.step_ms * warm.step_factor:
+                why = f"step {step:.1f} ms against {warm.step_ms:.1f} ms in the history"
+        if why is not None:
+            self.warm_set_aside = why
+
+    def _pooled(self, est: Service) -> Service:
+        """`est` with the history's service samples pooled into its lateness (their
+        bursts and tails count as this run's do), while the history stands."""
+        warm = self.warm
+        if warm is None or self.warm_set_aside is not None or not warm.relative:
+            return est
+        relative = (*est.relative, *warm.relative)
+        return dataclasses.replace(est, relative=relative, spread=service_spread(list(relative)))
 
     def _faster_than_unreachable(self) -> bool:
         """The last plan judged the target out of reach, and the current
@@ -321,7 +377,7 @@ class LearnedTuner:
     ) -> Decision:
         c = self.config
         self._since_plan = 0
-        est = summarize(self._regime, self._cores_share(), learned=True)
+        est = self._pooled(summarize(self._regime, self._cores_share(), learned=True))
         sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
         grid = self.forecaster.grid(state.one_batch_bytes, state.cpu_count)

@@ -31,6 +31,7 @@ LAYERS: dict[str, str] = {
     "iolib.testing": "loader",
     "iolib.distributed": "loader",
     "iolib.autotune": "tuning",
+    "iolib.run_history": "tuning",
     "iolib.engine": "engine",
     "iolib.workers": "engine",
     "iolib.pool": "engine",
