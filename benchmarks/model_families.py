@@ -103,12 +103,7 @@ def transfer_rows(family: str, seed: int, candidates: int = 12) -> list[dict]:
     s = draw(family, seed)
     rng = np.random.default_rng([seed, 99])
     forecaster = Forecaster(
-        None,
-        target=s.target,
-        budget=s.budget,
-        max_workers=MAX_WORKERS,
-        confidence=0.5,
-        prior_error=0.059,
+        target=s.target, budget=s.budget, max_workers=MAX_WORKERS, prior_error=0.059
     )
     one = s.workload.memory_factor * s.workload.batch_bytes
     grid = forecaster.grid(one, s.workload.cpu_count)

@@ -16,6 +16,7 @@ from statistics import fmean, median
 
 import numpy as np
 
+from predictors.config import CONSTANTS, TunerConfig, TunerConstants
 from predictors.state import TunerState
 
 __all__ = [
@@ -36,9 +37,9 @@ class Measured:
     independent; blocks nearly are). Old blocks drop out: a long record of a regime
     the detector missed must not outvote what the configuration does now."""
 
-    block: int = 8
-    keep: int = 8
-    unknown: float = 0.1  # the standard error before two blocks
+    block: int = CONSTANTS.record_block
+    keep: int = CONSTANTS.record_keep
+    unknown: float = CONSTANTS.record_unknown_error  # the standard error before two blocks
     batches: int = 0
     blocks: list[tuple[float, float]] = field(default_factory=list)
     _open: list[float] = field(default_factory=lambda: [0.0, 0.0])
@@ -167,12 +168,17 @@ def fit_cores_share(
     return float(shares[int(np.argmin(score))])
 
 
-def summarize(states: list[TunerState], cores_share: float = 0.8, learned: bool = False) -> Service:
+def summarize(
+    states: list[TunerState], cores_share: float | None = None, learned: bool = False
+) -> Service:
     """The service estimate from settled batches, possibly of several configurations
     of one regime (means: the throughput a worker gives is one over its mean service
     time, tails included). Each batch's waiting part is its service less its CPU at
-    the contention it was measured under (`cores_share` of the cores usable;
-    `learned`: it came from `fit_cores_share`, and predictions use it too)."""
+    the contention it was measured under (`cores_share` of the cores usable, None: the
+    prior's, `TunerConstants.cores_share`; `learned`: it came from `fit_cores_share`,
+    and predictions use it too)."""
+    if cores_share is None:
+        cores_share = CONSTANTS.cores_share
     last = states[-1]
     cpu = [s.cpu_ms for s in states if s.cpu_ms is not None]
     read_cpu = [s.read_cpu_ms for s in states if s.read_cpu_ms is not None]
@@ -205,7 +211,8 @@ class ChangeDetector:
     """Two-sided CUSUM on log service time: a regime shift (storage slowing tenfold,
     or recovering) is a lasting move of the mean, not one slow read.
 
-    The reference (median and spread of log service) comes from the first
+    Its numbers are `config.shift_threshold` and the `detector_*` constants. The
+    reference (median and spread of log service) comes from the first
     `reference_batches` samples after each `reset`; a configuration change moves it by
     the contention the change is expected to cause (`rebase`), which is no shift. Each
     later sample adds its standardized deviation, clipped at `clip` so one outlier
@@ -223,17 +230,14 @@ class ChangeDetector:
     """
 
     def __init__(
-        self,
-        threshold: float = 8.0,
-        drift: float = 0.5,
-        clip: float = 4.0,
-        reference_batches: int = 8,
-        min_sigma: float = 0.25,
-        large: float = 4.0,
+        self, config: TunerConfig | None = None, constants: TunerConstants = CONSTANTS
     ) -> None:
-        self.threshold, self.drift, self.clip = threshold, drift, clip
-        self.reference_batches, self.min_sigma = reference_batches, min_sigma
-        self.large = large
+        config = config or TunerConfig()
+        self.threshold = config.shift_threshold
+        self.drift, self.clip = constants.detector_drift, constants.detector_clip
+        self.reference_batches = constants.detector_reference
+        self.min_sigma = constants.detector_min_sigma
+        self.large = constants.large_slowdown
         self.reset()
 
     def reset(self, level: float | None = None, word: str | None = None) -> None:
