@@ -83,7 +83,7 @@ def clairvoyant(rows: list[dict[str, Any]], goal: float, known: int) -> dict[str
 
 @functools.cache
 def _model() -> Any:
-    from predictors.model import load_default
+    from benchmarks.tuner_lab.model import load_default
 
     return load_default()
 

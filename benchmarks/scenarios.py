@@ -393,7 +393,7 @@ def write(rows: list[dict[str, Any]], name: str, command: str) -> Path:
 @functools.cache
 def _model(which: str) -> Any:
     """One load per process, not one per scenario."""
-    from predictors.model import load_default
+    from benchmarks.tuner_lab.model import load_default
 
     if which == "default":  # what prefetch="auto" plans with
         return None

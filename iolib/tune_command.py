@@ -8,59 +8,21 @@ met the target, else the best measured, said to miss it and why. The report
 (predictors.report) shows every run's own measurement and what drives the result.
 
     iolib tune s3://bucket/train/ --step-ms 50 --target 0.9 --out tune-report
-    iolib tune --evaluate predictors/data/sweep/observations.parquet
-    iolib tune --retrain my-observations.parquet
+
+The cross-workload model's training and evaluation are research, outside the package:
+`python -m benchmarks.tuner_lab evaluate|retrain` from a source checkout.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import json
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import click
 
 from iolib._cli_common import ByteSize, Number, storage_options_option
-from iolib.errors import ConfigError
 from iolib.tune_probe import TuneRequest
-
-DEFAULT_OBSERVATIONS = Path(__file__).parent.parent / "predictors" / "data" / "sweep"
-CHECKOUT = Path(__file__).resolve().parent.parent  # a source checkout holds benchmarks/ here
-
-
-def lab_training() -> ModuleType:
-    """The model training (`benchmarks.tuner_lab.training`): research that the package
-    does not ship, found in the source checkout iolib runs from, with scikit-learn."""
-    fix = (
-        "Fix: run it from a source checkout of iolib (it holds benchmarks/tuner_lab/) "
-        "installed with `pip install -e '.[lab]'`."
-    )
-    if importlib.util.find_spec("sklearn") is None:
-        raise ConfigError(f"--evaluate and --retrain need scikit-learn. {fix}")
-    if (CHECKOUT / "benchmarks" / "tuner_lab").is_dir() and str(CHECKOUT) not in sys.path:
-        sys.path.append(str(CHECKOUT))
-    try:
-        return importlib.import_module("benchmarks.tuner_lab.training")
-    except ImportError as exc:
-        raise ConfigError(
-            f"--evaluate and --retrain need the tuner's lab, which the installed "
-            f"package does not include ({exc}). {fix}"
-        ) from exc
-
-
-def _observation_files(paths: tuple[str, ...]) -> list[Path]:
-    found = [Path(p) for p in paths] or sorted(DEFAULT_OBSERVATIONS.glob("*.parquet"))
-    missing = [str(p) for p in found if not p.exists()]
-    if missing or not found:
-        raise ConfigError(
-            f"Observation file(s) {missing or 'none'} not found. Pass files written by "
-            "`iolib bench --out DIR` (DIR/observations.parquet)."
-        )
-    return found
 
 
 def _source(data: str, storage_options: dict[str, Any], column: str | None) -> Any:
@@ -165,18 +127,6 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
     return paths
 
 
-def _model_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Refuse a model path the writer would refuse, before any training."""
-    if value is not None and Path(value).suffix != ".npz":
-        raise click.BadParameter(
-            f"a model file must end in .npz (arrays only: the tuner never loads a pickle). "
-            f"Found: {Path(value).name!r}. Rename it, e.g. {Path(value).stem}.npz.",
-            ctx=ctx,
-            param=param,
-        )
-    return value
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("data", required=False)
 @click.option(
@@ -255,34 +205,11 @@ def _model_path(ctx: click.Context, param: click.Parameter, value: str | None) -
     show_default=True,
     help="Where report.md, report.html and plots go.",
 )
-@click.option(
-    "--evaluate",
-    "evaluate",
-    is_flag=True,
-    help="Score the model on workloads it never saw (grouped cross-validation).",
-)
-@click.option(
-    "--retrain",
-    "retrain",
-    is_flag=True,
-    help="Train the default model from observation files (DATA and more).",
-)
-@click.option(
-    "--model-out",
-    type=click.Path(dir_okay=False),
-    default=None,
-    callback=_model_path,
-    help="With --retrain: where to write the model (.npz); default: the user data directory.",
-)
-@click.argument("more", nargs=-1)
 def tune(**kw: Any) -> None:
     """Recommend workers and prefetch depth for DATA (a Parquet or image-folder URL) so
     the training step stays busy at --target, with the least memory; write a report."""
-    files = tuple(p for p in (kw["data"], *kw["more"]) if p)
-    if kw["evaluate"] or kw["retrain"]:
-        return _model_command(kw["retrain"], kw["model_out"], files)
     if not kw["data"]:
-        raise click.UsageError("Give DATA (a dataset URL), or --evaluate / --retrain.")
+        raise click.UsageError("Give DATA (a dataset URL).")
     from iolib.bench.command import writable_directory
 
     writable_directory(kw["out"], "--out")  # before the probe, not after its whole run
@@ -296,26 +223,3 @@ def tune(**kw: Any) -> None:
     paths = _recommend(request)
     click.echo(f"Report: {paths['markdown']} (and {paths['html'].name}, plots beside it)")
     return None
-
-
-def _model_command(retrain: bool, model_out: str | None, files: tuple[str, ...]) -> None:
-    from predictors.model import read_observations
-
-    training = lab_training()
-    paths = _observation_files(files)
-    try:
-        if retrain:
-            from predictors.model import MODEL_ENV, user_model_path
-
-            out = Path(model_out) if model_out else user_model_path()
-            model = training.train_default(paths, out=out)
-            click.echo(
-                f"Trained on {len(paths)} file(s); wrote {out}. Use it: export {MODEL_ENV}={out}"
-            )
-            click.echo(json.dumps(getattr(model, "metrics", {}), indent=2, default=str))
-            return
-        result = training.evaluate(read_observations(paths))
-    except ValueError as exc:  # predictors' schema and version errors
-        raise ConfigError(str(exc)) from exc
-    click.echo("Grouped cross-validation (each score on workload/storage groups never seen):")
-    click.echo(result.summary.to_string(float_format=lambda x: f"{x:.3f}"))

@@ -90,10 +90,9 @@ def checks(
     w, d = final
     lower = max([g for g in DEPTH_GRID if g < d], default=d)
     wanted = [final, (min(w, lower), lower), (w + 1, d), (2, 4)]
-    table = tuner.candidate_table()
-    meets = table[table["lower_bound"] >= request.target]
-    if len(meets):
-        best = meets.sort_values(["predicted_memory_bytes", "workers"]).iloc[0]
+    meets = [row for row in tuner.candidate_table() if row["lower_bound"] >= request.target]
+    if meets:
+        best = min(meets, key=lambda row: (row["predicted_memory_bytes"], row["workers"]))
         wanted.insert(1, (int(best["workers"]), int(best["depth"])))
     out = []
     for a, b in wanted:
