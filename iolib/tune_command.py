@@ -46,6 +46,15 @@ def _decoder(source: Any, size: int) -> Any:
     return ImagePipeline(size=size, train=True)
 
 
+def _loader_args(request: TuneRequest, decode: Any) -> dict[str, str]:
+    """Every loader setting the measurements used, as Python source for the snippet."""
+    args = {"batch_size": str(request.batch_size), "shuffle": repr(request.shuffle)}
+    if decode is not None:
+        args["decode"] = f"ImagePipeline(size={decode.size}, train={decode.train})"
+    args["persistent_workers"] = "True"
+    return args
+
+
 def _recommend(request: TuneRequest) -> dict[str, Path]:
     import pandas as pd
 
@@ -55,6 +64,7 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
 
     source = _source(request.data, request.storage_options, request.column)
     decode = _decoder(source, request.image_size) if request.decode else None
+    decoder = "none (reads only)" if decode is None else decode.resolved_backend()
     common = dict(
         batch_size=request.batch_size, shuffle=request.shuffle, decode=decode,
         persistent_workers=True,
@@ -73,39 +83,34 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
         final = (probe["stats"]["workers"], probe["stats"]["depth"])
         bar.update(1)
         drivers = tune_probe.drivers(probe, tuner, request)
-        runs = {}
         batch_bytes = float(probe["stats"]["batch_bytes"])
-        for workers, depth in tune_probe.checks(tuner, final, request, batch_bytes):
-            fixed = DataLoader(source, **common, num_workers=workers, prefetch=depth)
-            runs[(workers, depth)] = tune_probe.run(fixed, request.verify_batches, request.step_ms)
+        keys = tune_probe.checks(tuner, final, request, batch_bytes)
+        runs: dict[tuple[int, int], list[dict[str, Any]]] = {k: [] for k in keys}
+        # Repeats interleaved: a slow spell of the machine falls on every configuration.
+        for _ in range(request.repeats):
+            for workers, depth in keys:
+                fixed = DataLoader(source, **common, num_workers=workers, prefetch=depth)
+                runs[(workers, depth)].append(
+                    tune_probe.run(fixed, request.verify_batches, request.step_ms)
+                )
         bar.update(1)
-    keys = list(runs)
-    predicted, lower = tuner.forecaster.predict(keys, drivers["estimate"], drivers["cpu_count"])
-    measured = pd.DataFrame(
-        {
-            "workers": [w for w, _ in keys],
-            "depth": [d for _, d in keys],
-            "predicted_utilization": predicted,
-            "lower_bound": lower,
-            "measured_utilization": [runs[k]["utilization"] for k in keys],
-            "memory_bytes": [runs[k]["memory_bytes"] for k in keys],
-            "samples_per_s": [runs[k]["samples_per_s"] for k in keys],
-        }
-    )
-    ok = measured[measured["measured_utilization"] >= request.target]
-    if len(ok):
-        pick = ok.sort_values(["memory_bytes", "workers"]).iloc[0]
-    else:
-        pick = measured.sort_values(
-            ["measured_utilization", "memory_bytes"], ascending=[False, True]
-        ).iloc[0]
+    point, lower = tuner.forecaster.predict(keys, drivers["estimate"], drivers["cpu_count"])
+    predicted = {k: (float(p), float(b)) for k, p, b in zip(keys, point, lower, strict=True)}
+    rows = tune_probe.summarize_runs(runs, predicted)
+    pick, meets, cheaper = tune_probe.choose(rows, request.target)
     recommendation = {
         "workers": int(pick["workers"]),
         "depth": int(pick["depth"]),
-        "meets_target": bool(len(ok)),
+        "meets_target": meets,
         "measured_utilization": float(pick["measured_utilization"]),
         "measured_memory_bytes": float(pick["memory_bytes"]),
-        "why_missed": None if len(ok) else tune_probe.why_missed(drivers, request, last),
+        "why_missed": None if meets else tune_probe.why_missed(drivers, request, last),
+        "cheaper_within_noise": cheaper,
+        "prediction_notes": tune_probe.prediction_notes(rows),
+        "step_note": tune_probe.step_note(probe, request.step_ms),
+        "decoder": decoder,
+        "loader_args": _loader_args(request, decode),
+        "repeats": request.repeats,
         "probe_batches": probe["batches"],
         "probe_epochs": probe["epochs"],
         "verify_batches": request.verify_batches,
@@ -114,16 +119,19 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
     paths = write_report(
         request.out,
         recommendation,
-        measured,
+        pd.DataFrame(rows),
         drivers,
         step_ms=request.step_ms,
         target=request.target,
     )
-    verdict = "meets" if recommendation["meets_target"] else "MISSED; best measured"
+    verdict = "meets" if meets else "target missed; best measured"
     click.echo(
         f"{recommendation['workers']} worker(s), depth {recommendation['depth']}: measured "
-        f"{recommendation['measured_utilization']:.2f} against {request.target:.2f} ({verdict})"
+        f"{recommendation['measured_utilization']:.2f} against {request.target:.2f} ({verdict}); "
+        f"decoder: {decoder}"
     )
+    if not meets:
+        click.echo(f"Why: {recommendation['why_missed']}")
     return paths
 
 
@@ -197,6 +205,13 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
     show_default=True,
     help="Batches per verification run (across epochs if need be).",
 )
+@click.option(
+    "--repeats",
+    type=Number(int, 1, 100),
+    default=3,
+    show_default=True,
+    help="Runs of each configuration verified, interleaved (their spread is the noise).",
+)
 @storage_options_option
 @click.option(
     "--out",
@@ -218,7 +233,7 @@ def tune(**kw: Any) -> None:
         column=kw["column"], decode=not kw["no_decode"], image_size=kw["image_size"],
         batch_size=kw["batch_size"], shuffle=kw["shuffle"], max_workers=kw["max_workers"],
         target=kw["target"], memory_budget=kw["memory_budget"], batches=kw["batches"],
-        verify_batches=kw["verify_batches"], step_ms=kw["step_ms"],
+        verify_batches=kw["verify_batches"], step_ms=kw["step_ms"], repeats=kw["repeats"],
     )  # fmt: skip
     paths = _recommend(request)
     click.echo(f"Report: {paths['markdown']} (and {paths['html'].name}, plots beside it)")

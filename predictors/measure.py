@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import fmean, median
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ __all__ = [
     "ChangeDetector",
     "Measured",
     "Service",
+    "against_measured",
     "fit_cores_share",
     "service_spread",
     "summarize",
@@ -310,3 +312,56 @@ class ChangeDetector:
             return None
         self._level, self.run = None, self.reference_batches  # the reference stands
         return word
+
+
+def against_measured(
+    predicted: float | None,
+    every: Measured | None,
+    in_epoch: Measured | None,
+    target: float | None,
+    min_batches: int = 2 * CONSTANTS.record_block,
+) -> dict[str, Any]:
+    """What the loader measured of the current configuration beside what the tuner
+    predicted of it: `every` counts each batch (epoch starts included, as training
+    feels them), `in_epoch` leaves epoch starts out (as the tuner judges). `agrees` is
+    None until `min_batches` batches; `disagreement` says how they differ and why,
+    when they do by more than twice the standard error (at least 0.05)."""
+    out: dict[str, Any] = {
+        "predicted_utilization": predicted,
+        "measured_utilization": None,
+        "measured_standard_error": None,
+        "measured_batches": 0 if every is None else every.batches,
+        "agrees": None,
+        "target_met_as_measured": None,
+        "disagreement": None,
+    }
+    if every is None or every.batches == 0:
+        return out
+    util, error = every.utilization, every.standard_error
+    out.update(measured_utilization=util, measured_standard_error=error)
+    if predicted is None or every.batches < min_batches:
+        return out
+    noise = max(2.0 * error, 0.05)
+    out["agrees"] = abs(predicted - util) <= noise
+    if target is not None:
+        out["target_met_as_measured"] = util >= target
+    if out["agrees"]:
+        return out
+    text = (
+        f"predicted {predicted:.2f}, measured {util:.2f} (± {error:.2f}) over the last "
+        f"{every.batches} batches of this configuration"
+    )
+    inside = in_epoch.utilization if in_epoch is not None and in_epoch.batches else None
+    if inside is not None and util < predicted and abs(predicted - inside) <= noise:
+        text += (
+            f"; without each epoch's first batch {inside:.2f}: the epoch starts wait for an "
+            "empty pipeline (persistent_workers=True reads them ahead)"
+        )
+    elif util < predicted:
+        text += ": the service is slower than the plan's estimate"
+    else:
+        text += ": the service is faster than the plan's estimate"
+    if target is not None and util < target <= predicted:
+        text += f"; the target {target:.2f} is not met as measured"
+    out["disagreement"] = text
+    return out
