@@ -212,3 +212,30 @@ class ByteSize(click.ParamType):
                 f"must be a positive size like 2GiB, 512MB or 1.5GB. Found: {value!r}.", param, ctx
             )
         return size
+
+
+# One image decode for `iolib bench --data` and `iolib tune`: the decoder a user's
+# loader runs (ImagePipeline, train crops), at the same size and batch by default, so
+# the two commands measure the same work.
+IMAGE_SIZE = 224
+IMAGE_BATCH = 64
+DECODERS = ("auto", "dali", "pil")
+
+
+def decoder_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--decoder auto|dali|pil`` (ImagePipeline's backend; auto: DALI where it
+    imports, else Pillow)."""
+    return click.option(
+        "--decoder",
+        type=click.Choice(DECODERS),
+        default="auto",
+        show_default=True,
+        help="Image decoder (ImagePipeline's backend); auto: DALI where installed, else Pillow.",
+    )(func)
+
+
+def image_pipeline(size: int, decoder: str) -> Any:
+    """The image decode both commands measure."""
+    from iolib.images import ImagePipeline
+
+    return ImagePipeline(size=size, train=True, backend=decoder)

@@ -21,7 +21,15 @@ from typing import Any
 
 import click
 
-from iolib._cli_common import ByteSize, Number, storage_options_option
+from iolib._cli_common import (
+    IMAGE_BATCH,
+    IMAGE_SIZE,
+    ByteSize,
+    Number,
+    decoder_option,
+    image_pipeline,
+    storage_options_option,
+)
 from iolib.tune_probe import TuneRequest
 
 
@@ -36,21 +44,20 @@ def _source(data: str, storage_options: dict[str, Any], column: str | None) -> A
     return ParquetSource(data, [column] if column else None, storage_options)
 
 
-def _decoder(source: Any, size: int) -> Any:
+def _decoder(source: Any, size: int, decoder: str) -> Any:
     names = getattr(source, "schema", None)
     names = names.names if names is not None else ["image"]
     if "image" not in names:
         return None
-    from iolib.images import ImagePipeline
-
-    return ImagePipeline(size=size, train=True)
+    return image_pipeline(size, decoder)
 
 
 def _loader_args(request: TuneRequest, decode: Any) -> dict[str, str]:
     """Every loader setting the measurements used, as Python source for the snippet."""
     args = {"batch_size": str(request.batch_size), "shuffle": repr(request.shuffle)}
     if decode is not None:
-        args["decode"] = f"ImagePipeline(size={decode.size}, train={decode.train})"
+        backend = "" if decode.backend == "auto" else f", backend={decode.backend!r}"
+        args["decode"] = f"ImagePipeline(size={decode.size}, train={decode.train}{backend})"
     args["persistent_workers"] = "True"
     return args
 
@@ -63,7 +70,7 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
     from predictors.report import write_report
 
     source = _source(request.data, request.storage_options, request.column)
-    decode = _decoder(source, request.image_size) if request.decode else None
+    decode = _decoder(source, request.image_size, request.decoder) if request.decode else None
     decoder = "none (reads only)" if decode is None else decode.resolved_backend()
     common = dict(
         batch_size=request.batch_size, shuffle=request.shuffle, decode=decode,
@@ -160,9 +167,9 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
 @click.option(
     "--batch-size",
     type=Number(int, 1, 1_000_000),
-    default=64,
+    default=IMAGE_BATCH,
     show_default=True,
-    help="Samples per batch.",
+    help="Samples per batch (iolib bench --data uses the same default).",
 )
 @click.option(
     "--shuffle",
@@ -187,10 +194,11 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
 @click.option(
     "--image-size",
     type=Number(int, 1, 4096, unit="pixels"),
-    default=224,
+    default=IMAGE_SIZE,
     show_default=True,
     help="Side in pixels images are cropped and resized to when decoded.",
 )
+@decoder_option
 @click.option(
     "--batches",
     type=Number(int, 10, 1_000_000),
@@ -234,6 +242,7 @@ def tune(**kw: Any) -> None:
         batch_size=kw["batch_size"], shuffle=kw["shuffle"], max_workers=kw["max_workers"],
         target=kw["target"], memory_budget=kw["memory_budget"], batches=kw["batches"],
         verify_batches=kw["verify_batches"], step_ms=kw["step_ms"], repeats=kw["repeats"],
+        decoder=kw["decoder"],
     )  # fmt: skip
     paths = _recommend(request)
     click.echo(f"Report: {paths['markdown']} (and {paths['html'].name}, plots beside it)")

@@ -49,6 +49,7 @@ class TuneRequest:
     verify_batches: int
     step_ms: float
     repeats: int = 3
+    decoder: str = "auto"
 
 
 def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:

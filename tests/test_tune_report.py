@@ -244,3 +244,46 @@ def test_tune_on_images_carries_every_setting_it_measured(image_folder, tmp_path
     assert "decode=ImagePipeline(size=32, train=True)," in snippet
     assert "persistent_workers=True," in snippet and "batch_size=4," in snippet
     assert "Decoder: " in md and "(2 runs)" in md
+
+
+def test_bench_data_and_tune_decode_the_same_way(tmp_path, capsys) -> None:
+    """`iolib bench --data` and `iolib tune` on the same Parquet images: one decode
+    choice (ImagePipeline at the same size, batch and backend), said by both."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from iolib._cli_common import IMAGE_BATCH, IMAGE_SIZE
+    from iolib.cli import main
+    from iolib.tune_command import tune
+    from tests.conftest import jpeg_bytes
+
+    data = tmp_path / "images"
+    data.mkdir()
+    blobs = [jpeg_bytes(i) for i in range(48)]
+    pq.write_table(
+        pa.table({"image": blobs, "label": [i % 3 for i in range(48)]}),
+        data / "a.parquet",
+        row_group_size=16,
+    )
+    args = ["--profile", "local", "--data", str(data), "-w", "images", "--repeats", "1"]
+    args += ["--step-ms", "0", "--batch-size", "8", "--batches", "2", "--workers", "1"]
+    args += ["--depth", "2", "--no-progress", "--image-size", "32", "--decoder", "pil"]
+    try:
+        main(["bench", *args])
+    except SystemExit as exc:
+        assert exc.code == 0, capsys.readouterr().err
+    bench_out = capsys.readouterr().out
+    assert "Decoder: pil (ImagePipeline, 32 px, batch 8; what `iolib tune` measures)" in bench_out
+    out = tmp_path / "report"
+    targs = [str(data), "--step-ms", "1", "--batch-size", "8", "--batches", "10"]
+    targs += ["--verify-batches", "5", "--max-workers", "1", "--repeats", "1"]
+    targs += ["--image-size", "32", "--decoder", "pil", "--out", str(out)]
+    result = CliRunner().invoke(tune, targs, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "decoder: pil" in result.output
+    assert "backend='pil'" in (out / "report.md").read_text()
+    # One set of defaults: what tune decodes at is what bench --data decodes at.
+    assert (IMAGE_SIZE, IMAGE_BATCH) == (224, 64)
+    defaults = {p.name: p.default for p in tune.params}
+    assert (defaults["image_size"], defaults["batch_size"]) == (IMAGE_SIZE, IMAGE_BATCH)
