@@ -239,3 +239,24 @@ def image_pipeline(size: int, decoder: str) -> Any:
     from iolib.images import ImagePipeline
 
     return ImagePipeline(size=size, train=True, backend=decoder)
+
+
+def require_report_extra(command: str) -> None:
+    """Refuse up front, with the fix, when the `report` extra (pandas, matplotlib) that
+    `command`'s tables and plots need is not installed (the loader needs neither)."""
+    import importlib.util
+
+    from iolib.errors import ConfigError
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except ImportError:  # a broken install is as good as none
+            return True
+
+    missing = [m for m in ("pandas", "matplotlib") if absent(m)]
+    if missing:
+        raise ConfigError(
+            f"`{command}` writes tables and plots with {' and '.join(missing)}, which "
+            "are not installed. Fix: pip install 'iolib[report]'."
+        )

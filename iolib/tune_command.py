@@ -28,6 +28,7 @@ from iolib._cli_common import (
     Number,
     decoder_option,
     image_pipeline,
+    require_report_extra,
     storage_options_option,
 )
 from iolib.tune_probe import TuneRequest
@@ -234,6 +235,8 @@ def tune(**kw: Any) -> None:
     if not kw["data"]:
         raise click.UsageError("Give DATA (a dataset URL).")
     from iolib.bench.command import writable_directory
+
+    require_report_extra("iolib tune")
 
     writable_directory(kw["out"], "--out")  # before the probe, not after its whole run
     request = TuneRequest(

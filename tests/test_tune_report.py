@@ -287,3 +287,29 @@ def test_bench_data_and_tune_decode_the_same_way(tmp_path, capsys) -> None:
     assert (IMAGE_SIZE, IMAGE_BATCH) == (224, 64)
     defaults = {p.name: p.default for p in tune.params}
     assert (defaults["image_size"], defaults["batch_size"]) == (IMAGE_SIZE, IMAGE_BATCH)
+
+
+def test_tune_and_bench_without_the_report_extra_say_how_to_install_it(token_dir) -> None:
+    """pandas absent (an install without the `report` extra): one line with the fix."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "class Absent:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'pandas':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        "from iolib.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    for args in (["tune", str(token_dir)], ["bench", "--no-progress"]):
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=root,
+            timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-1000:]
+        assert "pip install 'iolib[report]'" in done.stderr and "Traceback" not in done.stderr

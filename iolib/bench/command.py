@@ -23,6 +23,7 @@ from iolib._cli_common import (
     Number,
     NumberList,
     decoder_option,
+    require_report_extra,
     storage_options_option,
 )
 from iolib.bench.profiles import PROFILE_NAMES
@@ -297,6 +298,7 @@ def _grid(choices: tuple[str, ...]):
 )
 def bench(**kw: Any) -> None:
     """Measure data-loading configurations, iolib and torch's DataLoader side by side."""
+    require_report_extra("iolib bench")
     spec = _spec(kw)
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     from tqdm import tqdm
