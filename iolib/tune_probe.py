@@ -199,23 +199,35 @@ def binding_stage(drivers: dict[str, Any]) -> tuple[str, float]:
 
 
 def why_missed(drivers: dict[str, Any], request: TuneRequest, last: Any) -> str:
-    """In words, what kept every measured configuration below the target: the cores
-    when the workers' CPU bounds it, else the stage that binds, from the measured
-    breakdown (never storage by default)."""
-    bound = drivers["cpu_bound"]
-    if bound is not None and bound < request.target:
-        return (
-            f"CPU: the workers' CPU ({drivers['cpu_ms']:.1f} ms a batch) on "
-            f"{drivers['cpu_count']} cores allows at most {bound:.2f}: cheaper transforms "
-            "or decode, or more cores"
-        )
+    """In words, what kept every measured configuration below the target: the tighter
+    of the limits that bind, the cores (the workers' CPU) or too few workers for the
+    stage that takes most of a batch's service (storage, decode or transform, from the
+    measured breakdown; never storage by default)."""
+    target = request.target
+    cpu = drivers["cpu_bound"]
+    cpu = cpu if cpu is not None and cpu < target else None
+    few = drivers["workers_needed"] > request.max_workers
+    reach = request.max_workers * drivers["step_ms"] / max(drivers["service_ms"], 1e-9)
     stage, ms = binding_stage(drivers)
     share = f"{stage} takes {ms:.0f} ms of the {drivers['service_ms']:.0f} ms a batch's service"
-    if drivers["workers_needed"] > request.max_workers:
-        return (
-            f"{share}; about {drivers['workers_needed']} busy workers would cover it at the "
-            f"target, --max-workers allows {request.max_workers}. Fix: {FIXES[stage]}"
+    cores = (
+        None
+        if cpu is None
+        else (
+            f"the workers' CPU ({drivers['cpu_ms']:.1f} ms a batch) on {drivers['cpu_count']} "
+            f"cores allows at most {cpu:.2f}"
         )
+    )
+    if cores is not None and (not few or cpu <= reach):
+        return f"CPU: {cores}. Fix: cheaper transforms or decode, or more cores"
+    if few:
+        text = (
+            f"{share}; about {drivers['workers_needed']} busy workers would cover it at the "
+            f"target, --max-workers allows {request.max_workers} (at most {min(reach, 1):.2f})"
+        )
+        if cores is not None:
+            text += f", and beyond that {cores}"
+        return f"{text}. Fix: {FIXES[stage]}"
     if last is not None and not last.feasible:
         return f"{share}; the tuner: {last.reason}"
     return f"{share}, and the configurations measured fell short of their predictions"

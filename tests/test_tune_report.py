@@ -122,7 +122,11 @@ def test_why_names_the_stage_that_binds_not_storage() -> None:
     storage = {**DECODE_BOUND, "read_ms": 942.0, "decode_ms": 30.0}
     assert why_missed(storage, _request(), None).startswith("storage takes 942 ms")
     cpu = {**DECODE_BOUND, "cpu_bound": 0.5}
-    assert why_missed(cpu, _request(), None).startswith("CPU: ")
+    assert why_missed(cpu, _request(max_workers=32), None).startswith("CPU: ")
+    # One worker reaches 0.08 before the cores' 0.5: the workers bind first.
+    few = why_missed(cpu, _request(max_workers=1), None)
+    assert few.startswith("decode takes 942 ms") and "(at most 0.08)" in few
+    assert "beyond that the workers' CPU" in few and "at most 0.50" in few
 
 
 def _row(workers, depth, mib, runs, predicted=float("nan")):
