@@ -325,7 +325,8 @@ def against_measured(
     predicted of it: `every` counts each batch (epoch starts included, as training
     feels them), `in_epoch` leaves epoch starts out (as the tuner judges). `agrees` is
     None until `min_batches` batches; `disagreement` says how they differ and why,
-    when they do by more than twice the standard error (at least 0.05)."""
+    when they do by more than twice the standard error (at least 0.05), or when the
+    prediction meets `target` and the measurement does not."""
     out: dict[str, Any] = {
         "predicted_utilization": predicted,
         "measured_utilization": None,
@@ -343,25 +344,28 @@ def against_measured(
         return out
     noise = max(2.0 * error, 0.05)
     out["agrees"] = abs(predicted - util) <= noise
+    unmet = target is not None and util < target <= predicted
     if target is not None:
         out["target_met_as_measured"] = util >= target
-    if out["agrees"]:
+    if out["agrees"] and not unmet:
         return out
     text = (
         f"predicted {predicted:.2f}, measured {util:.2f} (± {error:.2f}) over the last "
         f"{every.batches} batches of this configuration"
     )
     inside = in_epoch.utilization if in_epoch is not None and in_epoch.batches else None
-    if inside is not None and util < predicted and abs(predicted - inside) <= noise:
+    if inside is not None and util < predicted and inside - util > 0.05:
         text += (
             f"; without each epoch's first batch {inside:.2f}: the epoch starts wait for an "
             "empty pipeline (persistent_workers=True reads them ahead)"
         )
+    elif out["agrees"]:
+        text += " (within the noise of the prediction)"
     elif util < predicted:
         text += ": the service is slower than the plan's estimate"
     else:
         text += ": the service is faster than the plan's estimate"
-    if target is not None and util < target <= predicted:
+    if unmet:
         text += f"; the target {target:.2f} is not met as measured"
     out["disagreement"] = text
     return out

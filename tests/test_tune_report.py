@@ -84,6 +84,16 @@ def test_epoch_starts_are_named_when_they_make_the_difference() -> None:
     assert against_measured(0.98, every, in_epoch, 0.9)["disagreement"] is None
     every, in_epoch = _records(_states(stall_ms=50.0, epoch_stall_ms=50.0, n=8))
     assert against_measured(0.98, every, in_epoch, 0.9)["agrees"] is None
+    # Within the noise of the prediction, but the prediction meets the target and the
+    # measurement does not: said, not passed over.
+    noisy = [
+        TunerState(**{**vars(s), "stall_ms": 1.0 if (i // 8) % 2 else 4.0})
+        for i, s in enumerate(_states(stall_ms=0.0, epoch_stall_ms=0.0))
+    ]
+    every, in_epoch = _records(noisy)
+    said = against_measured(0.90, every, in_epoch, 0.9)
+    assert said["agrees"] is True and said["target_met_as_measured"] is False
+    assert "not met as measured" in said["disagreement"]
 
 
 # --- iolib tune's report -------------------------------------------------------------
