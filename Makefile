@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml setup.py iolib/text/loops.c Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_SPEC)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,s3,lab]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,s3,lab,report]"
 	touch $@
 
 demo: install

@@ -14,14 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.tuner_lab.model import read_observations
 from benchmarks.tuner_lab.training import TrainablePredictor, correction_weight, evaluate
 from predictors.baselines import QueueingModel
-from predictors.model import read_observations
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = [
-    ROOT / "predictors/data/sweep/observations.parquet",
-    ROOT / "predictors/data/sweep2/observations.parquet",
+    ROOT / "benchmarks/tuner_lab/data/sweep/observations.parquet",
+    ROOT / "benchmarks/tuner_lab/data/sweep2/observations.parquet",
 ]
 COLUMNS = ["rows", "r2_throughput", "mdape_throughput", "mae_stall", "p80_util_error"]
 
@@ -103,12 +103,7 @@ def transfer_rows(family: str, seed: int, candidates: int = 12) -> list[dict]:
     s = draw(family, seed)
     rng = np.random.default_rng([seed, 99])
     forecaster = Forecaster(
-        None,
-        target=s.target,
-        budget=s.budget,
-        max_workers=MAX_WORKERS,
-        confidence=0.5,
-        prior_error=0.059,
+        target=s.target, budget=s.budget, max_workers=MAX_WORKERS, prior_error=0.059
     )
     one = s.workload.memory_factor * s.workload.batch_bytes
     grid = forecaster.grid(one, s.workload.cpu_count)
@@ -202,7 +197,7 @@ def transfer(seeds: list[int], out: Path) -> dict:
         + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
         + ". The rule for a weight above 0: at most 0.80 on every family left out.",
         "",
-        "The real sweeps (predictors/data) are not in this table: they hold one row per "
+        "The real sweeps (benchmarks/tuner_lab/data) are not in this table: they hold one row per "
         "configuration run (throughput, stall, p50/p99 batch time), not each batch's "
         "service, so the forecaster's `Service` estimate (its lateness above all) cannot be "
         "rebuilt from them; on them the earlier model (raw inputs) measured worse than "

@@ -36,7 +36,7 @@ def candidates(row: dict[str, Any], run_seed: int = RUN_SEED) -> tuple[list[dict
     oracle's own configuration in that window."""
     s = draw(row["family"], row["seed"])
     one = s.workload.memory_factor * s.workload.batch_bytes
-    forecaster = Forecaster(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
+    forecaster = Forecaster(target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
     rows = [
         {
             "memory": d * one,

@@ -53,7 +53,7 @@ def sweep(s: Scenario) -> list[dict[str, float]]:
     """Every candidate: its memory, its utilization on ten seeds (the oracle's window)
     and on the run seed (the tuners' window)."""
     one = s.workload.memory_factor * s.workload.batch_bytes
-    forecaster = Forecaster(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
+    forecaster = Forecaster(target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
     rows = []
     for w, d in forecaster.grid(one, s.workload.cpu_count):
         runs = [static_windows(s, w, d, seed)[0] for seed in LONG_RUN_SEEDS]
@@ -83,7 +83,7 @@ def clairvoyant(rows: list[dict[str, Any]], goal: float, known: int) -> dict[str
 
 @functools.cache
 def _model() -> Any:
-    from predictors.model import load_default
+    from benchmarks.tuner_lab.model import load_default
 
     return load_default()
 

@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.tuner_lab.synthetic import SimulatedLoader, SimWorkload, run_tuner
 from predictors.baselines import HillClimbTuner, QueueingModel, StaticDefaultTuner
+from predictors.config import CONSTANTS, TunerConfig
 from predictors.forecast import Forecaster
-from predictors.tuner import LearnedTuner
+from predictors.tuner import QueueingTuner
 
 RESULTS = Path(__file__).parent / "results"
 FAMILIES = (
@@ -164,7 +165,7 @@ def oracle(s: Scenario) -> dict[str, Any]:
     `reliable`: the least memory that met the target in every one of the runs (a
     configuration that meets it on average by 0.005 misses it on half the seeds, so a
     tuner that must meet the target nearly always cannot match it)."""
-    forecaster = Forecaster(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
+    forecaster = Forecaster(target=s.target, budget=s.budget, max_workers=MAX_WORKERS)
     one = s.workload.memory_factor * s.workload.batch_bytes
     rows = []
     for w, d in forecaster.grid(one, s.workload.cpu_count):
@@ -239,14 +240,17 @@ def _torch_default(s: Scenario) -> StaticDefaultTuner:
 
 def evaluate(s: Scenario, model: Any, seed: int = 7, **tuner_options: Any) -> dict[str, Any]:
     """`seed`: the run seed (every tuner and the oracle's configuration run on it);
-    `tuner_options`: `TunerConfig` fields for the learned tuner (e.g. online=True)."""
+    `tuner_options`: `TunerConfig` settings or `TunerConstants` fields for the tuner."""
+    settings = {f.name for f in fields(TunerConfig)}
+    constants = replace(CONSTANTS, **{k: v for k, v in tuner_options.items() if k not in settings})
     tuners = {
-        "learned": LearnedTuner(
+        "learned": QueueingTuner(
             model,
             target_utilization=s.target,
             memory_budget_bytes=s.budget,
             max_workers=MAX_WORKERS,
-            **tuner_options,
+            constants=constants,
+            **{k: v for k, v in tuner_options.items() if k in settings},
         ),
         "hill-climb": HillClimbTuner(memory_budget_bytes=s.budget, max_workers=MAX_WORKERS),
         "torch-default": _torch_default(s),
@@ -389,7 +393,7 @@ def write(rows: list[dict[str, Any]], name: str, command: str) -> Path:
 @functools.cache
 def _model(which: str) -> Any:
     """One load per process, not one per scenario."""
-    from predictors.model import load_default
+    from benchmarks.tuner_lab.model import load_default
 
     if which == "default":  # what prefetch="auto" plans with
         return None
@@ -409,20 +413,20 @@ def main() -> None:
     parser.add_argument("--model", choices=["default", "shipped", "queueing"], default="default")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--out", help="results name (default: the seed range's)")
-    parser.add_argument(
-        "--online", action="store_true", help="the tuner's online model (TunerConfig.online)"
-    )
     parser.add_argument("--first", type=int, default=0, help="first seed offset in the range")
     parser.add_argument(
         "--run-seed", type=int, default=7, help="the simulator's noise path (7: every report)"
     )
     parser.add_argument(
-        "--set", nargs="*", default=[], metavar="FIELD=NUMBER", help="TunerConfig fields"
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="FIELD=NUMBER",
+        help="TunerConfig or TunerConstants fields",
     )
     args = parser.parse_args()
 
-    options: dict[str, Any] = {"online": True} if args.online else {}
-    options.update({k: float(v) for k, v in (item.split("=", 1) for item in args.set)})
+    options = {k: float(v) for k, v in (item.split("=", 1) for item in args.set)}
     jobs = [
         (family, SEEDS[args.seeds] + args.first + k, args.model, args.run_seed, options)
         for family in args.families

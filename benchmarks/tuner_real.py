@@ -37,7 +37,6 @@ from benchmarks.tuner_experiments import (
 )
 from iolib import DataLoader
 from predictors.baselines import HillClimbTuner, StaticDefaultTuner
-from predictors.tuner import LearnedTuner
 
 TARGET = 0.9
 
@@ -57,11 +56,8 @@ class RemoteReads(Dataset):
 
 
 def _tuners(max_workers: int) -> dict[str, dict[str, Any]]:
-    # The same controller with the online model (TunerConfig.online): measured, not shipped.
-    online = LearnedTuner(target_utilization=TARGET, max_workers=max_workers, online=True)
     return {
         "learned": {"prefetch": "auto", "num_workers": max_workers, "target_utilization": TARGET},
-        "learned + online model": {"prefetch": online, "num_workers": max_workers},
         "torch-default": {"prefetch": StaticDefaultTuner(), "num_workers": max_workers},
         "hill-climb": {
             "prefetch": HillClimbTuner(max_workers=max_workers),

@@ -72,6 +72,9 @@ class AutoPrefetch:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.states_dropped = 0  # batches the tuner never saw (it fell 1024 behind)
+        # The current configuration's recent batches as the loader measured them, every
+        # one and without epoch starts: what stats() sets beside the tuner's prediction.
+        self._measured: tuple[tuple[int, int], Any, Any] | None = None
 
     @classmethod
     def learned(
@@ -157,6 +160,7 @@ class AutoPrefetch:
             read_cpu_ms=meta.cpu_ms.get("read"),
         )
         self._batch += 1
+        self._measure(state)
         if self._requested is None:
             self._requested = (workers, depth)
         if not self.background or state.batch_index == 0:
@@ -176,6 +180,19 @@ class AutoPrefetch:
         with self._lock:
             change, self._change = self._change, None
         return change
+
+    def _measure(self, state: Any) -> None:
+        """Count the batch toward its configuration's measured utilization (the run's
+        first batch aside: no configuration shortens a cold start)."""
+        from predictors.measure import Measured
+
+        key = (state.workers, state.depth)
+        if self._measured is None or self._measured[0] != key:
+            self._measured = (key, Measured(), Measured())
+        if state.batch_index > 0:
+            self._measured[1].add(state)
+            if not state.epoch_start:
+                self._measured[2].add(state)
 
     def _serve(self, idle_s: float = 5.0) -> None:
         """Decide for each state in turn; exit after `idle_s` without one (observe()
@@ -281,8 +298,18 @@ class AutoPrefetch:
         return wanted
 
     def report(self) -> dict[str, Any]:
-        """What `loader.stats()["tuner"]` shows: decisions with reasons, feasibility."""
+        """What `loader.stats()["tuner"]` shows: decisions with reasons, feasibility,
+        and the current configuration's measured utilization beside its prediction (a
+        feasibility the measurement contradicts is reported as None, not True)."""
+        from predictors.measure import against_measured
+
         last = self.last
+        _, every, in_epoch = self._measured or (None, None, None)
+        predicted = (getattr(last, "predicted", None) or {}).get("utilization")
+        measured = against_measured(predicted, every, in_epoch, self.target)
+        feasible = getattr(last, "feasible", True) if last else None
+        if feasible and measured["disagreement"] and measured["target_met_as_measured"] is False:
+            feasible = None  # predicted to meet it, measured not to: not known
         return {
             "tuner": type(self.tuner).__name__,
             # Which model moves the prior (each decision's `predicted` holds the prior's
@@ -291,9 +318,10 @@ class AutoPrefetch:
             "target_utilization": self.target,
             "memory_budget": self.memory_budget,
             "decisions": list(self.applied),
-            "feasible": getattr(last, "feasible", True) if last else None,
+            "feasible": feasible,
             "bottleneck": getattr(last, "bottleneck", None) if last else None,
             "reason": last.reason if last else "no batch yet",
+            **measured,
             "states_dropped": self.states_dropped,
             # How many earlier runs of this workload the history holds, where this run
             # started from, and why it stopped using them (None: it did not).

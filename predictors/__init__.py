@@ -1,8 +1,9 @@
-"""predictors: the learned model behind iolib's prefetch tuner.
+"""predictors: the controller behind iolib's prefetch tuner.
 
 Imports nothing from `iolib` and works on plain numbers. Names load lazily, so
-importing the package does no work (matplotlib loads on first use). Training,
-the simulator and the scenarios are research and live in `benchmarks/tuner_lab/`.
+importing the package does no work (pandas and matplotlib load only for reports).
+The cross-workload model, its training, the simulator and the scenarios are research
+and live in `benchmarks/tuner_lab/`.
 See predictors/README.md for a map of the modules.
 """
 
@@ -16,19 +17,18 @@ _NAMES = {
     "HillClimbTuner": "predictors.baselines",
     "LearnedTuner": "predictors.tuner",
     "OracleTuner": "predictors.baselines",
-    "Predictor": "predictors.model",
     "QueueingModel": "predictors.baselines",
     "RunHistory": "predictors.history",
     "RunRecord": "predictors.history",
-    "SCHEMA_VERSION": "predictors.features",
+    "QueueingTuner": "predictors.tuner",
+    "SCHEMA_VERSION": "predictors.observations",
     "StaticDefaultTuner": "predictors.baselines",
     "Tuner": "predictors.state",
     "TunerConfig": "predictors.config",
+    "TunerConstants": "predictors.config",
     "TunerState": "predictors.state",
-    "load": "predictors.model",
-    "load_default": "predictors.model",
-    "validate_observations": "predictors.features",
     "WorkloadKey": "predictors.history",
+    "validate_observations": "predictors.observations",
     "write_report": "predictors.report",
 }
 __all__ = sorted(_NAMES)

@@ -1,6 +1,6 @@
 """Baselines the learned model and tuner are measured against, in the same harness.
 
-Predictors (same `fit` / `predict` as `predictors.model.Predictor`):
+Predictors (same `fit` / `predict` as `benchmarks.tuner_lab.model.Predictor`):
 
 - `QueueingModel`: first principles, no learning. A worker spends
   S = latency * ceil(batch_size / rows_per_read) + batch_bytes / bandwidth
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from predictors.errors import TunerConfigError
-from predictors.features import queueing_batches_per_s, validate_observations
+from predictors.observations import queueing_batches_per_s, validate_observations
 from predictors.state import Decision, TunerState, check_budget, check_target
 
 if TYPE_CHECKING:

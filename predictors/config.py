@@ -1,26 +1,26 @@
-"""Every number the online controller uses, in one frozen record.
+"""The controller's numbers, in two frozen records: what a user may set, and constants.
 
-`LearnedTuner(config=TunerConfig(...))` or its keyword arguments (`confidence=0.8`)
-change them; nothing in `predictors.tuner`, `predictors.forecast` or
-`predictors.measure` hides a number of its own. Each field says what it is and why it
-has its value (the measurements are in benchmarks/results/controller-notes.md and
-tuner-history.md).
+`TunerConfig` holds the few settings a user may change (`QueueingTuner(confidence=0.8)`
+or `config=TunerConfig(...)`). `TunerConstants` holds every other number: measured
+once, documented here, and not offered as keyword arguments (the lab replaces them
+with `constants=`). `Forecaster`, `ChangeDetector` and `summarize` read both, so each
+number has one source. The measurements are in benchmarks/results/controller-notes.md
+and tuner-history.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from predictors.errors import TunerConfigError
 
-__all__ = ["TunerConfig"]
+__all__ = ["CONSTANTS", "TunerConfig", "TunerConstants"]
 
 
 @dataclass(frozen=True)
 class TunerConfig:
-    """The controller's parameters and constants (see the module doc)."""
+    """What a user may set (also the tuner's keyword arguments)."""
 
-    # --- the knobs (also LearnedTuner's keyword arguments) --------------------------
     confidence: float = 0.5  # z of the lower confidence bound on utilization
     max_step: float = 8.0  # memory may change by at most this factor per decision
     settle_services: float = 1.0  # service times to wait after a change takes effect
@@ -29,6 +29,52 @@ class TunerConfig:
     shift_headroom: float = 1.5  # reads taken this much slower after a large slowdown
     burst_batches: int = 40  # a slowdown over within this many batches was a burst
     warmup_batches: int = 3  # settled batches before any decision
+
+    def __post_init__(self) -> None:
+        if not self.confidence >= 0.0:
+            raise TunerConfigError(
+                f"`confidence` must be at least 0. Found: {self.confidence!r}. "
+                "Fix: 0 plans on the point prediction; 0.5 is the default."
+            )
+        if not self.max_step > 1.0:
+            raise TunerConfigError(
+                f"`max_step` must be above 1. Found: {self.max_step!r}. "
+                "Fix: 8 (memory may change eightfold per decision) is the default."
+            )
+        if not self.shift_headroom >= 1.0:
+            raise TunerConfigError(
+                f"`shift_headroom` must be at least 1. Found: {self.shift_headroom!r}. "
+                "Fix: 1 plans for the service as measured; 1.5 is the default."
+            )
+        if not self.burst_batches >= 0:
+            raise TunerConfigError(
+                f"`burst_batches` must be at least 0. Found: {self.burst_batches!r}. "
+                "Fix: 0 reads every slowdown as a new regime; 40 is the default."
+            )
+
+    @classmethod
+    def with_overrides(cls, base: TunerConfig | None = None, **overrides: object) -> TunerConfig:
+        """`base` (default: the defaults) with the named settings replaced; a constant's
+        name or an unknown one is refused."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            constants = sorted(set(unknown) & {f.name for f in fields(TunerConstants)})
+            hint = (
+                f" {constants} are constants (`TunerConstants`, for the lab: `constants=`)."
+                if constants
+                else ""
+            )
+            raise TunerConfigError(
+                f"Unknown tuner parameter(s) {unknown}.{hint} Fix: use one of {sorted(names)}."
+            )
+        return replace(base or cls(), **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class TunerConstants:
+    """Every other number the controller uses; each says what it is and why."""
+
     # --- regimes ----------------------------------------------------------------------
     large_slowdown: float = 4.0  # a service this many times slower is a new regime
     transient_level: float = 1.5  # back within this factor of before: the burst is over
@@ -67,15 +113,13 @@ class TunerConfig:
     record_keep: int = 8  # blocks a record keeps (older ones drop out)
     record_unknown_error: float = 0.1  # a record's standard error before two blocks
     # --- the prior --------------------------------------------------------------------
-    prior_mdape: float = 0.04  # the queueing prior's median throughput error, unseen groups
+    # The queueing prior's errors measured on the real sweeps (grouped cross-validation,
+    # benchmarks/tuner_lab): its median throughput error on unseen groups, and its
+    # utilization error.
+    prior_mdape: float = 0.04351248001718577
+    prior_spread: float = 0.12505449055369317
     mdape_to_sigma: float = 1.4826  # a normal's sd per median absolute deviation
     prior_error_floor: float = 0.03  # the prior's log error is at least this
-    prior_spread: float = 0.1  # the prior's utilization error when the model has none
-    # What the tuner plans with when no model is named (the prior alone): the errors
-    # measured on the real sweeps (predictors/data, grouped cross-validation), the
-    # numbers the shipped model file carried while its correction weight was 0.
-    default_prior_mdape: float = 0.04351248001718577
-    default_prior_spread: float = 0.12505449055369317
     cores_share: float = 0.8  # share of the cores the workers keep busy (Python's lock)
     # ... learned in the run from the CPU stages' time over their CPU (`fit_cores_share`):
     share_sd: float = 0.15  # the prior's sd of it (processes use every core: 1.0)
@@ -90,41 +134,20 @@ class TunerConfig:
     # 962, 794, 24; with the recheck above 962, 797, 25 (0.3 and 0.4 for `confidence`
     # met less often and held more memory).
     near_best: float = 0.02
-    # --- the online model (`online=True`) ----------------------------------------------
-    online: bool = False  # share measured errors with neighbouring configurations
-    online_length: float = 1.0  # its kernel's length, in log2 of workers and of depth
-    online_sd: float = 0.5  # its prior sd of the log stall factor
-    online_stall_floor: float = 0.02  # added to stalls before their log is taken
-    online_min_batches: int = 16  # a record shorter than this does not teach it
-    online_censor: bool = False  # drop saturated records better than predicted (worse)
-    online_narrow: bool = False  # narrow the bound by the posterior sd (measured: worse)
 
     def __post_init__(self) -> None:
-        if not self.shift_headroom >= 1.0:
-            raise TunerConfigError(
-                f"`shift_headroom` must be at least 1. Found: {self.shift_headroom!r}. "
-                "Fix: 1 plans for the service as measured; 1.5 is the default."
-            )
         if not self.recheck_factor >= 1.0:
             raise TunerConfigError(
                 f"`recheck_factor` must be at least 1. Found: {self.recheck_factor!r}. "
                 "Fix: 1.5 is the default; inf never remakes an unreachable plan."
             )
-        if not self.burst_batches >= 0:
-            raise TunerConfigError(
-                f"`burst_batches` must be at least 0. Found: {self.burst_batches!r}. "
-                "Fix: 0 reads every slowdown as a new regime; 40 is the default."
-            )
 
-    @classmethod
-    def with_overrides(cls, base: TunerConfig | None = None, **overrides: object) -> TunerConfig:
-        """`base` (default: the defaults) with the named fields replaced."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise TunerConfigError(
-                f"Unknown tuner parameter(s) {unknown}. Fix: use one of {sorted(names)}."
-            )
-        values = {f.name: getattr(base or cls(), f.name) for f in fields(cls)}
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+    @property
+    def prior_error(self) -> float:
+        """The prior's typical log error on throughput: `mdape_to_sigma` x its median
+        absolute percentage error on unseen groups (a normal's sd), at least
+        `prior_error_floor`."""
+        return max(self.prior_error_floor, self.mdape_to_sigma * self.prior_mdape)
+
+
+CONSTANTS = TunerConstants()

@@ -2,8 +2,7 @@
 bound, and the choice: the least memory whose lower bound meets the goal.
 
 The prediction is a physical prior from what was measured (Plumber's lesson: measured
-rates under the machine's limits generalize), corrected by the learned model only as
-far as its measured skill on unseen families allows (`Predictor.correction_weight`):
+rates under the machine's limits generalize):
 
 - queueing: `a = min(workers, depth)` workers each take S(a) ms a batch, so they
   deliver a / S(a) batches per ms, and utilization is that times the step (Little's
@@ -23,18 +22,16 @@ So utilization = step / (interval + lateness), interval = max(step, S(a) / a).
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
 import numpy as np
 
+from predictors.config import CONSTANTS, TunerConfig, TunerConstants
 from predictors.measure import Service
-from predictors.state import Decision, PerformanceModel, name_bottleneck, stage_text
+from predictors.state import Decision, name_bottleneck, stage_text
 
 __all__ = ["DEPTH_GRID", "Forecaster"]
-
-log = logging.getLogger(__name__)
 
 DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -42,35 +39,31 @@ DEPTH_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 class Forecaster:
     """Predicts candidates from a `Service` estimate and chooses among them.
 
-    `confidence`: z of the lower bound (1.0: about 84 % one-sided); `prior_error`: the
-    prior's typical log error on throughput; `cores_share`: the share of the cores the
-    workers can keep busy (Python's lock held a threaded loader to about 0.75 of 2).
+    Its numbers come from `config` (`confidence`: z of the lower bound) and `constants`
+    (`near_best`, `cores_share`: the share of the cores the workers can keep busy, and
+    `prior_error`: the prior's typical log error on throughput, unless given).
     """
 
     def __init__(
         self,
-        model: PerformanceModel | None,
         *,
         target: float,
         budget: float | None,
         max_workers: int | None,
         max_depth: int = 64,
-        confidence: float = 1.0,
-        prior_error: float = 0.06,
-        cores_share: float = 0.8,
-        near_best: float = 0.01,
+        config: TunerConfig | None = None,
+        constants: TunerConstants = CONSTANTS,
+        prior_error: float | None = None,
     ) -> None:
-        self.model = model
+        config = config or TunerConfig()
         self.target = target
         self.budget = budget
         self.max_workers = max_workers
         self.max_depth = max_depth
-        self.confidence = confidence
-        self.prior_error = prior_error
-        self.cores_share = cores_share
-        self.near_best = near_best
-        self.weight = float(getattr(model, "correction_weight", 0.0) or 0.0)
-        self.last_prior: np.ndarray = np.zeros(0)  # the last prediction before any correction
+        self.confidence = config.confidence
+        self.prior_error = constants.prior_error if prior_error is None else prior_error
+        self.cores_share = constants.cores_share
+        self.near_best = constants.near_best
 
     def grid(self, batch_bytes: float, cpu_count: int) -> list[tuple[int, int]]:
         """Every (workers, depth) within the budget, no more workers than depth (the
@@ -89,7 +82,6 @@ class Forecaster:
         est: Service,
         cpu_count: int,
         calibration: Any = None,
-        features: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Point prediction and lower bound of utilization for each candidate.
         `calibration` (`tuner.Calibration`, None: none): factors learned from measured
@@ -105,29 +97,7 @@ class Forecaster:
         point = self.utilization(headroom, depth, service, est, depth_scale)
         low = headroom * math.exp(-self.confidence * sigma)
         lower = self.utilization(low, depth, service, est, depth_scale)
-        self.last_prior = point
-        if self.weight > 0 and self.model is not None and features is not None:
-            shift = self.safe_correction(grid, features)
-            point, lower = np.clip(point + shift, 0, 1), np.clip(lower + shift, 0, 1)
         return point, lower
-
-    def safe_correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
-        """`correction`, or none: a model that fails or answers other than finite
-        numbers is dropped for the rest of the run (the prior plans alone), never
-        raised into the training loop."""
-        try:
-            shift = np.asarray(self.correction(grid, features), dtype=float)
-            if shift.shape != (len(grid),) or not np.all(np.isfinite(shift)):
-                raise ValueError(f"the correction is not {len(grid)} finite numbers")
-        except Exception as exc:  # a broken model degrades tuning, never the run
-            log.warning(
-                "predictors: the learned model failed (%s: %s); planning from the prior alone.",
-                type(exc).__name__,
-                exc,
-            )
-            self.weight = 0.0
-            return np.zeros(len(grid))
-        return shift
 
     def utilization(
         self,
@@ -171,21 +141,6 @@ class Forecaster:
         `new_active` busy workers (the cores' contention)."""
         after, before = self.service_at(est, new_active), self.service_at(est, active)
         return float(after / max(float(before), 1e-6))
-
-    def correction(self, grid: list[tuple[int, int]], features: dict[str, Any]) -> np.ndarray:
-        """The learned model's departure from its own queueing baseline, weighted by its
-        skill on unseen families and bounded by its measured error."""
-        import pandas as pd
-
-        from predictors.baselines import QueueingModel
-
-        frame = pd.DataFrame(grid, columns=["workers", "depth"])
-        for name, value in features.items():
-            frame[name] = value
-        learned = self.model.predict(frame)["utilization"].to_numpy()  # type: ignore[union-attr]
-        prior = QueueingModel().predict(frame)["utilization"].to_numpy()
-        error = float(getattr(self.model, "utilization_error", 0.1))
-        return self.weight * np.clip(learned - prior, -error, error)
 
     def choose(
         self,

@@ -13,15 +13,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import fmean, median
+from typing import Any
 
 import numpy as np
 
+from predictors.config import CONSTANTS, TunerConfig, TunerConstants
 from predictors.state import TunerState
 
 __all__ = [
     "ChangeDetector",
     "Measured",
     "Service",
+    "against_measured",
     "fit_cores_share",
     "service_spread",
     "summarize",
@@ -36,9 +39,9 @@ class Measured:
     independent; blocks nearly are). Old blocks drop out: a long record of a regime
     the detector missed must not outvote what the configuration does now."""
 
-    block: int = 8
-    keep: int = 8
-    unknown: float = 0.1  # the standard error before two blocks
+    block: int = CONSTANTS.record_block
+    keep: int = CONSTANTS.record_keep
+    unknown: float = CONSTANTS.record_unknown_error  # the standard error before two blocks
     batches: int = 0
     blocks: list[tuple[float, float]] = field(default_factory=list)
     _open: list[float] = field(default_factory=lambda: [0.0, 0.0])
@@ -167,12 +170,17 @@ def fit_cores_share(
     return float(shares[int(np.argmin(score))])
 
 
-def summarize(states: list[TunerState], cores_share: float = 0.8, learned: bool = False) -> Service:
+def summarize(
+    states: list[TunerState], cores_share: float | None = None, learned: bool = False
+) -> Service:
     """The service estimate from settled batches, possibly of several configurations
     of one regime (means: the throughput a worker gives is one over its mean service
     time, tails included). Each batch's waiting part is its service less its CPU at
-    the contention it was measured under (`cores_share` of the cores usable;
-    `learned`: it came from `fit_cores_share`, and predictions use it too)."""
+    the contention it was measured under (`cores_share` of the cores usable, None: the
+    prior's, `TunerConstants.cores_share`; `learned`: it came from `fit_cores_share`,
+    and predictions use it too)."""
+    if cores_share is None:
+        cores_share = CONSTANTS.cores_share
     last = states[-1]
     cpu = [s.cpu_ms for s in states if s.cpu_ms is not None]
     read_cpu = [s.read_cpu_ms for s in states if s.read_cpu_ms is not None]
@@ -205,7 +213,8 @@ class ChangeDetector:
     """Two-sided CUSUM on log service time: a regime shift (storage slowing tenfold,
     or recovering) is a lasting move of the mean, not one slow read.
 
-    The reference (median and spread of log service) comes from the first
+    Its numbers are `config.shift_threshold` and the `detector_*` constants. The
+    reference (median and spread of log service) comes from the first
     `reference_batches` samples after each `reset`; a configuration change moves it by
     the contention the change is expected to cause (`rebase`), which is no shift. Each
     later sample adds its standardized deviation, clipped at `clip` so one outlier
@@ -223,17 +232,14 @@ class ChangeDetector:
     """
 
     def __init__(
-        self,
-        threshold: float = 8.0,
-        drift: float = 0.5,
-        clip: float = 4.0,
-        reference_batches: int = 8,
-        min_sigma: float = 0.25,
-        large: float = 4.0,
+        self, config: TunerConfig | None = None, constants: TunerConstants = CONSTANTS
     ) -> None:
-        self.threshold, self.drift, self.clip = threshold, drift, clip
-        self.reference_batches, self.min_sigma = reference_batches, min_sigma
-        self.large = large
+        config = config or TunerConfig()
+        self.threshold = config.shift_threshold
+        self.drift, self.clip = constants.detector_drift, constants.detector_clip
+        self.reference_batches = constants.detector_reference
+        self.min_sigma = constants.detector_min_sigma
+        self.large = constants.large_slowdown
         self.reset()
 
     def reset(self, level: float | None = None, word: str | None = None) -> None:
@@ -306,3 +312,60 @@ class ChangeDetector:
             return None
         self._level, self.run = None, self.reference_batches  # the reference stands
         return word
+
+
+def against_measured(
+    predicted: float | None,
+    every: Measured | None,
+    in_epoch: Measured | None,
+    target: float | None,
+    min_batches: int = 2 * CONSTANTS.record_block,
+) -> dict[str, Any]:
+    """What the loader measured of the current configuration beside what the tuner
+    predicted of it: `every` counts each batch (epoch starts included, as training
+    feels them), `in_epoch` leaves epoch starts out (as the tuner judges). `agrees` is
+    None until `min_batches` batches; `disagreement` says how they differ and why,
+    when they do by more than twice the standard error (at least 0.05), or when the
+    prediction meets `target` and the measurement does not."""
+    out: dict[str, Any] = {
+        "predicted_utilization": predicted,
+        "measured_utilization": None,
+        "measured_standard_error": None,
+        "measured_batches": 0 if every is None else every.batches,
+        "agrees": None,
+        "target_met_as_measured": None,
+        "disagreement": None,
+    }
+    if every is None or every.batches == 0:
+        return out
+    util, error = every.utilization, every.standard_error
+    out.update(measured_utilization=util, measured_standard_error=error)
+    if predicted is None or every.batches < min_batches:
+        return out
+    noise = max(2.0 * error, 0.05)
+    out["agrees"] = abs(predicted - util) <= noise
+    unmet = target is not None and util < target <= predicted
+    if target is not None:
+        out["target_met_as_measured"] = util >= target
+    if out["agrees"] and not unmet:
+        return out
+    text = (
+        f"predicted {predicted:.2f}, measured {util:.2f} (± {error:.2f}) over the last "
+        f"{every.batches} batches of this configuration"
+    )
+    inside = in_epoch.utilization if in_epoch is not None and in_epoch.batches else None
+    if inside is not None and util < predicted and inside - util > 0.05:
+        text += (
+            f"; without each epoch's first batch {inside:.2f}: the epoch starts wait for an "
+            "empty pipeline (persistent_workers=True reads them ahead)"
+        )
+    elif out["agrees"]:
+        text += " (within the noise of the prediction)"
+    elif util < predicted:
+        text += ": the service is slower than the plan's estimate"
+    else:
+        text += ": the service is faster than the plan's estimate"
+    if unmet:
+        text += f"; the target {target:.2f} is not met as measured"
+    out["disagreement"] = text
+    return out

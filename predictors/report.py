@@ -58,9 +58,31 @@ def _verdict(r: dict[str, Any], target: float) -> str:
         )
     why = r.get("why_missed") or "no configuration measured reached it"
     return (
-        f"**The target {target:.2f} was not met.** The best configuration measured is "
+        f"**Target missed: {target:.2f} was not met.** The configuration recommended is "
         f"**{_workers(w)}, prefetch depth {d}** at {util:.2f}. Why: {why}."
     )
+
+
+def _snippet(r: dict[str, Any], target: float) -> str:
+    """The loader as measured: every setting the runs used, then the tuned alternative."""
+    args = dict(r.get("loader_args") or {"batch_size": "..."})
+    fixed = {**args, "num_workers": str(r["workers"]), "prefetch": str(r["depth"])}
+    auto = {**args, "prefetch": '"auto"', "target_utilization": f"{target}"}
+
+    def call(values: dict[str, str]) -> str:
+        inner = "".join(f"    {k}={v},\n" for k, v in values.items())
+        return f"loader = DataLoader(\n    dataset,\n{inner})"
+
+    head = "from iolib.images import ImagePipeline\n\n" if "decode" in args else ""
+    return head + call(fixed) + "\n# or let the loader keep adjusting on its own:\n" + call(auto)
+
+
+def _range(row: Any) -> str:
+    low, high = getattr(row, "measured_low", None), getattr(row, "measured_high", None)
+    repeats = int(getattr(row, "repeats", 1) or 1)
+    if repeats < 2 or low is None or high is None:
+        return "-"
+    return f"{low:.2f}–{high:.2f} ({repeats} runs)"
 
 
 def build_sections(
@@ -84,14 +106,13 @@ def build_sections(
             "time, holding as little memory as possible.",
             _verdict(r, target),
             f"Probe: {r['probe_batches']} batches over {r['probe_epochs']} epoch(s); each "
-            f"configuration below then ran {r['verify_batches']} batches on its own.",
+            f"configuration below then ran {r['verify_batches']} batches on its own"
+            + (f", {r['repeats']} times, interleaved." if r.get("repeats", 1) > 1 else "."),
+            *([f"Decoder: {r['decoder']}."] if r.get("decoder") else []),
+            *([r["cheaper_within_noise"] + "."] if r.get("cheaper_within_noise") else []),
+            *([r["step_note"]] if r.get("step_note") else []),
         ],
-        code=(
-            f"loader = DataLoader(dataset, batch_size=..., num_workers={w}, prefetch={d})\n"
-            "# or let the loader keep adjusting on its own:\n"
-            f'loader = DataLoader(dataset, batch_size=..., prefetch="auto", '
-            f"target_utilization={target})"
-        ),
+        code=_snippet(r, target),
     )
     columns = [
         "workers",
@@ -109,19 +130,31 @@ def build_sections(
             _num(row.predicted_utilization),
             _num(row.measured_utilization)
             + (" (recommended)" if (row.workers, row.depth) == (w, d) else ""),
+            _range(row),
             _mib(row.memory_bytes),
             _num(row.samples_per_s, "{:,.0f}"),
         ]
         for row in shown.itertuples()
     ]
-    header = ["workers", "depth", "predicted", "measured", "memory held", "samples/s"]
+    header = ["workers", "depth", "predicted", "measured", "spread", "memory held", "samples/s"]
+    notes = r.get("prediction_notes") or []
+    said = (
+        "Prediction against measurement: off by more than the noise for "
+        + "; ".join(notes)
+        + ". The prediction comes from the probe's measured service; where it is off, "
+        "the measurement decides."
+        if notes
+        else "Prediction against measurement: within the noise for every configuration."
+    )
     runs = Section(
         "What was measured",
         [
             "Each configuration ran on its own; utilization is the step's share of the "
             "time (step / (step + wait)) over every batch but the run's first, each "
             "epoch's first batch included (it waits for an empty pipeline unless "
-            "persistent workers read it ahead)."
+            "persistent workers read it ahead). `measured` is the mean over the runs, "
+            "`spread` the lowest and highest run.",
+            said,
         ],
         [(header, rows)],
         image=plot,

@@ -2,17 +2,15 @@
 
 `TunerState` is one batch of the loader's telemetry as plain numbers, `Decision` the
 configuration a tuner returns; `Tuner` and `PerformanceModel` are the two protocols.
-`state_features` turns measured stage times into the model's configuration-free
-features; `name_bottleneck` says which stage limits (storage, decode, transform, or
+`name_bottleneck` says which stage limits (storage, decode, transform, or
 `cpu` when the workers' reads keep the cores busy). No decisions here: those are in
-`predictors.tuner` (learned) and `predictors.baselines`.
+`predictors.tuner` (the queueing tuner) and `predictors.baselines`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from predictors.errors import TunerConfigError
 
@@ -30,7 +28,6 @@ __all__ = [
     "cpu_share",
     "name_bottleneck",
     "stage_text",
-    "state_features",
 ]
 
 
@@ -134,43 +131,6 @@ def check_budget(budget: float | None, one_batch_bytes: float) -> None:
         )
 
 
-def state_features(state: TunerState) -> dict[str, Any]:
-    """The model's feature and config columns from one batch of telemetry.
-
-    Measured times depend on the configuration they were measured under; the features
-    must not. Two sharing assumptions undo that, with `active = min(workers, depth)`:
-    cores are shared, so decode time is divided by max(1, active / cpu_count); storage
-    bandwidth is shared, so the measured read time is matched to
-    `latency * requests + active * bytes / bandwidth` by scaling the probe's latency
-    and bandwidth together (a storage slowdown shows in both). Without a probe the
-    read time is all latency (the usual case for remote storage).
-    """
-    active = max(1, min(state.workers, state.depth))
-    requests = math.ceil(state.batch_size / state.rows_per_read)
-    decode = (state.decode_ms + state.transform_ms) / max(1.0, active / state.cpu_count)
-    latency, bandwidth = state.storage_latency_ms, state.storage_bandwidth_mbps
-    if latency is not None and bandwidth:
-        probe_read = latency * requests + active * state.bytes_per_batch / (bandwidth * 1e3)
-        scale = state.read_ms / probe_read if probe_read > 0 else 1.0
-        latency, bandwidth = latency * scale, bandwidth / max(scale, 1e-9)
-    else:
-        latency, bandwidth = state.read_ms / requests, 1e6
-    return {
-        "bytes_per_sample": state.bytes_per_batch / state.batch_size,
-        "decode_ms_per_sample": decode / state.batch_size,
-        "storage_latency_ms": latency,
-        "storage_bandwidth_mbps": bandwidth,
-        "batch_size": state.batch_size,
-        "step_ms": state.step_ms,
-        "rows_per_read": state.rows_per_read,
-        "cpu_count": state.cpu_count,
-        "shuffle": "none",
-        "cache": False,
-    }
-
-
-# Share of the cores the workers' CPU must fill to call the loader CPU-bound. Python's
-# lock keeps a threaded loader below all cores (about 0.75 of 2 for Parquet reads).
 CPU_BUSY = 0.6
 
 

@@ -30,16 +30,15 @@ Loop, per batch (`decide`):
    once they serve `recheck_factor` times faster than it expected (a tail in the
    first batches inflated the mean it was judged from).
 
-Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, and every
-number of `predictors.config.TunerConfig` (`confidence`: z of the lower bound,
+Parameters: `target_utilization`, `memory_budget_bytes`, `max_workers`, and the user
+settings of `predictors.config.TunerConfig` (`confidence`: z of the lower bound,
 `max_step`: memory factor per step, `settle_services`, `window_services`, the
-detector's `shift_threshold`, `shift_headroom`, `burst_batches`, ...), as keyword
-arguments or one `config=`. With `online=True` a Gaussian process on the prior's
-measured errors (the prior as its mean) carries one configuration's measurement to
-its neighbours (`_online`); measured in benchmarks/results/model-transfer.md.
+detector's `shift_threshold`, `shift_headroom`, `burst_batches`, `warmup_batches`), as
+keyword arguments or one `config=`. Every other number is a `TunerConstants` field
+(`constants=`, for the lab).
 
 Example:
-    >>> tuner = LearnedTuner(QueueingModel(), target_utilization=0.9, memory_budget_bytes=2**31)
+    >>> tuner = QueueingTuner(target_utilization=0.9, memory_budget_bytes=2**31)
     >>> decision = tuner.decide(state)            # state: a TunerState from telemetry
     >>> engine.set_workers(decision.workers); engine.set_depth(decision.depth)
 """
@@ -55,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from predictors.config import TunerConfig
+from predictors.config import CONSTANTS, TunerConfig, TunerConstants
 from predictors.forecast import Forecaster
 from predictors.measure import (
     ChangeDetector,
@@ -72,15 +71,21 @@ from predictors.state import (
     TunerState,
     check_budget,
     check_target,
-    state_features,
 )
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from predictors.history import WarmStart
 
-__all__ = ["Decision", "LearnedTuner", "PerformanceModel", "Tuner", "TunerConfig", "TunerState"]
+__all__ = [
+    "Decision",
+    "LearnedTuner",
+    "PerformanceModel",
+    "QueueingTuner",
+    "Tuner",
+    "TunerConfig",
+    "TunerConstants",
+    "TunerState",
+]
 
 
 @dataclass(frozen=True)
@@ -107,8 +112,8 @@ class Episode:
 @dataclass(frozen=True)
 class Plan:
     """The last plan's candidates and what was predicted of them, for reports: the
-    prior's point, the online model's change and its standard deviation (0 without
-    one), the final point and lower bound after measurements, and memory."""
+    prior's point, a model's change and its standard deviation (0 without one), the
+    final point and lower bound after measurements, and memory."""
 
     grid: list[tuple[int, int]]
     prior: np.ndarray
@@ -124,11 +129,15 @@ class Plan:
         return self.est.service_ms
 
 
-class LearnedTuner:
-    """Least memory whose lower confidence bound meets the target; see the module doc.
+class QueueingTuner:
+    """Least memory whose lower confidence bound meets the target, planned with the
+    queueing prior and corrected by measurement; see the module doc.
 
-    Every number it uses is in `config` (`TunerConfig`); keyword arguments named like
-    its fields (`confidence=0.8`, `online=True`) replace them.
+    `model`: the prior (None: `QueueingModel` with the errors measured on the real
+    sweeps); its `utilization_error` and `metrics["queueing_mdape_throughput"]` set how
+    far its predictions may be off. The user settings are `config` (`TunerConfig`);
+    keyword arguments named like its fields (`confidence=0.8`) replace them. Every other
+    number is in `constants` (`TunerConstants`).
     """
 
     def __init__(
@@ -141,36 +150,29 @@ class LearnedTuner:
         max_depth: int = 64,
         start: tuple[int, int] = (1, 1),
         config: TunerConfig | None = None,
+        constants: TunerConstants = CONSTANTS,
         warm: WarmStart | None = None,
         **overrides: Any,
     ) -> None:
         cfg = TunerConfig.with_overrides(config, **overrides)
         if model is None:
-            model = _default_model(cfg)
+            model = _default_model(constants)
         self.model = model
         self.config = cfg
+        self.constants = constants
         self.target = check_target(target_utilization)
         self.budget = memory_budget_bytes
         self.start = start
         self.forecaster = Forecaster(
-            model,
             target=self.target,
             budget=memory_budget_bytes,
             max_workers=max_workers,
             max_depth=max_depth,
-            confidence=cfg.confidence,
-            prior_error=_prior_error(model, cfg),
-            cores_share=cfg.cores_share,
-            near_best=cfg.near_best,
+            config=cfg,
+            constants=constants,
+            prior_error=_prior_error(model, constants),
         )
-        self.detector = ChangeDetector(
-            threshold=cfg.shift_threshold,
-            drift=cfg.detector_drift,
-            clip=cfg.detector_clip,
-            reference_batches=cfg.detector_reference,
-            min_sigma=cfg.detector_min_sigma,
-            large=cfg.large_slowdown,
-        )
+        self.detector = ChangeDetector(cfg, constants)
         self.history: list[tuple[int, Decision]] = []  # every change, with its batch
         self._current = Decision(*start, f"safe start: {start[0]} worker(s), depth {start[1]}")
         # A warm run (predictors.history): it starts where earlier runs met the target and
@@ -193,21 +195,21 @@ class LearnedTuner:
         self._calibration = Calibration()
         self._last: Plan | None = None
         self._unreachable_ms: float | None = None  # what an unreachable plan expected here
-        # How far a prediction may be off in utilization: the model's measured error.
-        self._prior_spread = float(getattr(model, "utilization_error", cfg.prior_spread))
+        # How far a prediction may be off in utilization: the prior's measured error.
+        self._prior_spread = float(getattr(model, "utilization_error", constants.prior_spread))
         if warm is not None and warm.reference_ms:
             # The detector's reference is what the history measured at the start, so a
             # run whose service differs from it alarms as a regime shift would.
-            for ms in warm.reference_ms[-cfg.detector_reference :]:
+            for ms in warm.reference_ms[-constants.detector_reference :]:
                 self.detector.update(ms)
             self._settle_ms = cfg.settle_services * median(warm.reference_ms)
 
     def _new_record(self) -> Measured:
-        c = self.config
-        return Measured(block=c.record_block, keep=c.record_keep, unknown=c.record_unknown_error)
+        k = self.constants
+        return Measured(block=k.record_block, keep=k.record_keep, unknown=k.record_unknown_error)
 
     def decide(self, state: TunerState) -> Decision:
-        c = self.config
+        c, k = self.config, self.constants
         check_budget(self.budget, state.one_batch_bytes)
         if not self.history:
             self.history.append((state.batch_index, self._current))
@@ -226,14 +228,14 @@ class LearnedTuner:
             self._settle_ms -= state.step_ms + state.stall_ms
             return self._current
         self._samples.append(state)
-        self._regime = [*self._regime[-(c.regime_window - 1) :], state]
-        self._evidence = [*self._evidence[-(c.regime_window - 1) :], state]
+        self._regime = [*self._regime[-(k.regime_window - 1) :], state]
+        self._evidence = [*self._evidence[-(k.regime_window - 1) :], state]
         self._since_plan += 1
         self._records[config].add(state)
         shift = self.detector.update(state.service_ms)
         self._check_warm(shift)
         if shift is not None:
-            fresh = max(self.detector.run, c.fresh_batches)
+            fresh = max(self.detector.run, k.fresh_batches)
             before = self._last.service_ms if self._last else float("nan")
             after = summarize(self._samples[-fresh:]).service_ms
             if shift == "faster" and self._transient(state, after):
@@ -246,7 +248,7 @@ class LearnedTuner:
             self._records.clear()
             self._records[config] = self._record(self._samples)
             self._calibration = Calibration()
-            headroom = c.shift_headroom if after >= c.large_slowdown * before else 1.0
+            headroom = c.shift_headroom if after >= k.large_slowdown * before else 1.0
             why = f"regime shift ({shift}: service {before:.1f} -> {after:.1f} ms"
             why += f"; reads taken {headroom:g}x slower until measured)" if headroom > 1 else ")"
             jump = after / before if after > before else 1.0  # nan compares False
@@ -267,7 +269,7 @@ class LearnedTuner:
         if warm is None or self.warm_set_aside is not None:
             return
         self._warm_batches += 1
-        if self._warm_batches > 2 * self.config.detector_reference:
+        if self._warm_batches > 2 * self.constants.detector_reference:
             return
         why = None
         if shift is not None:
@@ -292,11 +294,11 @@ class LearnedTuner:
         """The last plan judged the target out of reach, and the current
         configuration's settled batches serve `recheck_factor` times faster than that
         plan expected of them: what made it unreachable is no longer measured."""
-        c = self.config
-        if self._unreachable_ms is None or len(self._samples) < c.recheck_batches:
+        k = self.constants
+        if self._unreachable_ms is None or len(self._samples) < k.recheck_batches:
             return False
         measured = fmean(s.service_ms for s in self._samples)
-        return measured * c.recheck_factor < self._unreachable_ms
+        return measured * k.recheck_factor < self._unreachable_ms
 
     def _replan_unreachable(self, state: TunerState) -> Decision:
         """The plan remade from the current configuration's batches alone (a tail in
@@ -314,15 +316,15 @@ class LearnedTuner:
         """The share of the cores the workers' CPU is spread over, as this run's
         settled batches show it (`measure.fit_cores_share`, the prior's as its prior).
         Its evidence is kept across regime shifts: a storage shift leaves it be."""
-        c = self.config
+        k = self.constants
         return fit_cores_share(
             self._evidence,
             self.forecaster.cores_share,
-            c.share_sd,
-            c.share_noise,
-            c.record_block,
-            c.share_batches,
-            np.linspace(*c.share_bounds, c.share_grid),
+            k.share_sd,
+            k.share_noise,
+            k.record_block,
+            k.share_batches,
+            np.linspace(*k.share_bounds, k.share_grid),
         )
 
     def _transient(self, state: TunerState, after: float) -> bool:
@@ -331,13 +333,13 @@ class LearnedTuner:
         burst, not a regime: the burst's batches join the regime before it, so the
         lateness they caused is planned for (a burst dropped with its regime comes
         back, and the depth it needs was given up)."""
-        c = self.config
+        c, k = self.config, self.constants
         episode, self._episode = self._episode, None
         if episode is None or state.batch_index - episode.batch > c.burst_batches:
             return False
-        if not episode.level / c.large_slowdown < after <= c.transient_level * episode.level:
+        if not episode.level / k.large_slowdown < after <= k.transient_level * episode.level:
             return False  # not back: still slower, or a large change (a regime)
-        self._regime = [*episode.regime, *self._regime][-c.regime_window :]
+        self._regime = [*episode.regime, *self._regime][-k.regime_window :]
         for key, record in episode.records.items():
             self._records.setdefault(key, record)
         return True
@@ -345,7 +347,7 @@ class LearnedTuner:
     def _due(self) -> bool:
         """A decision is due when the record's interval excludes the goal, or a window
         of `window_services` service times (at least the warm-up) is full."""
-        c = self.config
+        c, k = self.config, self.constants
         n = self._since_plan
         if n < c.warmup_batches:
             return False
@@ -353,18 +355,18 @@ class LearnedTuner:
             return True
         record = self._records[(self._current.workers, self._current.depth)]
         margin = c.confidence * record.standard_error
-        return n >= c.early_batches and abs(record.utilization - self.target) > max(
-            margin, c.margin_floor
+        return n >= k.early_batches and abs(record.utilization - self.target) > max(
+            margin, k.margin_floor
         )
 
     def _window(self) -> int:
         """Batches in `window_services` service times at the current pace."""
-        c = self.config
-        recent = self._samples[-c.pace_samples :]
+        c, k = self.config, self.constants
+        recent = self._samples[-k.pace_samples :]
         service = median(s.service_ms for s in recent)
-        pace = max(median(s.step_ms for s in recent), c.min_pace_ms)
+        pace = max(median(s.step_ms for s in recent), k.min_pace_ms)
         return max(
-            c.warmup_batches, min(c.max_window, math.ceil(c.window_services * service / pace))
+            c.warmup_batches, min(k.max_window, math.ceil(c.window_services * service / pace))
         )
 
     def _plan(
@@ -375,7 +377,7 @@ class LearnedTuner:
         headroom: float = 1.0,
         jump: float = 1.0,
     ) -> Decision:
-        c = self.config
+        c, k = self.config, self.constants
         self._since_plan = 0
         est = self._pooled(summarize(self._regime, self._cores_share(), learned=True))
         sized = est if headroom == 1.0 else _slower(est, headroom)
@@ -385,20 +387,9 @@ class LearnedTuner:
             grid.append(config)
         self._calibrate(config, est, state.cpu_count)
         record = self._records[config]
-        # The learned correction stands in for measurement until there is some: once a
-        # configuration of this regime holds two blocks of batches, measurement decides.
-        measured = any(len(r.blocks) >= c.measured_blocks for r in self._records.values())
-        features = state_features(state) if self.forecaster.weight > 0 and not measured else None
-        point, lower = self.forecaster.predict(
-            grid, sized, state.cpu_count, self._calibration, features
-        )
-        prior = self.forecaster.last_prior.copy()
+        point, lower = self.forecaster.predict(grid, sized, state.cpu_count, self._calibration)
+        prior = point.copy()
         sd = np.zeros(len(grid))
-        if features is not None:  # the learned correction was applied: its measured error
-            sd = np.full(len(grid), self._prior_spread * self.forecaster.weight)
-        if c.online:
-            point, lower, log_sd = self._online(grid, point, lower)
-            sd = (1.0 - point + c.online_stall_floor) * log_sd  # in utilization
         shift = point - prior
         self._blend(grid, point, lower)
         memory = np.array([d for _, d in grid], dtype=float) * state.one_batch_bytes
@@ -418,7 +409,7 @@ class LearnedTuner:
         self._last = Plan(grid, prior, shift, sd, point, lower, memory, est)
         choice = self._with_model_part(choice, grid.index((choice.workers, choice.depth)))
         new = (choice.workers, choice.depth)
-        keep = record.batches >= c.keep_batches and record.utilization >= self.target
+        keep = record.batches >= k.keep_batches and record.utilization >= self.target
         mem_new = choice.depth * state.one_batch_bytes
         holding = new == config or (keep and mem_new >= here and not shifted)
         self._unreachable_ms = None
@@ -427,7 +418,7 @@ class LearnedTuner:
                 sized, min(config if holding else new)
             )
         if holding:
-            self._samples = self._samples[-c.keep_samples :]
+            self._samples = self._samples[-k.keep_samples :]
             self._current = dataclasses.replace(
                 choice,
                 workers=config[0],
@@ -444,10 +435,6 @@ class LearnedTuner:
     @property
     def model_part(self) -> str:
         """Which model moves the prior's predictions, in words."""
-        if self.config.online:
-            return "online: a Gaussian process on this run's measured errors of the prior"
-        if self.forecaster.weight > 0:
-            return f"learned trees, weight {self.forecaster.weight:.2f} (until measured)"
         return "none: the queueing prior and the measurements alone"
 
     def _with_model_part(self, choice: Decision, i: int) -> Decision:
@@ -461,7 +448,7 @@ class LearnedTuner:
             "model_change": float(plan.model_shift[i]),
             "model_sd": float(plan.model_sd[i]),
         }
-        if self.config.online or self.forecaster.weight > 0:
+        if part["model_change"] or part["model_sd"]:
             words = (
                 f"; prior {part['prior_utilization']:.2f}, model {part['model_change']:+.3f} "
                 f"(sd {part['model_sd']:.3f})"
@@ -477,9 +464,9 @@ class LearnedTuner:
         identifies: with workers to spare (rate headroom >= 1) the depth was short
         (bursts, tails: the depth factor grows), else the service was slower than its
         stage times show (retries, hidden costs: the rate factor shrinks)."""
-        c = self.config
+        k = self.constants
         record = self._records[config]
-        if len(record.blocks) < c.measured_blocks or record.utilization >= c.saturated:
+        if len(record.blocks) < k.measured_blocks or record.utilization >= k.saturated:
             return  # saturated or barely measured: says nothing of the model
         rate, depth = self._calibration.rate, self._calibration.depth
         point, _ = self.forecaster.predict([config], est, cpu_count, Calibration(1.0, depth))
@@ -487,83 +474,27 @@ class LearnedTuner:
         cores = self.forecaster.cores(est, cpu_count)
         cpu = min(est.cpu_ms or 0.0, est.service_ms)
         headroom = active * est.step_ms / (est.wait_ms + cpu * max(1.0, active / cores))
-        ratio = record.utilization / max(float(point[0]), c.min_prediction)
+        ratio = record.utilization / max(float(point[0]), k.min_prediction)
         if ratio >= 1.0:
             return
         if headroom * rate >= 1.0:
             self._calibration = Calibration(
-                rate, float(np.clip(depth / ratio, *c.calibration_depth))
+                rate, float(np.clip(depth / ratio, *k.calibration_depth))
             )
         else:
-            self._calibration = Calibration(float(np.clip(ratio, *c.calibration_rate)), depth)
-
-    def _online(
-        self, grid: list[tuple[int, int]], point: np.ndarray, lower: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The online model: a Gaussian process over (log2 workers, log2 depth) on the
-        prior's measured error, as the log of measured over predicted stall (so a
-        configuration the prior saturates stays near saturation, and a shortfall
-        scales every neighbour's stall alike), with the prior as its mean. Returns
-        the new point, lower bound, and the posterior sd of the log stall factor."""
-        c = self.config
-        index = {key: i for i, key in enumerate(grid)}
-        # A saturated record better than predicted is censored (no stall says not how
-        # much less depth would still do): it may only lower its neighbours' estimates.
-        seen = [
-            (index[key], record)
-            for key, record in self._records.items()
-            if key in index
-            and record.batches >= c.online_min_batches
-            and not (
-                c.online_censor
-                and record.utilization >= c.saturated
-                and record.utilization > point[index[key]]
-            )
-        ]
-        none = np.full(len(grid), c.online_sd)
-        if not seen:
-            return point, lower, none
-        eps = c.online_stall_floor
-        x = np.log2(np.array(grid, dtype=float))
-        rows = np.array([i for i, _ in seen])
-        stall = 1.0 - point + eps
-        measured = np.array([1.0 - r.utilization + eps for _, r in seen])
-        errors = np.log(measured / stall[rows])
-        noise = np.array(
-            [
-                (max(r.standard_error, c.blend_error_floor) / m) ** 2
-                for (_, r), m in zip(seen, measured, strict=True)
-            ]
-        )
-
-        def kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(axis=2)
-            return c.online_sd**2 * np.exp(-d2 / (2 * c.online_length**2))
-
-        k_ss = kernel(x[rows], x[rows]) + np.diag(noise)
-        k_gs = kernel(x, x[rows])
-        solve = np.linalg.solve(k_ss, np.column_stack([errors, k_gs.T]))
-        factor = np.exp(k_gs @ solve[:, 0])
-        var = c.online_sd**2 - np.einsum("ij,ji->i", k_gs, solve[:, 1:])
-        new_point = np.clip(1.0 - (stall * factor - eps), 0.0, 1.0)
-        new_lower = np.clip(1.0 - ((1.0 - lower + eps) * factor - eps), 0.0, 1.0)
-        sd = np.sqrt(np.maximum(var, 0.0))
-        if c.online_narrow:  # the bound from the posterior: near a measurement, narrower
-            width = (new_point - new_lower) * sd / c.online_sd
-            new_lower = np.clip(new_point - width, 0.0, 1.0)
-        return new_point, np.minimum(new_lower, new_point), sd
+            self._calibration = Calibration(float(np.clip(ratio, *k.calibration_rate)), depth)
 
     def _blend(self, grid: list[tuple[int, int]], point: np.ndarray, lower: np.ndarray) -> None:
         """Measured and predicted utilization combined by their variances (in place):
         a long record outweighs the prior, a short one only nudges it."""
-        c = self.config
-        z = max(c.confidence, c.min_confidence)
+        c, k = self.config, self.constants
+        z = max(c.confidence, k.min_confidence)
         for i, key in enumerate(grid):
             record = self._records.get(key)
-            if record is None or record.batches < c.blend_batches:
+            if record is None or record.batches < k.blend_batches:
                 continue
             prior_var = max((point[i] - lower[i]) / z, self._prior_spread) ** 2
-            measured_var = max(record.standard_error, c.blend_error_floor) ** 2
+            measured_var = max(record.standard_error, k.blend_error_floor) ** 2
             weight = prior_var / (prior_var + measured_var)
             point[i] = (1 - weight) * point[i] + weight * record.utilization
             lower[i] = point[i] - z * math.sqrt(
@@ -576,28 +507,26 @@ class LearnedTuner:
             record.add(s)
         return record
 
-    def candidate_table(self) -> pd.DataFrame:
-        """The last plan's candidates: what the prior predicted, what the online model
-        changed and how sure it was, the final prediction, its lower bound, memory."""
-        import pandas as pd
-
+    def candidate_table(self) -> list[dict[str, float]]:
+        """The last plan's candidates, one row each (`pandas.DataFrame(rows)` makes a
+        table): what the prior predicted, a model's change and how sure it was, the
+        final prediction, its lower bound, memory. Empty before the first plan."""
         if self._last is None:
-            return pd.DataFrame(
-                columns=["workers", "depth", "predicted_utilization", "lower_bound"]
-            )
+            return []
         plan = self._last
-        return pd.DataFrame(
+        return [
             {
-                "workers": [w for w, _ in plan.grid],
-                "depth": [d for _, d in plan.grid],
-                "prior_utilization": plan.prior,
-                "model_change": plan.model_shift,
-                "model_sd": plan.model_sd,
-                "predicted_utilization": plan.point,
-                "lower_bound": plan.lower,
-                "predicted_memory_bytes": plan.memory,
+                "workers": w,
+                "depth": d,
+                "prior_utilization": float(plan.prior[i]),
+                "model_change": float(plan.model_shift[i]),
+                "model_sd": float(plan.model_sd[i]),
+                "predicted_utilization": float(plan.point[i]),
+                "lower_bound": float(plan.lower[i]),
+                "predicted_memory_bytes": float(plan.memory[i]),
             }
-        )
+            for i, (w, d) in enumerate(plan.grid)
+        ]
 
     def service(self) -> Service | None:
         """The last plan's service estimate (None before the first plan)."""
@@ -614,30 +543,27 @@ def _slower(est: Service, factor: float) -> Service:
     )
 
 
-def _default_model(config: TunerConfig) -> PerformanceModel:
-    """The model `prefetch="auto"` plans with: a retrained one named by
-    $IOLIB_TUNER_MODEL (loaded by `model.load_default`, which falls back to the prior),
-    else the queueing prior alone, with the errors measured on the real sweeps. No
-    learned model has beaten the prior on a family it never saw
-    (benchmarks/results/model-transfer.md), so none is loaded, and scikit-learn is not
-    imported."""
-    import os
-
+def _default_model(constants: TunerConstants) -> PerformanceModel:
+    """The queueing prior with the errors measured on the real sweeps. No learned model
+    trained on other workloads beat it on a family it never saw
+    (benchmarks/results/model-transfer.md), so none is loaded here."""
     from predictors.baselines import QueueingModel
-    from predictors.model import MODEL_ENV, load_default
 
-    if os.environ.get(MODEL_ENV):
-        return load_default()
     prior = QueueingModel()
-    prior.utilization_error = config.default_prior_spread
-    prior.metrics = {"queueing_mdape_throughput": config.default_prior_mdape}
+    prior.utilization_error = constants.prior_spread
+    prior.metrics = {"queueing_mdape_throughput": constants.prior_mdape}
     return prior
 
 
-def _prior_error(model: Any, config: TunerConfig) -> float:
-    """The prior's typical log error on throughput: `mdape_to_sigma` x its median
-    absolute percentage error on unseen groups (a normal's sd), at least
-    `prior_error_floor`."""
+def _prior_error(model: Any, constants: TunerConstants) -> float:
+    """The prior's typical log error on throughput (`TunerConstants.prior_error`), from
+    the model's measured median error where it carries one."""
     metrics = getattr(model, "metrics", {}) or {}
-    mdape = metrics.get("queueing_mdape_throughput", config.prior_mdape)
-    return max(config.prior_error_floor, config.mdape_to_sigma * float(mdape))
+    mdape = metrics.get("queueing_mdape_throughput")
+    if mdape is None:
+        return constants.prior_error
+    return max(constants.prior_error_floor, constants.mdape_to_sigma * float(mdape))
+
+
+# The name it had while a learned model was planned to move the prior: kept for callers.
+LearnedTuner = QueueingTuner

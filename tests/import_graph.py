@@ -10,10 +10,13 @@ agree and that the layers form no cycle.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("iolib", "predictors")
+LAB = "benchmarks"  # research and benchmarks: the packages never import it
+LAB_NAME = re.compile(rf"^{LAB}(\.[A-Za-z_][\w.]*)?(:\w+)?$")
 
 # Layer of each module, by the longest matching prefix of its dotted name.
 LAYERS: dict[str, str] = {
@@ -120,6 +123,65 @@ def imports(path: Path, module: str) -> set[str]:
             out.add(base)
             out.update(f"{base}.{alias.name}" for alias in node.names)
     return {name for name in out if name.split(".")[0] in PACKAGES}
+
+
+_IMPORTERS = ("import_module", "__import__", "find_spec", "run_module", "load_module")
+
+
+def string_imports(path: Path) -> set[str]:
+    """Module names the file reaches by string: the first argument of
+    `importlib.import_module`, `__import__`, `find_spec` or `runpy.run_module`, and any
+    other string (not a docstring) that is a dotted or `module:attr` name of the lab's
+    package (a table of lazy imports). The ast graph above cannot see these."""
+    out: set[str] = set()
+    if path.suffix == ".c":
+        return out
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            first = node.args[0]
+            if name in _IMPORTERS and isinstance(first, ast.Constant):
+                out.add(str(first.value))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and LAB_NAME.match(node.value)
+        ):
+            out.add(node.value.split(":")[0])
+    return out
+
+
+def path_changes(path: Path) -> list[int]:
+    """Lines that change `sys.path` (append, insert, extend, assignment): a package that
+    does so imports whatever the checkout beside it holds."""
+    if path.suffix == ".c":
+        return []
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        target = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value  # sys.path.append(...)
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+        if (
+            isinstance(target, ast.Attribute)
+            and target.attr == "path"
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "sys"
+        ):
+            lines.append(node.lineno)
+    return lines
 
 
 def module_edges() -> set[tuple[str, str]]:

@@ -163,3 +163,34 @@ def test_no_module_imports_anothers_private_names() -> None:
     assert not new, f"private names imported from another module: {new}"
     gone = sorted(PRIVATE_IMPORTS_ALLOWED - found)
     assert not gone, f"fixed: delete these from PRIVATE_IMPORTS_ALLOWED: {gone}"
+
+
+def test_the_packages_never_import_the_lab_by_name_or_by_string() -> None:
+    """No module of iolib or predictors imports `benchmarks`: not by an import
+    statement, not by `importlib.import_module("benchmarks...")`, `__import__` or a table
+    of lazy names, and none puts the checkout on `sys.path` to find it."""
+    from tests.import_graph import LAB, path_changes, string_imports
+
+    known = _modules()
+    found = []
+    for module, path in known.items():
+        found += [(module, t) for t, _ in _imports(module, path, known) if t.split(".")[0] == LAB]
+        found += [(module, t) for t in string_imports(path) if t.split(".")[0] == LAB]
+        found += [(module, f"sys.path at line {n}") for n in path_changes(path)]
+    assert not found, f"the product reaches for the lab: {sorted(found)}"
+
+
+def test_string_imports_are_seen(tmp_path: Path) -> None:
+    from tests.import_graph import path_changes, string_imports
+
+    path = tmp_path / "m.py"
+    path.write_text(
+        '"""Docs may name benchmarks.tuner_lab."""\n'
+        "import importlib, sys\n"
+        'sys.path.append("/checkout")\n'
+        'importlib.import_module("benchmarks.tuner_lab.training")\n'
+        '__import__("benchmarks")\n'
+        'LAZY = {"train": "benchmarks.tuner_lab.training:evaluate"}\n'
+    )
+    assert string_imports(path) == {"benchmarks.tuner_lab.training", "benchmarks"}
+    assert path_changes(path) == [3]

@@ -5,7 +5,6 @@ benchmark bounded by its own --max-seconds."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import click
 import pytest
@@ -119,17 +118,6 @@ def test_bad_numbers_are_one_line_usage_errors(capsys, args, option) -> None:
 def test_memory_budget_reaches_tune_as_bytes() -> None:
     assert ByteSize().convert("1.5GB", None, None) == 1_500_000_000
     assert ByteSize().convert("2GiB", None, None) == 2 * 2**30
-
-
-def test_retrain_refuses_a_model_name_before_training(tmp_path, capsys) -> None:
-    """A .joblib model path is refused while parsing: no training, no file written."""
-    observations = Path(__file__).parent.parent / "predictors/data/sweep/observations.parquet"
-    out = tmp_path / "m.joblib"
-    code, out_text, err = run(
-        capsys, "tune", "--retrain", str(observations), "--model-out", str(out)
-    )
-    assert code == 2 and "Invalid value for '--model-out'" in err and "m.npz" in err
-    assert not out_text and not list(tmp_path.iterdir())
 
 
 def test_a_stuck_request_is_left_behind_at_max_seconds(tmp_path) -> None:

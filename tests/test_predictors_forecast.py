@@ -8,7 +8,7 @@ import doctest
 import numpy as np
 
 from predictors import forecast
-from predictors.baselines import QueueingModel
+from predictors.config import TunerConfig
 from predictors.forecast import Forecaster
 from predictors.measure import Service
 
@@ -56,7 +56,7 @@ def test_worked_examples_in_the_docstrings_hold() -> None:
 def test_workers_that_wait_on_storage_reach_the_target_on_two_cores() -> None:
     """Little's law: 40 ms of waiting against 8 ms steps needs about 5 busy workers,
     and waiting workers cost almost no CPU: the prior must say so, on 2 cores."""
-    forecaster = Forecaster(QueueingModel(), target=0.9, budget=None, max_workers=16)
+    forecaster = Forecaster(target=0.9, budget=None, max_workers=16)
     choice, point = _choose(forecaster, _storage_bound())
     assert choice.feasible and 5 <= choice.workers <= 8, choice
     assert point[(1, 1)] < 0.25 and point[(6, 8)] >= 0.95
@@ -65,7 +65,7 @@ def test_workers_that_wait_on_storage_reach_the_target_on_two_cores() -> None:
 def test_the_cores_bound_what_cpu_bound_workers_can_reach() -> None:
     """40 ms of CPU a batch against 8 ms steps on 2 cores (0.8 usable): at most
     1.6 * 8 / 40 = 0.32, however many workers; the stage that computes is named."""
-    forecaster = Forecaster(QueueingModel(), target=0.9, budget=None, max_workers=16)
+    forecaster = Forecaster(target=0.9, budget=None, max_workers=16)
     est = _storage_bound(wait_ms=0.0, cpu_ms=40.0, read_ms=0.5, decode_ms=39.5)
     choice, point = _choose(forecaster, est)
     assert max(point.values()) <= 0.33
@@ -74,7 +74,7 @@ def test_the_cores_bound_what_cpu_bound_workers_can_reach() -> None:
 
 
 def test_no_candidate_has_more_workers_than_depth_or_exceeds_the_budget() -> None:
-    forecaster = Forecaster(QueueingModel(), target=0.9, budget=6 * MiB, max_workers=16)
+    forecaster = Forecaster(target=0.9, budget=6 * MiB, max_workers=16)
     grid = forecaster.grid(MiB, 2)
     assert all(w <= d and d <= 6 for w, d in grid)
     choice, _ = _choose(forecaster, _storage_bound(service_ms=200.0, wait_ms=199.7, read_ms=200.0))
@@ -85,10 +85,10 @@ def test_the_whole_budget_is_a_candidate_when_it_falls_between_grid_steps() -> N
     # A budget of 7 batches allows depth 7, not only the grid's 6: torch's default
     # (7 workers x 1) would otherwise beat every candidate the tuner may choose.
     for room in (5, 7, 10):
-        forecaster = Forecaster(QueueingModel(), target=0.9, budget=room * MiB, max_workers=16)
+        forecaster = Forecaster(target=0.9, budget=room * MiB, max_workers=16)
         grid = forecaster.grid(MiB, 8)
         assert max(d for _, d in grid) == room and (room, room) in grid
-        slow = _storage_bound(service_ms=400.0, wait_ms=399.7, read_ms=400.0, cpu_count=8)
+        slow = _storage_bound(service_ms=100.0, wait_ms=99.7, read_ms=100.0, cpu_count=8)
         choice, _ = _choose(forecaster, slow)
         assert choice.depth == room and choice.workers == room
 
@@ -96,7 +96,7 @@ def test_the_whole_budget_is_a_candidate_when_it_falls_between_grid_steps() -> N
 def test_out_of_reach_it_takes_the_best_workers_at_the_memory_it_chose() -> None:
     # Workers cost no memory: with the target out of reach, the memory chosen gets the
     # workers predicted best, not the fewest within a hair of the best.
-    forecaster = Forecaster(QueueingModel(), target=0.9, budget=None, max_workers=16)
+    forecaster = Forecaster(target=0.9, budget=None, max_workers=16)
     grid = [(1, 4), (2, 4), (3, 4), (4, 4)]
     point = np.array([0.5, 0.845, 0.848, 0.85])
     choice = forecaster.choose(
@@ -115,7 +115,7 @@ def test_out_of_reach_it_takes_the_best_workers_at_the_memory_it_chose() -> None
 def test_late_batches_ask_for_depth_beyond_the_workers() -> None:
     """The same mean service, once steady and once with one batch in five 3x late (a
     heavy tail): the late ones need batches ready ahead, so more depth."""
-    forecaster = Forecaster(QueueingModel(), target=0.9, budget=None, max_workers=16)
+    forecaster = Forecaster(target=0.9, budget=None, max_workers=16)
     steady, _ = _choose(forecaster, _storage_bound(relative=(1.0,) * 10))
     tail = (0.5,) * 8 + (3.0,) * 2  # mean 1
     late, _ = _choose(forecaster, _storage_bound(relative=tail))
@@ -127,7 +127,9 @@ def test_a_larger_confidence_never_buys_less_memory() -> None:
         est = _storage_bound(spread=spread, samples=4)
         depths = [
             _choose(
-                Forecaster(QueueingModel(), target=0.9, budget=None, max_workers=16, confidence=z),
+                Forecaster(
+                    target=0.9, budget=None, max_workers=16, config=TunerConfig(confidence=z)
+                ),
                 est,
             )[0].depth
             for z in (0.0, 1.0, 2.0)

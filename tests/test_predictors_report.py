@@ -89,7 +89,7 @@ def test_the_html_parses_with_one_table_per_table_and_no_nan(tmp_path):
     assert parsed.headings[0] == "Data-loading tuning report"
     assert "What drives the result for this dataset" in parsed.headings
     assert "nan" not in md.lower() and "nan" not in page.lower()
-    assert "num_workers=4, prefetch=4" in md and "0.93 (recommended)" in md
+    assert "num_workers=4,\n    prefetch=4," in md and "0.93 (recommended)" in md
     assert "80 batches over 3 epoch(s)" in md
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
 
@@ -100,7 +100,7 @@ def test_a_missed_target_is_said_plainly_with_the_reason(tmp_path):
     )
     paths = write_report(tmp_path, rec, MEASURED, DRIVERS, step_ms=10, target=0.95)
     md = paths["markdown"].read_text()
-    assert "The target 0.95 was not met" in md and "best configuration measured" in md
+    assert "Target missed: 0.95 was not met" in md and "configuration recommended" in md
     assert "storage: 9 workers needed" in md
 
 

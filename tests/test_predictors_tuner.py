@@ -21,7 +21,7 @@ from predictors.baselines import HillClimbTuner, OracleTuner, QueueingModel, Sta
 from predictors.errors import TunerConfigError
 from predictors.measure import ChangeDetector
 from predictors.state import TunerState, name_bottleneck
-from predictors.tuner import LearnedTuner
+from predictors.tuner import LearnedTuner, QueueingTuner
 
 pytestmark = pytest.mark.lab  # the lab's simulator (benchmarks/tuner_lab)
 
@@ -465,46 +465,92 @@ def test_a_static_choice_with_hindsight_takes_the_least_memory_that_meets_the_go
     assert clairvoyant(rows, 1.5, known=10)["memory"] == 4  # nothing meets: the best
 
 
-@pytest.mark.parametrize("online", [False, True])
 @pytest.mark.parametrize("family", ["heavy-tail", "storage-threads"])
-def test_each_decision_says_what_the_prior_predicted_and_what_the_model_changed(family, online):
+def test_each_decision_says_what_the_prior_predicted_and_what_the_model_changed(family):
     """Per decision: the prior's utilization for the chosen configuration, the model's
     change to it and its sd, in numbers (`predicted`) and in words (`reason`). Without
-    a model the change is 0; the online model changes something once it has measured."""
+    a model the change is 0."""
     scenario = draw(family, 3)
-    tuner = _learned(scenario, QueueingModel(), online=online)
+    tuner = _learned(scenario, QueueingModel())
     run_tuner(tuner, scenario.workload, scenario.batches, seed=7)
     decisions = [d for _, d in tuner.history[1:]]
     assert decisions, "the tuner never changed the configuration"
     for d in decisions:
         part = d.predicted
         assert 0.0 <= part["prior_utilization"] <= 1.0
-        assert np.isfinite(part["model_change"]) and part["model_sd"] >= 0.0
-        assert 0.0 <= part["prior_utilization"] + part["model_change"] <= 1.0 + 1e-9
+        assert part["model_change"] == 0.0 and part["model_sd"] == 0.0
         assert f"prior {part['prior_utilization']:.2f}" in d.reason
-        if not online:
-            assert part["model_change"] == 0.0 and part["model_sd"] == 0.0
-            assert "no model" in d.reason
-    assert ("online" in tuner.model_part) == online
-    table = tuner.candidate_table()  # the last plan, every candidate
-    assert (table["model_change"] != 0).any() == online
-    if online:
-        assert all("model " in d.reason for d in decisions)
-    else:
-        assert (table["model_sd"] == 0).all()
+        assert "no model" in d.reason
+    assert tuner.model_part.startswith("none")
+    table = tuner.candidate_table()  # the last plan, every candidate: plain rows
+    assert table and all(row["model_change"] == 0 and row["model_sd"] == 0 for row in table)
+    assert {(row["workers"], row["depth"]) for row in table} >= {
+        (d.workers, d.depth) for d in decisions
+    }
 
 
-def test_every_controller_number_is_one_config_and_unknown_names_are_refused():
-    from predictors.config import TunerConfig
+def test_user_settings_are_few_and_constants_are_no_keyword():
+    from predictors.config import CONSTANTS, TunerConfig, TunerConstants
 
-    tuner = LearnedTuner(QueueingModel(), confidence=0.8, saturated=0.95)
-    assert tuner.config == dataclasses.replace(TunerConfig(), confidence=0.8, saturated=0.95)
+    tuner = LearnedTuner(QueueingModel(), confidence=0.8, max_step=4.0)
+    assert tuner.config == dataclasses.replace(TunerConfig(), confidence=0.8, max_step=4.0)
+    assert tuner.constants is CONSTANTS
     with pytest.raises(dataclasses.FrozenInstanceError):
         tuner.config.confidence = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tuner.constants.saturated = 0.9  # type: ignore[misc]
     with pytest.raises(TunerConfigError, match=r"Unknown tuner parameter.*confidense"):
         LearnedTuner(QueueingModel(), confidense=0.8)
+    # A constant is no keyword; the lab replaces it with `constants=`.
+    with pytest.raises(TunerConfigError, match=r"saturated.*are constants"):
+        LearnedTuner(QueueingModel(), saturated=0.95)
+    lab = QueueingTuner(constants=dataclasses.replace(CONSTANTS, saturated=0.95))
+    assert lab.constants.saturated == 0.95
     with pytest.raises(TunerConfigError, match="recheck_factor"):
-        LearnedTuner(QueueingModel(), recheck_factor=0.5)
+        TunerConstants(recheck_factor=0.5)
+    assert len(dataclasses.fields(TunerConfig)) <= 8
+
+
+def test_the_old_name_is_the_queueing_tuner():
+    import predictors
+    from predictors.tuner import LearnedTuner as Old
+    from predictors.tuner import QueueingTuner as New
+
+    assert Old is New and predictors.LearnedTuner is predictors.QueueingTuner is New
+
+
+def test_forecaster_detector_and_summarize_take_their_numbers_from_the_config():
+    """One source of each number: built without arguments, each holds the config's
+    and the constants' values, not a second copy of its own."""
+    from predictors.config import CONSTANTS, TunerConfig
+    from predictors.forecast import Forecaster
+    from predictors.measure import Measured, summarize
+
+    config = TunerConfig()
+    forecaster = Forecaster(target=0.9, budget=None, max_workers=None)
+    assert forecaster.confidence == config.confidence
+    assert forecaster.near_best == CONSTANTS.near_best
+    assert forecaster.cores_share == CONSTANTS.cores_share
+    assert forecaster.prior_error == CONSTANTS.prior_error
+    detector = ChangeDetector()
+    assert detector.threshold == config.shift_threshold
+    assert (detector.drift, detector.clip) == (CONSTANTS.detector_drift, CONSTANTS.detector_clip)
+    assert detector.reference_batches == CONSTANTS.detector_reference
+    assert detector.min_sigma == CONSTANTS.detector_min_sigma
+    assert detector.large == CONSTANTS.large_slowdown
+    record = Measured()
+    assert (record.block, record.keep, record.unknown) == (
+        CONSTANTS.record_block,
+        CONSTANTS.record_keep,
+        CONSTANTS.record_unknown_error,
+    )
+    # summarize's default share of the cores is the constants' (a second copy moved it).
+    states = [_state(batch_index=i, cpu_ms=4.0, workers=4, depth=4) for i in range(8)]
+    assert summarize(states) == summarize(states, CONSTANTS.cores_share)
+    assert summarize(states) != summarize(states, CONSTANTS.cores_share / 2)
+    # The tuner hands its own settings on.
+    tuner = QueueingTuner(confidence=1.5, shift_threshold=6.0)
+    assert tuner.forecaster.confidence == 1.5 and tuner.detector.threshold == 6.0
 
 
 def _settled(workload: SimWorkload, workers: int, batches: int = 40) -> list[TunerState]:

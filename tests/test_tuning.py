@@ -44,7 +44,7 @@ def test_auto_gives_the_same_batches_as_a_fixed_depth(token_dir) -> None:
         memory_budget="64MiB",
     )
     assert_batches_equal(fixed, epoch_batches(auto))
-    assert auto.stats()["tuner"]["tuner"] == "LearnedTuner"
+    assert auto.stats()["tuner"]["tuner"] == "QueueingTuner"
 
 
 def test_learned_tuner_reaches_target_within_budget() -> None:

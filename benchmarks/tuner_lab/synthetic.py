@@ -2,7 +2,7 @@
 
 Used by the tests and to sanity-check the model before a real sweep exists. Nothing
 it produces is shipped as training data: the default model is trained on real
-`iolib bench --sweep` observations under `predictors/data/` only.
+`iolib bench --sweep` observations under `benchmarks/tuner_lab/data/` only.
 
 The simulated loader: `workers` workers each build whole batches (read, then decode);
 at most `depth` batches are in flight or ready at once (a batch takes a slot when a

@@ -1,9 +1,9 @@
 """Training the learned predictor: fit, grouped cross-validation, the default model.
 
 Research, not runtime: `prefetch="auto"` plans with the queueing prior and never
-imports this (or scikit-learn). `iolib tune --retrain` and `--evaluate` import it
-lazily from a source checkout. Three scikit-learn regressors learn corrections to
-first principles (`predictors.model.prior_bases`), meant to carry over to workloads
+imports this (or scikit-learn). `python -m benchmarks.tuner_lab retrain` and
+`evaluate` run it from a source checkout. Three scikit-learn regressors learn corrections to
+first principles (`benchmarks.tuner_lab.model.prior_bases`), meant to carry over to workloads
 they never saw; left one whole workload or storage profile out they still did worse
 than the queueing model (benchmarks/results/model-families.md, model-transfer.md).
 
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from benchmarks.tuner_lab.features import extract_features, group_labels, validate_observations
+from benchmarks.tuner_lab.model import Predictor, prior_bases, read_observations
 from predictors.baselines import ConstantModel, QueueingModel
 from predictors.errors import SchemaError
-from predictors.features import extract_features, group_labels, validate_observations
-from predictors.model import Predictor, prior_bases, read_observations
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,7 +59,7 @@ def _regressor(kind: str) -> Any:
 
 class TrainablePredictor(Predictor):
     """A `Predictor` that fits its trees with scikit-learn (`kind`: "hgb" or "rf");
-    `save` writes them as plain arrays that `predictors.model.load` reads."""
+    `save` writes them as plain arrays that `benchmarks.tuner_lab.model.load` reads."""
 
     def fit(self, frame: pd.DataFrame) -> TrainablePredictor:
         validate_observations(frame)
@@ -205,7 +205,7 @@ def train_default(
     paths: Iterable[str | Path], out: str | Path | None, n_splits: int | None = 5
 ) -> TrainablePredictor:
     """Train a model from observation files and write it to `out` (None: keep it in
-    memory); used by `iolib tune --retrain`, which names `out` (never the package).
+    memory); used by `python -m benchmarks.tuner_lab retrain`, which names `out`.
 
     Cross-validates first, grouped by (workload, storage_profile) and by family (each
     workload, each profile left out), records the metrics, the utilization error and

@@ -247,3 +247,51 @@ class ByteSize(click.ParamType):
                 f"must be a positive size like 2GiB, 512MB or 1.5GB. Found: {value!r}.", param, ctx
             )
         return size
+
+
+# One image decode for `iolib bench --data` and `iolib tune`: the decoder a user's
+# loader runs (ImagePipeline, train crops), at the same size and batch by default, so
+# the two commands measure the same work.
+IMAGE_SIZE = 224
+IMAGE_BATCH = 64
+DECODERS = ("auto", "dali", "pil")
+
+
+def decoder_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--decoder auto|dali|pil`` (ImagePipeline's backend; auto: DALI where it
+    imports, else Pillow)."""
+    return click.option(
+        "--decoder",
+        type=click.Choice(DECODERS),
+        default="auto",
+        show_default=True,
+        help="Image decoder (ImagePipeline's backend); auto: DALI where installed, else Pillow.",
+    )(func)
+
+
+def image_pipeline(size: int, decoder: str) -> Any:
+    """The image decode both commands measure."""
+    from iolib.images import ImagePipeline
+
+    return ImagePipeline(size=size, train=True, backend=decoder)
+
+
+def require_report_extra(command: str) -> None:
+    """Refuse up front, with the fix, when the `report` extra (pandas, matplotlib) that
+    `command`'s tables and plots need is not installed (the loader needs neither)."""
+    import importlib.util
+
+    from iolib.errors import ConfigError
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except ImportError:  # a broken install is as good as none
+            return True
+
+    missing = [m for m in ("pandas", "matplotlib") if absent(m)]
+    if missing:
+        raise ConfigError(
+            f"`{command}` writes tables and plots with {' and '.join(missing)}, which "
+            "are not installed. Fix: pip install 'iolib[report]'."
+        )

@@ -11,7 +11,22 @@ from typing import Any
 
 from iolib.errors import ConfigError
 
-__all__ = ["TuneRequest", "checks", "cpu_count", "drivers", "run", "why_missed"]
+__all__ = [
+    "TuneRequest",
+    "binding_stage",
+    "checks",
+    "choose",
+    "cpu_count",
+    "drivers",
+    "prediction_notes",
+    "run",
+    "step_note",
+    "summarize_runs",
+    "why_missed",
+]
+
+# Below this, two utilizations are not told apart even when repeats agree closely.
+NOISE_FLOOR = 0.02
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,8 @@ class TuneRequest:
     batches: int
     verify_batches: int
     step_ms: float
+    repeats: int = 3
+    decoder: str = "auto"
 
 
 def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
@@ -42,6 +59,7 @@ def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
     `utilization_in_epoch` leaves every epoch's first batch out (what the tuner judges)."""
     done = epochs = 0
     step = wait = start_wait = start_step = 0.0
+    slept: list[float] = []
     start = time.perf_counter()
     while done < batches:
         epochs, first = epochs + 1, True
@@ -55,6 +73,7 @@ def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
             t1 = time.perf_counter()
             time.sleep(step_ms / 1e3)
             took = time.perf_counter() - t1
+            slept.append(took)
             if not first:
                 wait, step = wait + t1 - t0, step + took
             elif done > 0:
@@ -74,6 +93,10 @@ def run(loader: Any, batches: int, step_ms: float) -> dict[str, Any]:
         "utilization_in_epoch": step / max(step + wait, 1e-9),
         "memory_bytes": float(stats["peak_bytes_in_flight"]),
         "samples_per_s": stats["samples"] / wall_s if wall_s > 0 else 0.0,
+        # The simulated step as the training thread slept it, and as the loader saw it
+        # (the time between handing a batch over and being asked for the next).
+        "slept_ms": 1e3 * sum(slept) / max(len(slept), 1),
+        "loader_step_ms": float(stats.get("step_ms", 0.0)),
     }
 
 
@@ -90,10 +113,9 @@ def checks(
     w, d = final
     lower = max([g for g in DEPTH_GRID if g < d], default=d)
     wanted = [final, (min(w, lower), lower), (w + 1, d), (2, 4)]
-    table = tuner.candidate_table()
-    meets = table[table["lower_bound"] >= request.target]
-    if len(meets):
-        best = meets.sort_values(["predicted_memory_bytes", "workers"]).iloc[0]
+    meets = [row for row in tuner.candidate_table() if row["lower_bound"] >= request.target]
+    if meets:
+        best = min(meets, key=lambda row: (row["predicted_memory_bytes"], row["workers"]))
         wanted.insert(1, (int(best["workers"]), int(best["depth"])))
     out = []
     for a, b in wanted:
@@ -161,22 +183,165 @@ def drivers(probe: dict[str, Any], tuner: Any, request: TuneRequest) -> dict[str
     }
 
 
+STAGES = {"read_ms": "storage", "decode_ms": "decode", "transform_ms": "transform"}
+FIXES = {
+    "storage": "more workers (--max-workers), a cache, or storage closer to the job",
+    "decode": "more workers or cores, a smaller --image-size, or decoding on the GPU",
+    "transform": "cheaper transforms, or more workers or cores",
+}
+
+
+def binding_stage(drivers: dict[str, Any]) -> tuple[str, float]:
+    """The stage that takes most of a batch's measured service: storage (the read),
+    decode or transform, with its time (ms a batch)."""
+    key = max(STAGES, key=lambda k: float(drivers.get(k) or 0.0))
+    return STAGES[key], float(drivers.get(key) or 0.0)
+
+
 def why_missed(drivers: dict[str, Any], request: TuneRequest, last: Any) -> str:
-    """In words, what kept every measured configuration below the target."""
-    bound = drivers["cpu_bound"]
-    if bound is not None and bound < request.target:
-        return (
+    """In words, what kept every measured configuration below the target: the tighter
+    of the limits that bind, the cores (the workers' CPU) or too few workers for the
+    stage that takes most of a batch's service (storage, decode or transform, from the
+    measured breakdown; never storage by default)."""
+    target = request.target
+    cpu = drivers["cpu_bound"]
+    cpu = cpu if cpu is not None and cpu < target else None
+    few = drivers["workers_needed"] > request.max_workers
+    reach = request.max_workers * drivers["step_ms"] / max(drivers["service_ms"], 1e-9)
+    stage, ms = binding_stage(drivers)
+    share = f"{stage} takes {ms:.0f} ms of the {drivers['service_ms']:.0f} ms a batch's service"
+    cores = (
+        None
+        if cpu is None
+        else (
             f"the workers' CPU ({drivers['cpu_ms']:.1f} ms a batch) on {drivers['cpu_count']} "
-            f"cores allows at most {bound:.2f}: cheaper transforms or decode, or more cores"
+            f"cores allows at most {cpu:.2f}"
         )
-    if drivers["workers_needed"] > request.max_workers:
-        return (
-            f"storage: about {drivers['workers_needed']} busy workers would cover "
-            f"{drivers['service_ms']:.0f} ms a batch, --max-workers allows {request.max_workers}"
+    )
+    if cores is not None and (not few or cpu <= reach):
+        return f"CPU: {cores}. Fix: cheaper transforms or decode, or more cores"
+    if few:
+        text = (
+            f"{share}; about {drivers['workers_needed']} busy workers would cover it at the "
+            f"target, --max-workers allows {request.max_workers} (at most {min(reach, 1):.2f})"
         )
+        if cores is not None:
+            text += f", and beyond that {cores}"
+        return f"{text}. Fix: {FIXES[stage]}"
     if last is not None and not last.feasible:
-        return last.reason
-    return "the configurations measured fell short of their predictions (variable service)"
+        return f"{share}; the tuner: {last.reason}"
+    return f"{share}, and the configurations measured fell short of their predictions"
+
+
+def summarize_runs(
+    runs: dict[tuple[int, int], list[dict[str, Any]]],
+    predicted: dict[tuple[int, int], tuple[float, float]],
+) -> list[dict[str, Any]]:
+    """One row per configuration: its prediction (point, lower bound) and what its
+    repeats measured (mean, lowest, highest, standard deviation), memory held and
+    samples/s (medians)."""
+    from statistics import fmean, median, stdev
+
+    rows = []
+    for key, done in runs.items():
+        utils = [r["utilization"] for r in done]
+        point, lower = predicted.get(key, (float("nan"), float("nan")))
+        rows.append(
+            {
+                "workers": key[0],
+                "depth": key[1],
+                "predicted_utilization": point,
+                "lower_bound": lower,
+                "measured_utilization": fmean(utils),
+                "measured_low": min(utils),
+                "measured_high": max(utils),
+                "measured_sd": stdev(utils) if len(utils) > 1 else float("nan"),
+                "repeats": len(utils),
+                "memory_bytes": median(r["memory_bytes"] for r in done),
+                "samples_per_s": median(r["samples_per_s"] for r in done),
+            }
+        )
+    return rows
+
+
+def noise(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """How far apart two rows' mean utilizations may be by chance: twice the standard
+    error of their difference over the repeats (at least NOISE_FLOOR; unknown with
+    one repeat each: the floor)."""
+    import math
+
+    var = 0.0
+    for row in (a, b):
+        sd = row["measured_sd"]
+        if math.isfinite(sd):
+            var += sd**2 / row["repeats"]
+    return max(2.0 * math.sqrt(var), NOISE_FLOOR)
+
+
+def choose(rows: list[dict[str, Any]], target: float) -> tuple[dict[str, Any], bool, str | None]:
+    """The recommendation among measured rows: the least memory (then fewest workers)
+    whose mean meets the target; else the least memory whose mean is within the noise
+    of the best measured. Returns the row, whether it meets the target, and a sentence
+    when a cheaper configuration was preferred within the noise."""
+    order = sorted(rows, key=lambda r: (r["memory_bytes"], r["workers"]))
+    meets = [r for r in order if r["measured_utilization"] >= target]
+    if meets:
+        return meets[0], True, None
+    best = max(order, key=lambda r: (r["measured_utilization"], -r["memory_bytes"]))
+    pick = next(
+        r
+        for r in order
+        if best["measured_utilization"] - r["measured_utilization"] <= noise(best, r)
+    )
+    note = None
+    if pick is not best:
+        note = (
+            f"{pick['workers']}/{pick['depth']} is recommended over {best['workers']}/"
+            f"{best['depth']}: it holds {pick['memory_bytes'] / 2**20:.0f} MiB instead of "
+            f"{best['memory_bytes'] / 2**20:.0f} MiB, and the "
+            f"{best['measured_utilization'] - pick['measured_utilization']:+.2f} of the other "
+            f"is inside the noise (±{noise(best, pick):.2f} over the repeats)"
+        )
+    return pick, False, note
+
+
+def prediction_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Where the prediction and the measurement differ by more than twice the standard
+    error of the repeats' mean (at least 0.05), in words (the prediction came from
+    the probe's measured service)."""
+    out = []
+    for r in rows:
+        point, got = r["predicted_utilization"], r["measured_utilization"]
+        if point != point:  # nan: not predicted
+            continue
+        gap = got - point
+        sd = r["measured_sd"] if r["measured_sd"] == r["measured_sd"] else 0.0
+        if abs(gap) > max(2.0 * sd / r["repeats"] ** 0.5, 0.05):
+            side = "above" if gap > 0 else "below"
+            out.append(
+                f"{r['workers']}/{r['depth']}: predicted {point:.2f}, measured {got:.2f} "
+                f"({side} the prediction by {abs(gap):.2f})"
+            )
+    return out
+
+
+def step_note(probe: dict[str, Any], step_ms: float) -> str | None:
+    """Why the step measured differs from --step-ms, when it does by over 10 %."""
+    loader, slept = probe.get("loader_step_ms", 0.0), probe.get("slept_ms", 0.0)
+    if not loader or loader <= 1.1 * step_ms:
+        return None
+    text = f"The step measured {loader:.1f} ms a batch against --step-ms {step_ms:g}: "
+    if slept > 1.1 * step_ms:
+        return text + (
+            f"the simulated step itself took {slept:.1f} ms, so the training thread was "
+            "held up (the workers' CPU work on the same cores, or Python's lock held by "
+            "thread workers). The predictions use the step as measured."
+        )
+    return text + (
+        "the loader counts as step all the time between handing a batch over and being "
+        "asked for the next (the loop's own work and any copy to the device besides the "
+        "step). The predictions use the step as measured."
+    )
 
 
 def cpu_count() -> int:

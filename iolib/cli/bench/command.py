@@ -17,10 +17,18 @@ from typing import Any
 
 import click
 
+from iolib.cli.common import (
+    IMAGE_BATCH,
+    IMAGE_SIZE,
+    Number,
+    NumberList,
+    decoder_option,
+    require_report_extra,
+    storage_options_option,
+)
 from iolib.cli.bench.profiles import PROFILE_NAMES
 from iolib.cli.bench.runner import SHUFFLES, TORCH_READS, BenchSpec
 from iolib.cli.bench.workloads import WORKLOAD_KINDS
-from iolib.cli.common import Number, NumberList, storage_options_option
 
 # The sweep behind `--sweep` (a training set for the predictor; time-bounded).
 SWEEP = {
@@ -113,8 +121,11 @@ def _grid(choices: tuple[str, ...]):
     "--decode/--no-decode",
     default=True,
     show_default=True,
-    help="Decode JPEGs with Pillow in both loaders (else measure reads only).",
+    help="Decode JPEGs in both loaders (else measure reads only): Pillow in the collate on "
+    "synthetic data; with --data the decode `iolib tune` measures (--decoder, at 224 px and "
+    "batch 64 unless given).",
 )
+@decoder_option
 @click.option(
     "--profile",
     "-p",
@@ -288,6 +299,7 @@ def _grid(choices: tuple[str, ...]):
 )
 def bench(**kw: Any) -> None:
     """Measure data-loading configurations, iolib and torch's DataLoader side by side."""
+    require_report_extra("iolib bench")
     spec = _spec(kw)
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     from tqdm import tqdm
@@ -312,6 +324,14 @@ def bench(**kw: Any) -> None:
     if rows:
         click.echo(display.summary_table(rows))
         click.echo(display.LEGEND)
+        if spec.data is not None and spec.decode and "images" in spec.workloads:
+            from iolib.cli.common import image_pipeline
+
+            backend = image_pipeline(spec.image_size, spec.decoder).resolved_backend()
+            click.echo(
+                f"Decoder: {backend} (ImagePipeline, {spec.image_size} px, batch "
+                f"{','.join(map(str, spec.batch_sizes))}; what `iolib tune` measures)"
+            )
         said = display.verdict(rows, TORCH_READS[spec.torch_reads] if spec.data is None else
                               TORCH_READS["row-groups"])  # fmt: skip
         if said:
@@ -354,6 +374,13 @@ def _spec(kw: dict[str, Any]) -> BenchSpec:
             )  # fmt: skip
         if len(kw["workload"]) > 1:
             raise click.BadParameter("with --data give one workload.", param_hint="--workload")
+        # Real images decode as `iolib tune` decodes them: the same size and batch.
+        ctx = click.get_current_context()
+        default = click.core.ParameterSource.DEFAULT
+        if ctx.get_parameter_source("image_size") == default:
+            kw["image_size"] = IMAGE_SIZE
+        if ctx.get_parameter_source("batch_size") == default:
+            kw["batch_size"] = (IMAGE_BATCH,)
     loaders = kw["loaders"] or (("iolib", "torch") if kw["compare"] == "torch" else ("iolib",))
     caches = {"off": (False,), "on": (True,), "both": (False, True)}[kw["cache"]]
     grid: dict[str, Any] = {
@@ -374,7 +401,7 @@ def _spec(kw: dict[str, Any]) -> BenchSpec:
     return BenchSpec(
         **grid, data=kw["data"], data_options=options, samples=kw["samples"],
         image_size=kw["image_size"], seq_len=kw["seq_len"], rows_per_group=kw["rows_per_group"],
-        decode=kw["decode"], loaders=tuple(loaders), caches=caches,
+        decode=kw["decode"], decoder=kw["decoder"], loaders=tuple(loaders), caches=caches,
         overrides={"latency_ms": kw["latency_ms"], "bandwidth_mbps": kw["bandwidth_mbps"],
                    "jitter": kw["jitter"]},
         cache_max_bytes=int(kw["cache_max_gb"] * 1e9) if kw["cache_max_gb"] else None,

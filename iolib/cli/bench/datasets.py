@@ -148,10 +148,14 @@ class Collate:
     A class, not a closure, so torch can pickle it to worker processes.
     """
 
-    def __init__(self, column: str, decode: bool, size: int | None = None) -> None:
+    def __init__(
+        self, column: str, decode: bool, size: int | None = None, pipeline: Any = None
+    ) -> None:
         self.column = column
         self.decode = decode
         self.size = size
+        self.pipeline = pipeline  # an ImagePipeline run on the collated bytes (torch's side)
+        self.batches = 0
 
     def __call__(self, rows: list[dict]) -> dict:
         values = [r[self.column] for r in rows]
@@ -165,6 +169,10 @@ class Collate:
             out[self.column] = torch.from_numpy(np.stack([np.asarray(v) for v in values]))
         if "label" in rows[0]:
             out["label"] = torch.tensor([int(r["label"]) for r in rows])
+        if self.pipeline is not None:
+            # Each batch's own indices, so crops differ between batches as in iolib.
+            first, self.batches = self.batches * len(rows), self.batches + 1
+            out, _ = self.pipeline(out, np.arange(first, first + len(rows)), seed=0, epoch=0)
         return out
 
     def _decode_all(self, values: list[Any]) -> list[np.ndarray]:

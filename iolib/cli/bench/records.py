@@ -1,8 +1,8 @@
 """The observation record: one row per (configuration, repeat), written as Parquet.
 
-The predictor (predictors/features.py) codes against these names; docs/benchmarks.md
-documents every column. Three groups, kept apart so that no outcome becomes a feature:
-META (who, where, when), FEATURES (measured by cheap probes before the run) plus
+The schema (predictors/observations.py) and the lab's model code against these names;
+docs/benchmarks.md documents every column. Three groups, kept apart so that no outcome
+becomes a feature: META (who, where, when), FEATURES (measured by cheap probes before the run) plus
 CONFIG (what was chosen), and OUTCOMES (what the run measured).
 """
 

@@ -67,6 +67,7 @@ class BenchSpec:
     seq_len: int = 2048
     rows_per_group: int = 256
     decode: bool = True
+    decoder: str = "auto"  # with `data`: ImagePipeline's backend, as `iolib tune` decodes
     profiles: tuple[str, ...] = ("local",)
     overrides: dict[str, float | None] = field(default_factory=dict)
     loaders: tuple[str, ...] = LOADERS
@@ -152,7 +153,14 @@ def _total_size(root: str, options: dict | None, rel: tuple[str, ...]) -> int:
 def make_loader(cfg: Config, wl: Workload, st: Storage, spec: BenchSpec) -> Any:
     """The loader a user would write for this layout, with `cfg`'s knobs."""
     decode = spec.decode and wl.kind == "images"
-    wanted = Collate(wl.column, decode, spec.image_size)
+    # Real images (--data) decode as `iolib tune` decodes them (one ImagePipeline, in
+    # both loaders); synthetic ones with Pillow in the collate.
+    pipeline = None
+    if decode and spec.data is not None:
+        from iolib.cli.common import image_pipeline
+
+        pipeline = image_pipeline(spec.image_size, spec.decoder)
+    wanted = Collate(wl.column, decode and pipeline is None, spec.image_size, pipeline)
     collate = wanted if (decode or cfg.loader == "torch") else None
     root, options = (st.root, st.options) if cfg.cache else (st.raw_root, st.raw_options)
     if cfg.loader == "iolib":
@@ -166,7 +174,8 @@ def make_loader(cfg: Config, wl: Workload, st: Storage, spec: BenchSpec) -> Any:
         shuffle = {"none": False, "block": "block", "global": "global"}[cfg.shuffle]
         return iolib.DataLoader(
             source, batch_size=cfg.batch_size, shuffle=shuffle, num_workers=cfg.workers,
-            prefetch=cfg.depth, seed=spec.seed, drop_last=True, collate_fn=collate,
+            prefetch=cfg.depth, seed=spec.seed, drop_last=True,
+            collate_fn=None if pipeline else collate, decode=pipeline,
         )  # fmt: skip
     import torch
 

@@ -24,11 +24,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.tuner_lab.model import Predictor, load_default
+from benchmarks.tuner_lab.model_file import sha256
 from benchmarks.tuner_lab.synthetic import SimWorkload, make_observations, run_tuner
 from benchmarks.tuner_lab.training import TrainablePredictor
 from predictors.baselines import QueueingModel
-from predictors.model import Predictor, load_default
-from predictors.model_file import sha256
 from predictors.tuner import LearnedTuner
 
 pytestmark = pytest.mark.lab  # the lab's simulator (benchmarks/tuner_lab)

@@ -31,7 +31,7 @@ from predictors.errors import ModelVersionError
 
 __all__ = ["SHIPPED_SHA256", "TreeEnsemble", "load_arrays", "save_arrays", "sha256", "sidecar"]
 
-# The digest of predictors/data/default_model.npz as shipped (see `iolib tune --retrain`).
+# The digest of data/default_model.npz as committed (`python -m benchmarks.tuner_lab retrain`).
 SHIPPED_SHA256 = "d2fbb037b99c76ddb30e24fe24ec448f25e4b445c3c92a9576626460fddfc6e5"
 _FIELDS = ("feature", "threshold", "left", "right", "leaf", "value", "missing_left")
 # Bounds on what a model file may hold: the shipped one is about 1 MiB (1,000 trees of
@@ -140,7 +140,7 @@ class TreeEnsemble:
 def _open_regular(path: Path, limit: int, what: str) -> io.BufferedReader:
     """`path` opened for reading if it is a regular file of at most `limit` bytes: a
     FIFO, a device or a directory is refused without blocking on it."""
-    fix = "Fix: point it at a model file written by `iolib tune --retrain`."
+    fix = "Fix: point it at a model file written by `python -m benchmarks.tuner_lab retrain`."
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
@@ -182,7 +182,10 @@ def _read_bounded(path: Path, limit: int, what: str) -> bytes:
 def _plain_arrays(data: bytes, path: Path) -> dict[str, np.ndarray]:
     """The arrays of an .npz held in `data`, refusing pickles and any member whose
     declared size, inflated, passes `MAX_ARRAY_BYTES` (a zip bomb), before inflating."""
-    fix = "Fix: retrain it with `iolib tune --retrain OBSERVATIONS... --model-out PATH.npz`."
+    fix = (
+        "Fix: retrain it with "
+        "`python -m benchmarks.tuner_lab retrain OBSERVATIONS... --model-out PATH.npz`."
+    )
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             members = archive.infolist()
@@ -251,7 +254,10 @@ def load_arrays(
     from its sidecar's or from `expected_sha256`, or whose sidecar is missing.
     """
     path = Path(path)
-    fix = "Fix: retrain it with `iolib tune --retrain OBSERVATIONS... --model-out PATH.npz`."
+    fix = (
+        "Fix: retrain it with "
+        "`python -m benchmarks.tuner_lab retrain OBSERVATIONS... --model-out PATH.npz`."
+    )
     try:
         meta = json.loads(_read_bounded(sidecar(path), MAX_SIDECAR_BYTES, "Sidecar"))
     except FileNotFoundError as exc:

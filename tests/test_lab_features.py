@@ -6,9 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.tuner_lab.synthetic import make_observations
-from predictors.errors import LeakageError, SchemaError
-from predictors.features import (
+from benchmarks.tuner_lab.features import (
     CONFIG_COLUMNS,
     DERIVED,
     FEATURE_COLUMNS,
@@ -21,6 +19,8 @@ from predictors.features import (
     service_ms_per_batch,
     validate_observations,
 )
+from benchmarks.tuner_lab.synthetic import make_observations
+from predictors.errors import LeakageError, SchemaError
 
 pytestmark = pytest.mark.lab  # the lab's simulator (benchmarks/tuner_lab)
 

@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.tuner_lab.features import SCHEMA_VERSION, group_labels
+from benchmarks.tuner_lab.model import MODEL_ENV, Predictor, load, load_default
+from benchmarks.tuner_lab.model_file import SHIPPED_SHA256, sha256
 from benchmarks.tuner_lab.synthetic import make_observations
 from benchmarks.tuner_lab.training import TrainablePredictor, evaluate, train_default
 from predictors.baselines import ConstantModel, QueueingModel
 from predictors.errors import ModelVersionError, SchemaError
-from predictors.features import SCHEMA_VERSION, group_labels
-from predictors.model import MODEL_ENV, Predictor, load, load_default
-from predictors.model_file import SHIPPED_SHA256, sha256
 
 pytestmark = pytest.mark.lab  # trains models: the lab's simulator and scikit-learn
 
@@ -169,7 +169,7 @@ def test_a_changed_model_file_is_refused_by_its_digest(fitted, tmp_path):
 
 
 def test_the_shipped_model_matches_its_pinned_digest():
-    from predictors.model import DEFAULT_MODEL_PATH
+    from benchmarks.tuner_lab.model import DEFAULT_MODEL_PATH
 
     assert sha256(DEFAULT_MODEL_PATH) == SHIPPED_SHA256
     with warnings.catch_warnings():

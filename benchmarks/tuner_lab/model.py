@@ -1,7 +1,7 @@
-"""The learned predictor as the tuner loads it: throughput, stall fraction and memory.
+"""The cross-workload learned predictor: throughput, stall fraction and memory.
 
-A `Predictor` holds trees fitted elsewhere (the research lab, `benchmarks.tuner_lab.training`,
-which `iolib tune --retrain` uses) on the inputs of `predictors.features`. Each tree
+A `Predictor` holds trees fitted by `benchmarks.tuner_lab.training` (`python -m
+benchmarks.tuner_lab retrain`) on the inputs of `benchmarks.tuner_lab.features`. Each tree
 predicts a *correction* to first principles rather than the raw outcome:
 
 - throughput: log(throughput) - log(queueing-model throughput);
@@ -9,12 +9,12 @@ predicts a *correction* to first principles rather than the raw outcome:
   stall) = throughput * step / batch_size (or a direct tree, `stall_from_throughput=False`);
 - memory: log(memory) - log(depth * batch_bytes).
 
-`save` writes the trees as plain arrays (`predictors.model_file`: loading never runs
+`save` writes the trees as plain arrays (`benchmarks.tuner_lab.model_file`: loading never runs
 code); `load` refuses another schema version or a changed file; `load_default` falls
 back to the queueing model, with a warning, when the model is missing or broken. No
 learned model has beaten the queueing prior on families it never saw
-(benchmarks/results/model-transfer.md), so `prefetch="auto"` loads none unless
-$IOLIB_TUNER_MODEL names one, and this module never imports scikit-learn.
+(benchmarks/results/model-transfer.md), so the runtime (`prefetch="auto"`) loads none:
+this model is the lab's, and this module never imports scikit-learn.
 
 Example:
     >>> model = load(path)
@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from predictors.baselines import QueueingModel
-from predictors.errors import ModelVersionError, SchemaError
-from predictors.features import (
+from benchmarks.tuner_lab.features import (
     INPUT_COLUMNS,
     SCHEMA_VERSION,
     extract_features,
     queueing_batches_per_s,
     validate_observations,
 )
+from predictors.baselines import QueueingModel
+from predictors.errors import ModelVersionError, SchemaError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,11 +59,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL_PATH = Path(__file__).parent / "data" / "default_model.npz"
-MODEL_ENV = "IOLIB_TUNER_MODEL"  # a retrained model's path, used instead of the shipped one
+MODEL_ENV = "IOLIB_TUNER_MODEL"  # a retrained model's path, for the lab's scripts
 
 
 def user_model_path() -> Path:
-    """Where `iolib tune --retrain` writes when no path is named: the user's data
+    """Where `python -m benchmarks.tuner_lab retrain` writes when no path is named: the user's data
     directory, never the installed package (`$XDG_DATA_HOME/iolib/model.npz`)."""
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "iolib" / "model.npz"
@@ -107,7 +107,7 @@ class Predictor:
         if not hasattr(self, "models_"):
             raise RuntimeError(
                 "This Predictor holds no trees. Fix: `load(path)` a model written by "
-                "`iolib tune --retrain`."
+                "`python -m benchmarks.tuner_lab retrain`."
             )
         x = extract_features(frame)
         thr_base, mem_base = prior_bases(frame) if self.residual else (0.0, 0.0)
@@ -134,8 +134,8 @@ class Predictor:
     # --- persistence ------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write `path` (.npz: the fitted trees as plain arrays) and `path` + ".json"
-        (schema version, provenance, metrics, digest). See `predictors.model_file`."""
-        from predictors.model_file import TreeEnsemble, save_arrays
+        (schema version, provenance, metrics, digest). See `benchmarks.tuner_lab.model_file`."""
+        from benchmarks.tuner_lab.model_file import TreeEnsemble, save_arrays
 
         ensembles = {
             name: m if isinstance(m, TreeEnsemble) else TreeEnsemble.from_sklearn(m)
@@ -159,10 +159,13 @@ class Predictor:
 def load(path: str | Path, expected_sha256: str | None = None) -> Predictor:
     """Load a saved Predictor without running code; raise ModelVersionError if it fits
     another schema, is not plain arrays, or its digest differs (`model_file.load_arrays`)."""
-    from predictors.model_file import load_arrays
+    from benchmarks.tuner_lab.model_file import load_arrays
 
     path = Path(path)
-    retrain = "Fix: retrain it with `iolib tune --retrain OBSERVATIONS... --model-out PATH.npz`."
+    retrain = (
+        "Fix: retrain it with "
+        "`python -m benchmarks.tuner_lab retrain OBSERVATIONS... --model-out PATH.npz`."
+    )
     ensembles, meta = load_arrays(path, expected_sha256)
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
@@ -211,16 +214,16 @@ def _number(
     if not ok:
         raise ModelVersionError(
             f"Model {path}: `{key}` must be a finite number in [{low:g}, {high:g}]. "
-            f"Found: {value!r}. Fix: retrain it with `iolib tune --retrain`."
+            f"Found: {value!r}. Fix: retrain it with `python -m benchmarks.tuner_lab retrain`."
         )
     return float(value)
 
 
 def load_default(path: str | Path | None = None) -> Predictor | QueueingModel:
-    """The model the tuner uses: `path`, else $IOLIB_TUNER_MODEL, else the shipped one
+    """The lab's model: `path`, else $IOLIB_TUNER_MODEL, else the one in the lab
     (its digest checked against `SHIPPED_SHA256`). A missing or unreadable model gives
     the queueing model and a warning: tuning degrades, the training run goes on."""
-    from predictors.model_file import SHIPPED_SHA256
+    from benchmarks.tuner_lab.model_file import SHIPPED_SHA256
 
     chosen = path if path is not None else os.environ.get(MODEL_ENV)
     path = Path(chosen) if chosen else DEFAULT_MODEL_PATH
@@ -230,7 +233,8 @@ def load_default(path: str | Path | None = None) -> Predictor | QueueingModel:
     except Exception as exc:  # any failure here must degrade, never crash the training run
         message = (
             f"predictors: could not load the model {path} ({type(exc).__name__}: {exc}); "
-            "using the queueing model instead. Fix: `iolib tune --retrain OBSERVATIONS...` "
+            "using the queueing model instead. Fix: "
+            "`python -m benchmarks.tuner_lab retrain OBSERVATIONS...` "
             f"and point ${MODEL_ENV} at the file it writes."
         )
         log.warning(message)
