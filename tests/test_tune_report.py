@@ -267,8 +267,8 @@ def test_bench_data_and_tune_decode_the_same_way(tmp_path, capsys) -> None:
     import pyarrow.parquet as pq
     from click.testing import CliRunner
 
-    from iolib.cli.common import IMAGE_BATCH, IMAGE_SIZE
     from iolib.cli import main
+    from iolib.cli.common import IMAGE_BATCH, IMAGE_SIZE
     from iolib.cli.tune import tune
     from tests.conftest import jpeg_bytes
 

@@ -17,6 +17,9 @@ from typing import Any
 
 import click
 
+from iolib.cli.bench.profiles import PROFILE_NAMES
+from iolib.cli.bench.runner import SHUFFLES, TORCH_READS, BenchSpec
+from iolib.cli.bench.workloads import WORKLOAD_KINDS
 from iolib.cli.common import (
     IMAGE_BATCH,
     IMAGE_SIZE,
@@ -26,9 +29,6 @@ from iolib.cli.common import (
     require_report_extra,
     storage_options_option,
 )
-from iolib.cli.bench.profiles import PROFILE_NAMES
-from iolib.cli.bench.runner import SHUFFLES, TORCH_READS, BenchSpec
-from iolib.cli.bench.workloads import WORKLOAD_KINDS
 
 # The sweep behind `--sweep` (a training set for the predictor; time-bounded).
 SWEEP = {
