@@ -160,6 +160,8 @@ class TokenBudgetBatches(SeededSource):
         for name, value in checked:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"`{name}` must be an integer >= 1. Found: {value!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigError(f"`seed` must be an integer >= 0. Found: {seed!r}.")
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options,
                                    cache_bytes=cache_bytes)  # fmt: skip
