@@ -92,7 +92,8 @@ def test_dataset_url_workload(tmp_path, capsys):
     code, out, err = run_cli(
         [*TINY, "--profile", "local", "--data", str(images), "-w", "tokens"], capsys
     )
-    assert code == 0, err and "tokens-data" in out
+    assert code == 0, err
+    assert "tokens-data" in out, out
     code, _, err = run_cli(
         [*TINY, "--profile", "local", "--data", str(images), "-w", "images"], capsys
     )
