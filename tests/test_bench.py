@@ -274,7 +274,7 @@ def test_a_variable_length_token_corpus_benches_on_both_loaders(tmp_path, capsys
 
     lengths = doc_lengths(96, low=0, high=50)
     data = write_documents(tmp_path / "corpus", lengths, shards=2, nulls=(3, 40))
-    code, out, err = run_cli(
+    code, _, err = run_cli(
         [*TINY, "--profile", "local", "--data", data, "-w", "tokens", "--loaders", "iolib,torch",
          "--out", str(tmp_path / "out")], capsys)  # fmt: skip
     assert code == 0, err
