@@ -207,7 +207,15 @@ class TorchDatasetSource(Source):
     def _fetch(self, keys: list[Any]) -> Any:
         if self.getitems:
             return self.dataset.__getitems__(keys)
-        return [self._get(key) for key in keys]
+        # One loop, no call per sample (a Dataset of cheap samples paid ~0.4 µs each).
+        dataset, samples, key = self.dataset, [], None
+        try:
+            for key in keys:
+                samples.append(dataset[key])
+        except Exception as exc:
+            tag_sample(exc, key)
+            raise
+        return samples
 
     def _seeded(self, key: Any, epoch: int, drawn: list[str]) -> Any:
         _seed_globals(global_seed(self.seed, epoch, key), drawn)
