@@ -149,6 +149,14 @@ def check_state(state: dict[str, Any], current: LoaderState) -> LoaderState:
     if not isinstance(state, dict):
         raise StateError(f"A loader state must be a dict from state_dict(). Found: {type(state)}.")
     state = {**_OPTIONAL, **state}
+    version = state.get("version")
+    if version != STATE_VERSION and version is not None:
+        # Before the keys: an older state lacks newer keys, and "lacks keys" hid the cause.
+        raise StateError(
+            f"The state's version differs: it was written by another iolib (state version "
+            f"{version!r}; this iolib reads version {STATE_VERSION}). Resume with the iolib "
+            "that saved it, or start the epoch without load_state_dict()."
+        )
     expected = set(current.to_dict())
     missing = sorted(expected - set(state))
     if missing:
@@ -165,11 +173,6 @@ def check_state(state: dict[str, Any], current: LoaderState) -> LoaderState:
         raise StateError(
             f"The state has values of the wrong type: {', '.join(wrong)}. It was edited or "
             "damaged; use a state from DataLoader.state_dict()."
-        )
-    if state["version"] != STATE_VERSION:
-        raise StateError(
-            f"State version {state['version']} is not supported (this iolib writes "
-            f"{STATE_VERSION})."
         )
     differ = [
         _dataset_differences(state, current)

@@ -329,7 +329,8 @@ class BatchFetcher:
             batch = self._make(BatchTask(task.number, keys, task.epoch), spare)
             for stage, ms in spare.stage_ms.items():
                 meta.stage_ms[stage] = meta.stage_ms.get(stage, 0.0) + ms
-            meta.skipped.extend(spare.skipped)
+            # A spare that fails is not counted here: it is a sample of the epoch, counted
+            # by its own batch (counted here too, a bad row counted twice).
             if spare.samples > 0:
                 meta.samples = meta.refilled = spare.samples
                 return batch

@@ -203,7 +203,22 @@ class DataLoader(Generic[T_co]):
                 self._cursor.epoch += 1
             self._cursor.position = 0
         self._resume_pending = self._epoch_chosen = False
+        self._draw_as_torch()
         return self._feed.begin(owner=self)
+
+    def _draw_as_torch(self) -> None:
+        """Take from torch's generators the draws torch's DataLoader takes per iter(): its
+        iterator's base seed (from `generator`, else the global one; once with persistent
+        workers) and its RandomSampler's seed (global, each epoch, when it shuffles with
+        no generator). The values are not used (iolib's order comes from `seed`); the
+        draws keep a script's later ones (dropout, augmentations) equal to torch's."""
+        o = self.options
+        if not (o.persistent_workers and self.__dict__.get("_base_seed_drawn")):
+            torch.empty((), dtype=torch.int64).random_(generator=o.generator)
+            self.__dict__["_base_seed_drawn"] = True
+        own_order = o.sampler is None and o.batch_sampler is None and not o.iterable
+        if own_order and o.generator is None and self.shuffle != "none":
+            torch.empty((), dtype=torch.int64).random_()
 
     def close(self) -> None:
         """Stop workers now (they also stop at the epoch's end unless persistent), and

@@ -73,6 +73,8 @@ def feistel(
     """The image of each `x` (0 <= x < n) under the bijection of [0, n) keyed by `keys`
     (from `round_keys`) and `tweak` (one independent bijection per tweak value: a
     window number). `n` and `tweak` may be arrays, one per element of `x`."""
+    if np.any(np.asarray(n) < 0):
+        raise ValueError(f"feistel: the domain size n must be >= 0. Found: {n!r}.")
     x = np.asarray(x, dtype=np.int64)
     shape = x.shape
     flat = x.reshape(-1).astype(np.uint64)

@@ -26,22 +26,28 @@ MASK = "***"
 _SENSITIVE = re.compile(
     r"key|secret|token|passw|credential|signature|sig$|auth|session", re.IGNORECASE
 )
-# scheme://user:password@host, where the password may hold any character but an '@'
-# (AWS secret keys hold '/' and '+'), or scheme://token@host (no '/' in a token: a path
-# may hold '@'). The user part stops at ':' or '/', so a port (host:8080/a@b) is not one.
+# scheme://user:password@host, where the password may hold any character but blanks
+# (AWS secret keys hold '/' and '+'; others quotes and ':'), an '@' only where another
+# '@' follows before the next '/' (as URL parsers take the last '@' of the host part),
+# or scheme://token@host (no '/' in a token: a path may hold '@'). The user part stops
+# at ':' or '/', so a port (host:8080/a@b) is not one.
 _USERINFO = re.compile(
     r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
-    r"(?P<user>[^/:\s@'\"]+:(?!\d+/)[^\s@'\"]*|[^/:\s@'\"]+)@"
+    r"(?P<user>[^/:\s@]+:(?!\d+/)(?:[^\s@]|@(?=[^\s/@]*@))*|[^/:\s@]+)@"
 )
-# "secret": "value", secret=value, 'token': 'value' (JSON, Python reprs, query strings)
+# "secret": "value", secret=value, 'token': 'value' (JSON, Python reprs, query strings),
+# "Authorization": "Bearer value" (the scheme word kept, the credential masked).
 # An exception's name ("NoCredentialsError: Unable to ...") is no assignment.
 _ASSIGNED = re.compile(
     r"(?P<name>(?<![A-Za-z0-9_-])[\"']?[A-Za-z0-9_-]*"
     r"(?:key|secret|token|passw\w*|credential\w*|signature|auth\w*)"
     r"(?<!error)(?<!exception)(?<!warning)"
-    r"[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\"'&,}\s]+)",
+    r"[\"']?\s*[:=]\s*[\"']?(?:(?:Bearer|Basic|Token|Digest|AWS4-HMAC-SHA256)\s+)?)"
+    r"(?P<value>[^\"'&,}\s]+)",
     re.IGNORECASE,
 )
+# Words that open an Authorization header's value: the credential is what follows.
+_AUTH_SCHEMES = re.compile(r"^(?:Bearer|Basic|Token|Digest)\s+(\S+)$", re.IGNORECASE)
 _MIN_SECRET = 4  # shorter values would mask innocent text everywhere
 
 
@@ -103,7 +109,11 @@ def _collect(value: Any, found: set[str], sensitive: bool) -> None:
         for v in value:
             _collect(v, found, sensitive)
     elif isinstance(value, (str, bytes)) and sensitive:
-        found.add(value.decode(errors="replace") if isinstance(value, bytes) else value)
+        text = value.decode(errors="replace") if isinstance(value, bytes) else value
+        found.add(text)
+        scheme = _AUTH_SCHEMES.match(text.strip())
+        if scheme:  # "Bearer hf_...": the token alone is printed too
+            found.add(scheme.group(1))
     elif isinstance(value, str) and "://" in value:
         found.update(_url_secrets(value))
 
@@ -130,12 +140,15 @@ def redact_options(options: Any) -> Any:
 def redact_text(text: str, secrets: Iterable[str] = (), *, assignments: bool = True) -> str:
     """`text` with URL user info, each of `secrets` and (unless `assignments` is False, as
     for tracebacks that quote source lines) `name=value` credentials masked."""
-    text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", str(text))
-    if assignments:
-        text = _ASSIGNED.sub(lambda m: f"{m.group('name')}{MASK}", text)
+    # Known secrets first: a pattern rule that masked part of one ("Bearer" of
+    # "Bearer hf_...") would leave the rest unmatched.
+    text = str(text)
     for secret in sorted(set(secrets), key=len, reverse=True):  # longest first
         if len(secret) >= _MIN_SECRET:
             text = text.replace(secret, MASK)
+    text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    if assignments:
+        text = _ASSIGNED.sub(lambda m: f"{m.group('name')}{MASK}", text)
     return text
 
 
@@ -151,16 +164,16 @@ class Redactor:
         # "KEY:<what a parser kept of the secret>", however short that piece is.
         users = {u.split(":", 1)[0] for u in map(userinfo, map(str, urls)) if u and ":" in u}
         self._quoted = [
-            re.compile(re.escape(user) + r":[^\s'\"@]*")
+            re.compile(re.escape(user) + r":[^\s@]*")
             for user in sorted(users, key=len, reverse=True)
             if len(user) >= _MIN_SECRET
         ]
 
     def __call__(self, text: str, *, assignments: bool = True) -> str:
-        text = str(text)
+        text = redact_text(str(text), self.secrets, assignments=False)  # known ones first
         for pattern in self._quoted:
             text = pattern.sub(MASK, text)
-        return redact_text(text, self.secrets, assignments=assignments)
+        return redact_text(text, (), assignments=assignments)
 
     def changes(self, text: str) -> bool:
         """True when `text` holds something this redactor masks."""

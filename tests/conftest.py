@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import tempfile
@@ -21,6 +22,34 @@ os.environ["IOLIB_HISTORY"] = tempfile.mkdtemp(prefix="iolib-history-")
 @pytest.fixture(autouse=True)
 def _own_history(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("IOLIB_HISTORY", str(tmp_path_factory.mktemp("history")))
+
+
+# IOLIB_REQUIRE=dali,moto,s3fs,aiohttp (.ci/run sets it): a listed dependency that does not
+# import fails its tests instead of skipping them, so a broken install cannot leave a run
+# green. A name matches any dotted part of the module ("dali" matches "nvidia.dali").
+REQUIRED = frozenset(w.strip() for w in os.environ.get("IOLIB_REQUIRE", "").split(",") if w)
+_importorskip = pytest.importorskip
+
+
+def _required(modname: str) -> bool:
+    return "all" in REQUIRED or bool(REQUIRED & set(modname.split(".")))
+
+
+def importorskip_unless_required(modname: str, *args, **kwargs):
+    """`pytest.importorskip`, except that a module named in IOLIB_REQUIRE must import."""
+    if _required(modname):
+        try:
+            return importlib.import_module(modname)
+        except Exception as exc:  # a broken install: an error, never a skip
+            raise pytest.fail.Exception(
+                f"{modname} is required here (IOLIB_REQUIRE={os.environ['IOLIB_REQUIRE']!r}) "
+                f"but does not import: {type(exc).__name__}: {exc}",
+                pytrace=False,
+            ) from exc
+    return _importorskip(modname, *args, **kwargs)
+
+
+pytest.importorskip = importorskip_unless_required
 
 
 def run_cli(capture: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:

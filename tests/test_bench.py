@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from iolib.cli import main
 from iolib.cli.bench.records import (
@@ -99,7 +101,8 @@ def test_dataset_url_workload(tmp_path, capsys):
     code, out, err = run_cli(
         [*TINY, "--profile", "local", "--data", str(images), "-w", "tokens"], capsys
     )
-    assert code == 0, err and "tokens-data" in out
+    assert code == 0, err
+    assert "tokens-data" in out, out
     code, _, err = run_cli(
         [*TINY, "--profile", "local", "--data", str(images), "-w", "images"], capsys
     )
@@ -269,3 +272,32 @@ def test_both_loaders_read_the_same_samples_in_order(tmp_path):
     assert len(batches["torch"]) == len(batches["iolib"]) == 6
     for a, b in zip(batches["iolib"], batches["torch"], strict=True):
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
+
+
+def test_a_variable_length_token_corpus_benches_on_both_loaders(tmp_path, capsys):
+    """Real token corpora are variable-length (empty and null rows included): the torch
+    side pads them as iolib does instead of failing in np.stack."""
+    from tests.token_data import doc_lengths, write_documents
+
+    lengths = doc_lengths(96, low=0, high=50)
+    data = write_documents(tmp_path / "corpus", lengths, shards=2, nulls=(3, 40))
+    code, _, err = run_cli(
+        [*TINY, "--profile", "local", "--data", data, "-w", "tokens", "--loaders", "iolib,torch",
+         "--out", str(tmp_path / "out")], capsys)  # fmt: skip
+    assert code == 0, err
+    df = read_observations(str(tmp_path / "out" / "observations.parquet"))
+    assert sorted(df["loader"]) == ["iolib", "torch"] and df["complete"].all()
+    assert (df["batches"] == 2).all()  # after the first batch, as every bench row
+
+
+def test_torch_side_pads_token_rows_as_iolib_does():
+    from iolib.cli.bench.datasets import Collate
+
+    rows = [{"tokens": np.array([1, 2, 3], np.int32)}, {"tokens": np.zeros(0, np.int32)},
+            {"tokens": None}, {"tokens": np.array([7], np.int32)}]  # fmt: skip
+    batch = Collate("tokens", decode=False)(rows)
+    assert batch["tokens"].tolist() == [[1, 2, 3], [0, 0, 0], [0, 0, 0], [7, 0, 0]]
+    assert batch["tokens_lengths"].tolist() == [3, 0, 0, 1]
+    assert batch["tokens_mask"].sum().item() == 4 and batch["tokens"].dtype == torch.int32
+    fixed = Collate("tokens", decode=False)([{"tokens": np.arange(4)}] * 2)
+    assert list(fixed) == ["tokens"] and fixed["tokens"].shape == (2, 4)

@@ -75,7 +75,11 @@ def test_torch_dataset_global_rng_same_inline_and_in_processes() -> None:
 
 
 def test_torch_dataset_inline_keeps_callers_rng_state() -> None:
+    """The samples' draws are given back; what remains taken is what torch's DataLoader
+    takes per iter() (its base seed and its RandomSampler's seed), as under torch."""
     torch.manual_seed(123)
+    for _ in range(2):
+        torch.empty((), dtype=torch.int64).random_()
     expected = torch.rand(2)
     torch.manual_seed(123)
     list(DataLoader(NoisyDataset(), batch_size=9, shuffle=True))

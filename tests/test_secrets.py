@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import fsspec
@@ -26,7 +27,7 @@ from tests.conftest import jpeg_bytes, run_cli
 from tests.fixtures_s3 import s3_options  # noqa: F401
 
 KEY, SECRET, SLASHED = "AKIAFAKEKEY7", "SECRETVALUE9", "ab12/Cd34+Ef56/Gh78"
-SECRETS = (KEY, SECRET, SLASHED, "Cd34+Ef56", "Gh78x")
+SECRETS = (KEY, SECRET, SLASHED, "Cd34+Ef56", "Gh78")
 PLAIN = f"memory://{KEY}:{SECRET}@bucket"  # fsspec's memory store keeps the user info
 WITH_SLASH = f"memory://{KEY}:{SLASHED}@bucket"
 HTTP = f"http://user:{SECRET}@127.0.0.1:9/data.parquet"  # nothing listens on port 9
@@ -163,3 +164,113 @@ def test_s3_credentials_in_options_reach_no_output(s3_options, capfd) -> None:  
     ):
         code, output = _run(args, capfd)
         assert code == 2 and not _leaks(output), (args, output)
+
+
+# -- every command that records or prints its arguments x every shape of secret ----------
+def _pieces(password: str) -> list[str]:
+    """The parts of `password` between its special characters (what a parser that stops
+    at one of them would print)."""
+    return [p for p in re.split(r"['\"@:]", password) if len(p) >= 4]
+
+
+BEARER = "hf_BearerTok3nValue"
+PASSWORDS = {  # URL passwords with the characters quoting and URL parsers trip on
+    "quote": "Pqq7'Rss8",
+    "double-quote": 'Dqq7"Ess8',
+    "at": "Att7@Bss8",
+    "colon": "Cqq7:Fss8",
+    "all": "Mqq7'Nss8\"Oss8@Pss8:Qss8",
+}
+SHAPES = {
+    "bearer-header": ([], ["-o", 'headers={"Authorization": "Bearer ' + BEARER + '"}'], [BEARER]),
+    "options": ([], ["-o", f"key={KEY}", "-o", f"secret={SECRET}", "-o", "token=TokVal9x"],
+                [KEY, SECRET, "TokVal9x"]),
+    "json-options": ([], ["--storage-options", json.dumps({"token": "TokJson9x", "key": KEY})],
+                     ["TokJson9x", KEY]),
+    **{f"url-{name}": ([password], [], [password, *_pieces(password)])
+       for name, password in PASSWORDS.items()},
+}  # fmt: skip
+COMMANDS = ["inspect", "inspect-json", "bench", "tune", "index", "convert"]
+
+
+def _shape_data(shape: str) -> tuple[str, list[str], list[str]]:
+    """(a memory:// URL holding a token dataset, extra arguments, secrets) for `shape`."""
+    passwords, extra, secrets = SHAPES[shape]
+    user = f"{KEY}:{passwords[0]}@" if passwords else ""
+    base = f"memory://{user}sec-{shape}"
+    buffer = io.BytesIO()
+    table = pa.table({"ids": [[1, 2, 3, 4]] * 64, "tokens": [[5, 6, 7]] * 64})
+    pq.write_table(table, buffer, row_group_size=16)
+    fsspec.filesystem("memory").pipe(f"{base.split('://')[1]}/train/a.parquet", buffer.getvalue())
+    return f"{base}/train", extra, secrets
+
+
+def _command(name: str, url: str, out: Path) -> list[str]:
+    return {
+        "inspect": ["inspect", url],
+        "inspect-json": ["inspect", url, "--json"],
+        "bench": ["bench", "--data", url, "-w", "tokens", "--samples", "64", "--batches", "2",
+                  "--workers", "0", "--repeats", "1", "--no-progress", "--out", str(out)],
+        "tune": ["tune", url, "--step-ms", "5", "--batches", "4", "--max-workers", "1",
+                 "--out", str(out)],
+        "index": ["index", url, "--tokens", "tokens"],
+        "convert": ["convert", url, str(out / "shards")],
+    }[name]  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_secret_of_any_shape_in_any_output_or_file(capfd, tmp_path, command, shape) -> None:
+    """Each command run with the secret in a bearer header, in key/secret/token options or
+    in a URL password holding ' " @ or ': nothing printed and no file written (the output
+    folder, the dataset's own folder: _metadata, token indexes) holds the secret."""
+    url, extra, secrets = _shape_data(shape)
+    out = tmp_path / "out"
+    args = _command(command, url, out) + extra
+    code, output = _run(args, capfd)
+    written = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    memory = fsspec.filesystem("memory")
+    root = url.split("://")[1].rsplit("/", 1)[0]
+    for path in memory.find(root):
+        written[path] = memory.cat_file(path)
+    leaked = [s for s in secrets if s in output]
+    assert not leaked, (args, leaked, output)
+    for path, data in written.items():
+        assert not [s for s in secrets if s.encode() in data], (path, args)
+    if command == "bench":  # the run ran and its record says what was asked, masked
+        assert code == 0, output
+        recorded = json.loads((out / "run.json").read_text())["command"]
+        assert "***" in recorded and "--data" in recorded, recorded
+
+
+def test_the_range_warning_names_no_password_with_a_quote(caplog) -> None:
+    """The "server ignored a range request" warning quotes the file's URL: masked."""
+    from iolib.sources.ranges import RangedFile
+
+    caplog.set_level("WARNING")
+    url = "http://user:Pqq7'Rss8@127.0.0.1:9/data.parquet"
+    ranged = RangedFile.__new__(RangedFile)
+    ranged.path, ranged.size, ranged._warned_ranges = url, 4, False
+    ranged._whole_file(0, 2, b"abcd")
+    assert "server ignored a range request" in caplog.text
+    assert not [s for s in ("Pqq7'Rss8", "Rss8", "Pqq7") if s in caplog.text], caplog.text
+    RangedFile._warned_ranges = False
+
+
+@pytest.mark.parametrize("name", ["token", "sas_token", "key", "secret", "password"])
+def test_each_sensitive_option_name_is_masked_wherever_its_value_appears(name) -> None:
+    """The value under a sensitive name is a known secret: masked in free text too, where
+    no `name=value` pattern can find it."""
+    from iolib.redact import is_sensitive, redact_options, secrets_in
+
+    assert is_sensitive(name)
+    assert secrets_in(options={name: "Vq3zLm9w"}) == {"Vq3zLm9w"}
+    assert redact_options({name: "Vq3zLm9w"}) == {name: "***"}
+    assert Redactor([], {name: "Vq3zLm9w"})("denied for Vq3zLm9w") == "denied for ***"
+
+
+def test_a_bearer_token_is_masked_alone_and_after_its_scheme() -> None:
+    redact = Redactor([], {"headers": {"Authorization": f"Bearer {BEARER}"}})
+    assert BEARER not in redact(f"sent {BEARER}") and redact(f"sent {BEARER}") == "sent ***"
+    text = redact_text(f'{{"Authorization": "Bearer {BEARER}"}}')  # no known secret: the rule
+    assert BEARER not in text and "Bearer ***" in text

@@ -68,3 +68,24 @@ def test_skip_survives_a_run_of_bad_row_groups(clean, tmp_path, seed, first, len
     seen = {i for batches in per_rank for batch in batches for i in batch}
     assert not seen & bad, "a bad sample was delivered"
     assert seen == set(range(GROUPS * ROWS)) - bad, "a good sample was lost"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True, "block"])
+def test_skipped_counts_each_bad_row_once_and_blames_no_cache(
+    clean, tmp_path, caplog, shuffle, workers
+) -> None:
+    """Every other row group corrupt (500 bad rows): `skipped` is 500 in every shuffle
+    mode (shuffle=False counted the failed spares of refilled batches again: 559), and a
+    dataset far below the cache logs no "cache holds less than this shuffle needs"."""
+    caplog.set_level("WARNING")
+    url = _corrupted(clean, tmp_path / "bad.parquet", range(0, GROUPS, 2))
+    loader = DataLoader(ParquetSource(url), batch_size=16, shuffle=shuffle, seed=1,
+                        on_error="skip", num_workers=workers)  # fmt: skip
+    ids = [i for b in loader for i in np.asarray(b["id"]).tolist()]
+    good = {i for i in range(GROUPS * ROWS) if (i // ROWS) % 2}
+    assert set(ids) == good
+    stats = loader.stats()
+    assert stats["skipped"] == GROUPS * ROWS - len(good) == 500, stats
+    assert len(ids) == len(good) + stats["refilled"]  # the only repeats: refilled batches
+    assert "holds less than this shuffle needs" not in caplog.text

@@ -79,20 +79,73 @@ def test_cuts_split_at_token_quantiles() -> None:
 @given(
     st.integers(1, 4096).flatmap(
         lambda budget: st.tuples(
-            st.just(budget), st.lists(st.integers(0, budget), min_size=1, max_size=300)
+            st.just(budget),
+            # Zeros (empty and null rows) and rows truncated to the budget, as real data.
+            st.lists(
+                st.one_of(st.integers(0, budget), st.just(0), st.just(budget)),
+                min_size=1,
+                max_size=300,
+            ),
         )
     )
 )
 def test_cuts_strictly_increase_and_keep_every_batch_within_budget(case) -> None:
-    """Any lengths in any order, any budget: every batch holds >= 1 row and <= max_tokens."""
+    """Any lengths in any order, any budget: every batch holds >= 1 token and <=
+    max_tokens, and every row lies in exactly one batch."""
     budget, lengths = case
     lengths = np.array(lengths, dtype=np.int64)
     batches = batch_count(lengths, budget)
+    assert batches <= np.count_nonzero(lengths)
+    if batches == 0:
+        assert not lengths.any()
+        return
     cuts = budget_cuts(lengths, batches)
     assert cuts[0] == 0 and cuts[-1] == lengths.size and cuts.size == batches + 1
     assert (np.diff(cuts) >= 1).all(), cuts
     sums = np.add.reduceat(lengths, cuts[:-1])
+    assert (sums >= 1).all(), (sums, lengths.tolist())
     assert (sums <= budget).all(), (sums, budget)
+
+
+def test_a_row_without_tokens_never_makes_a_batch_of_its_own() -> None:
+    """Rows truncated to max_tokens next to empty rows once gave batches of (1, 0)."""
+    lengths = np.array([5, 5, 0])
+    assert batch_count(lengths, 3 + 2) == 2
+    assert budget_cuts(lengths, 2).tolist() == [0, 1, 3]  # the empty row rides with a 5
+    assert budget_cuts(np.array([0, 0, 5, 0, 5, 0]), 2).tolist() == [0, 4, 6]
+    with pytest.raises(ValueError, match="3 budget batches of 2 rows holding tokens"):
+        budget_cuts(lengths, 3)
+    assert batch_count(np.zeros(4, np.int64), 8) == 0
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_truncated_rows_and_empty_rows_give_no_batch_without_a_token(tmp_path, shuffle) -> None:
+    """Rows truncated to max_tokens with ~5% empty and null rows (the case that gave
+    input_ids (1, 0) and a NaN loss): every batch holds a token, every row once, the
+    empty rows counted."""
+    rng = np.random.default_rng(7)
+    lengths = np.minimum(rng.integers(1, 90, 400), 48)
+    lengths[rng.random(lengths.size) < 0.05] = 0
+    nulls = tuple(int(d) for d in rng.choice(np.flatnonzero(lengths), 4, replace=False))
+    lengths[list(nulls)] = 0
+    url = write_documents(tmp_path / "r", lengths, row_group_size=32, nulls=nulls)
+    source = TokenBudgetBatches(url, column="tokens", max_tokens=48)
+    assert source.empty_rows == int((lengths == 0).sum()) > 4
+    loader = DataLoader(source, batch_size=1, shuffle=shuffle, seed=2)
+    for epoch in (0, 1):
+        batches = epoch_batches(loader, epoch)
+        assert len(batches) == np.count_nonzero(lengths)  # one long row a batch
+        for b in batches:
+            assert 1 <= int(b["tokens_lengths"].sum()) <= 48, b["id"]
+            assert b["tokens"].shape[1] >= 1
+        ids = np.concatenate([b["id"] for b in batches])
+        assert sorted(ids.tolist()) == list(range(lengths.size))
+
+
+def test_data_without_any_token_makes_no_batch(tmp_path) -> None:
+    url = write_documents(tmp_path / "r", np.zeros(6, np.int64), shards=1)
+    source = TokenBudgetBatches(url, column="tokens", max_tokens=8)
+    assert len(source) == 0 and source.empty_rows == 6
 
 
 def test_no_epoch_yields_an_empty_batch_on_log_normal_rows(tmp_path) -> None:

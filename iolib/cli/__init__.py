@@ -85,6 +85,9 @@ def argv_redactor(args: list[str]) -> Redactor:
         key, sep, value = arg.partition("=")
         if sep and is_sensitive(key.lstrip("-")):
             options.append({key: value})
+        elif sep:  # -o headers={"Authorization": "Bearer ..."}: sensitive names inside
+            with contextlib.suppress(ValueError):
+                options.append({key: json.loads(value)})
     return Redactor(urls, options)
 
 

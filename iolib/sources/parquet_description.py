@@ -22,6 +22,7 @@ import pyarrow as pa
 from iolib.collate import ListFormat
 from iolib.errors import ConfigError, DataError
 from iolib.redact import Redactor
+from iolib.resources import parse_bytes
 from iolib.sources.footer import arrow_bytes, exact_size, leaf_values
 from iolib.sources.parquet_files import FileMeta, list_files, pack_files, unpack_files
 from iolib.sources.ranges import Span
@@ -67,6 +68,7 @@ class ParquetDescription:
         """A description from `ParquetSource`'s arguments, checked (nothing is read)."""
         if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
             raise ConfigError(f"`readahead` must be an integer >= 0. Found: {readahead!r}.")
+        cache_bytes = checked_cache_bytes(cache_bytes)
         listed = [urls] if isinstance(urls, str) else list(urls)
         if not listed or any(not isinstance(u, str) or not u.strip() for u in listed):
             raise ConfigError(
@@ -271,3 +273,25 @@ class ParquetDescription:
     def describe(self) -> str:
         n = len(self._index())
         return f"ParquetSource({self.redact(self.urls[0])!r}{f' +{n - 1} files' if n > 1 else ''})"
+
+
+MAX_CACHE_BYTES = 2**50  # 1 PiB: beyond any machine's memory, so surely a slip
+
+
+def checked_cache_bytes(value: Any) -> int | None:
+    """`cache_bytes` as a whole number of bytes (a size like "1GB" read as one), or None;
+    refused at construction, not at the first read, when it is no such thing."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = parse_bytes(value, "cache_bytes")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(
+            "`cache_bytes` must be a whole number of bytes >= 1 or a size like '1GB'. "
+            f"Found: {value!r}."
+        )
+    if not 1 <= int(value) <= MAX_CACHE_BYTES:
+        raise ConfigError(
+            f"`cache_bytes` must be between 1 byte and 1 PiB ({MAX_CACHE_BYTES}). Found: {value!r}."
+        )
+    return int(value)

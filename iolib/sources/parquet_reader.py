@@ -57,6 +57,7 @@ class ParquetReader:
         self._lock = threading.Lock()
         self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
         self._rereads_warned = False
+        self._failed_groups: set[int] = set()  # a read failed: read again, not the cache's doing
         self._ahead: ThreadPoolExecutor | None = None  # the read-ahead thread, made on use
         self._fetchers: ThreadPoolExecutor | None = None  # a batch's reads in parallel
         self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
@@ -285,6 +286,8 @@ class ParquetReader:
             with self._lock:
                 if dense is None and flight.table is not None:
                     self._cache.put(group, flight.table, threading.get_ident())
+                if flight.error is not None:
+                    self._failed_groups.add(group)
                 del self._in_flight[group]
             flight.done.set()
 
@@ -324,6 +327,11 @@ class ParquetReader:
                 if flight is not None and flight.owner == me and not flight.led:
                     del self._in_flight[group]
                     freed.append(flight)
+                    # Counted as read when claimed: uncount it, or its real read later
+                    # would look like a re-read (and blame the cache for it).
+                    epoch = getattr(self._local, "epoch", 0)
+                    self._cache.counts.read_this_epoch.get(epoch, set()).discard(group)
+                    self._cache.counts.reads -= 1
         claims.clear()
         for flight in freed:
             flight.done.set()
@@ -331,8 +339,9 @@ class ParquetReader:
     def _count_read(self, group: int) -> None:
         """Count a read from storage (the lock is held); warn once at the first re-read."""
         epoch = getattr(self._local, "epoch", 0)
-        if not self._cache.record_read(group, epoch) or self._rereads_warned:
-            return
+        again = self._cache.record_read(group, epoch)
+        if not again or self._rereads_warned or group in self._failed_groups:
+            return  # a failed row group read again (on_error="skip") says nothing of the cache
         self._rereads_warned = True
         meta, local = self.description.group(group)
         log.warning(

@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from fsspec.utils import merge_offset_ranges
 
+from iolib.redact import redact_url
 from iolib.storage import ShortReadError
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ class RangedFile(io.RawIOBase):
             log.warning(
                 "%s: the server ignored a range request [%d:%d] and sent the whole file "
                 "(%d bytes); iolib reads whole files from it.",
-                self.path,
+                redact_url(self.path),
                 start,
                 end,
                 self.size,

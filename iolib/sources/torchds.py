@@ -11,7 +11,7 @@ transforms are not deterministic: use ``transform(sample, rng)`` instead.
 Seeding costs about 6-18 µs a sample for the three generators (torch's CPU generator
 1 µs, numpy's legacy one 5 µs, ``random`` 12 µs): 20-38x torch's whole cost for a Dataset
 whose sample is an int. So a batch is first read without seeding, between two snapshots
-of the generators (~0.1 ms a batch, less than the loader's own cost per batch); if none
+of the generators (~10-20 µs a batch: `global_state` reads them as bytes); if none
 moved, no sample drew, and the batch is what per-sample seeding would have made. A
 generator that moved is seeded per sample from then on in this reader (the inline
 loader, or one process worker), and the batch is read again: a drawing Dataset has one
@@ -39,6 +39,7 @@ from torch.utils.data import IterableDataset
 
 from iolib.errors import ConfigError, tag_sample
 from iolib.sources.base import Source
+from iolib.sources.global_state import GENERATORS
 
 _MASK64 = (1 << 64) - 1
 
@@ -53,41 +54,13 @@ def global_seed(seed: int, epoch: int, key: Any) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
-class _Generator:
-    """One global generator: read its state, give it back, seed it from a 63-bit int."""
-
-    def __init__(self, get: Any, put: Any, seed: Any, same: Any) -> None:
-        self.get, self.put, self.seed, self.same = get, put, seed, same
-
-
-def _same_numpy(a: Any, b: Any) -> bool:
-    return a[2:] == b[2:] and np.array_equal(a[1], b[1])
-
-
-GENERATORS = {
-    "torch": _Generator(
-        torch.default_generator.get_state,
-        torch.default_generator.set_state,
-        torch.default_generator.manual_seed,
-        torch.equal,
-    ),
-    "numpy": _Generator(
-        np.random.get_state,
-        np.random.set_state,
-        lambda seed: np.random.seed(seed & 0xFFFFFFFF),
-        _same_numpy,
-    ),
-    "random": _Generator(random.getstate, random.setstate, random.seed, lambda a, b: a == b),
-}
-
-
 def _states(names: Any) -> dict[str, Any]:
     return {name: GENERATORS[name].get() for name in names}
 
 
 def _moved(before: dict[str, Any]) -> set[str]:
     """The generators whose state is no longer `before`'s: a sample drew from them."""
-    return {n for n, state in before.items() if not GENERATORS[n].same(GENERATORS[n].get(), state)}
+    return {n for n, state in before.items() if GENERATORS[n].get() != state}
 
 
 _TORCH_INITIAL_SEED = (torch.initial_seed, torch.random.initial_seed)
@@ -195,22 +168,30 @@ class TorchDatasetSource(Source):
         keys = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         if not self.seed_globals:
             return self._fetch(keys)
-        # Inline, the caller's generators are given back after the batch.
+        # Inline, the caller's generators are given back after the batch: those seeded
+        # per sample (the others were watched and did not move).
         saved = _states(GENERATORS) if self.restore_globals else None
+        watched = [n for n in GENERATORS if n not in self.drawn]
         try:
             while True:
                 # Seed per sample the generators samples were seen drawing from; watch
                 # the others. One that moved joins them and the batch is read again.
-                before = _states(n for n in GENERATORS if n not in self.drawn)
+                before = _states(watched) if saved is None else {n: saved[n] for n in watched}
                 data = self._read_seeded(keys, epoch) if self.drawn else self._fetch(keys)
                 moved = _moved(before)
                 if not moved:
-                    return data
+                    break
                 self.drawn |= moved
-        finally:
-            if saved is not None:
+                watched = [n for n in watched if n not in moved]
+        except BaseException:
+            if saved is not None:  # a sample that raised may have drawn from any of them
                 for name, state in saved.items():
                     GENERATORS[name].put(state)
+            raise
+        if saved is not None:
+            for name in self.drawn:
+                GENERATORS[name].put(saved[name])
+        return data
 
     def take_notes(self) -> list[str]:
         """Differences from torch met since the last call (see watch_initial_seed)."""
@@ -226,7 +207,15 @@ class TorchDatasetSource(Source):
     def _fetch(self, keys: list[Any]) -> Any:
         if self.getitems:
             return self.dataset.__getitems__(keys)
-        return [self._get(key) for key in keys]
+        # One loop, no call per sample (a Dataset of cheap samples paid ~0.4 µs each).
+        dataset, samples, key = self.dataset, [], None
+        try:
+            for key in keys:
+                samples.append(dataset[key])
+        except Exception as exc:
+            tag_sample(exc, key)
+            raise
+        return samples
 
     def _seeded(self, key: Any, epoch: int, drawn: list[str]) -> Any:
         _seed_globals(global_seed(self.seed, epoch, key), drawn)

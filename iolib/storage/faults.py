@@ -22,6 +22,7 @@ class FaultyFileSystem(WrapperFileSystem):
         transient ShortReadError (as HTTP clients do from Content-Length); a bare
         `cat_file` hands the short bytes on, for testing parsers.
     missing: glob patterns (fnmatch, on the stripped path) that raise FileNotFoundError.
+    denied: glob patterns that raise PermissionError (permanent: never retried).
     shared: count the attempts of a request across every FaultyFileSystem of this process
         with this seed (as a real service sees all its clients), so a retry through a fresh
         instance (fsspec makes one per thread; a timed-out request is retried from a new
@@ -43,6 +44,7 @@ class FaultyFileSystem(WrapperFileSystem):
         slow_ms: float = 0.0,
         truncate_rate: float = 0.0,
         missing: list[str] | tuple[str, ...] = (),
+        denied: list[str] | tuple[str, ...] = (),
         shared: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -59,11 +61,33 @@ class FaultyFileSystem(WrapperFileSystem):
         self.slow_rate = slow_rate
         self.slow_ms = slow_ms
         self.truncate_rate = truncate_rate
-        self.missing = tuple(missing)
-        self.faults = {"errors": 0, "slow": 0, "truncated": 0, "missing": 0}
+        self.missing, self.denied = tuple(missing), tuple(denied)
+        self.faults = {"errors": 0, "slow": 0, "truncated": 0, "missing": 0, "denied": 0}
 
     _shared_counts: ClassVar[dict[tuple, int]] = {}
+    _shared_faults: ClassVar[dict[tuple, int]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def injected(cls, seed: int) -> dict[str, int]:
+        """Faults injected by every `shared` instance with `seed` in this process."""
+        with cls._shared_lock:
+            found = {k[1]: n for k, n in cls._shared_faults.items() if k[0] == seed}
+        return {"errors": 0, "slow": 0, "truncated": 0, "missing": 0, "denied": 0, **found}
+
+    @classmethod
+    def attempts(cls, seed: int) -> dict[tuple, int]:
+        """Attempts per request (kind, path, start, end) of every `shared` instance."""
+        with cls._shared_lock:
+            return {k[1:]: n for k, n in cls._shared_counts.items() if k[0] == seed}
+
+    @classmethod
+    def forget(cls, seed: int) -> None:
+        """Start `seed`'s shared attempt and fault counts afresh (tests reuse seeds)."""
+        with cls._shared_lock:
+            for table in (cls._shared_counts, cls._shared_faults):
+                for key in [k for k in table if k[0] == seed]:
+                    del table[key]
 
     def repeat_count(self, key: tuple) -> int:
         if not self.shared:
@@ -77,13 +101,20 @@ class FaultyFileSystem(WrapperFileSystem):
     def _count(self, what: str) -> None:
         with self._lock:
             self.faults[what] += 1
+        if self.shared:
+            with self._shared_lock:
+                key = (self.seed, what)
+                self._shared_faults[key] = self._shared_faults.get(key, 0) + 1
 
     def before_request(self, kind, path, start, end):
+        key = (kind, path, start, end)
+        n = self.repeat_count(key)  # permanent faults count too: a test sees repeats
         if any(fnmatch.fnmatch(path, pattern) for pattern in self.missing):
             self._count("missing")
             raise FileNotFoundError(f"{path} (injected: permanently missing)")
-        key = (kind, path, start, end)
-        n = self.repeat_count(key)
+        if any(fnmatch.fnmatch(path, pattern) for pattern in self.denied):
+            self._count("denied")
+            raise PermissionError(f"{path} (injected: access denied)")
         if self.slow_rate and seeded_unit(self.seed, "slow", *key, n) < self.slow_rate:
             self._count("slow")
             time.sleep(self.slow_ms / 1000.0)

@@ -148,9 +148,16 @@ def _retry_or_raise(
     count_retries(1)
     if on_retry is not None:
         on_retry(exc)
-    delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
     log.debug("retrying %s after %s (attempt %d)", what, reason, attempt)
-    time.sleep(jitter.uniform(0, delay))
+    time.sleep(backoff_delay(attempt, policy, jitter))
+
+
+def backoff_delay(attempt: int, policy: RetryPolicy, jitter: random.Random) -> float:
+    """Seconds to wait after failed attempt `attempt` (1-based): full jitter, uniform in
+    [0, min(max_delay_s, base_delay_s * 2 ** (attempt - 1))], so the bound doubles each
+    attempt up to the cap while clients that failed together spread out."""
+    bound = min(policy.max_delay_s, policy.base_delay_s * 2.0 ** (attempt - 1))
+    return jitter.uniform(0, bound)
 
 
 def _permanent(

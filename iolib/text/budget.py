@@ -65,28 +65,46 @@ def row_lengths(source: ParquetSource, column: str) -> np.ndarray:
 
 def budget_cuts(lengths: np.ndarray, batches: int) -> np.ndarray:
     """`batches + 1` cut positions splitting rows (in order) at equal token quantiles,
-    strictly increasing (every batch holds a row; `batches` <= rows). Example: lengths
-    [4, 4, 4, 4], 2 batches -> [0, 2, 4]; [1, 3, 1, 1], 3 batches -> [0, 2, 3, 4]."""
-    cum = np.concatenate([[0], np.cumsum(lengths)])
+    strictly increasing, every batch holding at least one token: the cuts are taken over
+    the rows that hold tokens, and a row with none stays in the batch of the row before
+    it (leading ones in the first batch). `batches` must be at most the rows holding
+    tokens (`batch_count` gives such a count). Example: lengths [4, 4, 4, 4], 2 batches
+    -> [0, 2, 4]; [1, 3, 1, 1], 3 batches -> [0, 2, 3, 4]; [5, 0, 5], 2 -> [0, 2, 3]."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    full = np.flatnonzero(lengths > 0)
+    if batches < 1 or batches > full.size:
+        raise ValueError(
+            f"{batches} budget batches of {full.size} rows holding tokens: each batch needs "
+            "one such row (batch_count gives a count that fits)."
+        )
+    tokens = lengths[full]
+    cum = np.concatenate([[0], np.cumsum(tokens)])
     targets = np.arange(batches + 1) * (cum[-1] / batches)
     cuts = np.searchsorted(cum, targets, side="left")
-    cuts[-1] = lengths.size
+    cuts[-1] = tokens.size
     # A row longer than a quantile step leaves two cuts equal: push each cut at least one
     # row past the one before (a running maximum of cut - k), then pull the last ones back
     # so that every later batch keeps a row. Both passes keep a step of >= 1 row, and a
     # moved cut only shortens a batch or leaves it one row long: the budget still holds.
     step = np.arange(batches + 1)
     cuts = np.maximum.accumulate(cuts - step) + step
-    return np.minimum(cuts, lengths.size - batches + step)
+    cuts = np.minimum(cuts, tokens.size - batches + step)
+    # Back to positions among all rows: an inner cut lands on its first row with tokens,
+    # so the empty rows before it close the batch before (they add no token to it).
+    cuts[1:-1] = full[cuts[1:-1]]
+    cuts[-1] = lengths.size
+    return cuts
 
 
 def batch_count(lengths: np.ndarray, max_tokens: int) -> int:
     """Budget batches an epoch of rows with `lengths` makes: ceil(total / (max_tokens -
-    longest)), at most one per row (the same every epoch: it ignores the order)."""
-    if lengths.size == 0:
+    longest)), at most one per row holding tokens (the same every epoch: it ignores the
+    order); 0 where no row holds a token."""
+    holding = int(np.count_nonzero(lengths))
+    if holding == 0:
         return 0
     room = max(max_tokens - int(lengths.max()), 1)
-    return min(lengths.size, max(1, math.ceil(int(lengths.sum()) / room)))
+    return min(holding, max(1, math.ceil(int(lengths.sum()) / room)))
 
 
 class TokenBudgetBatches(SeededSource):
@@ -142,6 +160,8 @@ class TokenBudgetBatches(SeededSource):
         for name, value in checked:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"`{name}` must be an integer >= 1. Found: {value!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigError(f"`seed` must be an integer >= 0. Found: {seed!r}.")
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options,
                                    cache_bytes=cache_bytes)  # fmt: skip
@@ -169,7 +189,20 @@ class TokenBudgetBatches(SeededSource):
                     "max_tokens or truncate the row when writing the data."
                 )
             self._lengths = lengths
+            if self.empty_rows:
+                log.info(
+                    "%s: %d of %d rows hold no token in %r; each rides in the batch of the "
+                    "row before it, so no batch is without a token.",
+                    self.describe(), self.empty_rows, lengths.size, self.column,
+                )  # fmt: skip
         return self._lengths
+
+    @property
+    def empty_rows(self) -> int:
+        """Rows holding no token (empty or null lists): they join a neighbouring batch and
+        never make a batch of their own; where every row is empty there is no batch."""
+        lengths = self.lengths
+        return int(lengths.size - np.count_nonzero(lengths))
 
     def __len__(self) -> int:
         self._chunks()  # a cache too small for the data is refused before anything runs
@@ -215,7 +248,7 @@ class TokenBudgetBatches(SeededSource):
                 parts.append(_bucketed(chunk_rows[rng.permutation(chunk_rows.size)],
                                        lengths, bucket))  # fmt: skip
             rows = np.concatenate(parts)
-        cuts = budget_cuts(lengths[rows], batches)
+        cuts = budget_cuts(lengths[rows], batches) if batches else np.zeros(1, np.int64)
         with self._lock:
             self._epochs[key] = (rows, cuts)
             for old in [k for k in self._epochs if k[1] < epoch - 1]:

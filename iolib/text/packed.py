@@ -55,6 +55,22 @@ from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
 _CHUNK_STREAM = 0x43484E4B  # "CHNK": the order of an epoch's chunks
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
+
+
+def check_ignore_index_and_seed(ignore_index: Any, seed: Any) -> None:
+    """Refuse at construction what would fail, or wrap, at the first batch: labels are
+    int64, and seeds feed NumPy's SeedSequence (non-negative)."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+        raise ConfigError(
+            f"`ignore_index` must be an integer label (torch's default is -100). "
+            f"Found: {ignore_index!r}."
+        )
+    if not -(2**63) <= int(ignore_index) < 2**63:
+        raise ConfigError(f"`ignore_index` must fit int64 labels. Found: {ignore_index!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
+        raise ConfigError(f"`seed` must be an integer >= 0. Found: {seed!r}.")
+
+
 DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
 FETCH_THREADS = 8  # row-group reads in flight from a remote store (`_read_threads`)
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
@@ -189,6 +205,7 @@ class PackedTokens(SeededSource):
             isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 1
         ):
             raise ConfigError(f"`cache_bytes` must be a positive integer. Found: {cache_bytes!r}.")
+        check_ignore_index_and_seed(ignore_index, seed)
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options)
         # The reader of row groups: no cache of its own (this source keeps segments).

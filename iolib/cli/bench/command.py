@@ -29,6 +29,7 @@ from iolib.cli.common import (
     require_report_extra,
     storage_options_option,
 )
+from iolib.redact import redact_text, secrets_in
 
 # The sweep behind `--sweep` (a training set for the predictor; time-bounded).
 SWEEP = {
@@ -407,14 +408,15 @@ def _spec(kw: dict[str, Any]) -> BenchSpec:
         cache_max_bytes=int(kw["cache_max_gb"] * 1e9) if kw["cache_max_gb"] else None,
         repeats=kw["repeats"], batches=kw["batches"], max_seconds=kw["max_seconds"],
         step_mode=kw["step_mode"], seed=kw["seed"], data_dir=kw["data_dir"],
-        command=_command_line(),
+        command=_command_line(secrets_in([kw["data"] or ""], options)),
         sweep_minutes=kw["sweep_minutes"] if kw["sweep"] else None,
         torch_reads=kw["torch_reads"],
     )  # fmt: skip
 
 
-def _command_line() -> str:
-    """`iolib bench` plus every option the user set (not the defaults), reproducibly quoted."""
+def _command_line(secrets: frozenset[str] = frozenset()) -> str:
+    """`iolib bench` plus every option the user set (not the defaults), reproducibly quoted,
+    each argument redacted before quoting (quoting would split a secret holding a quote)."""
     ctx = click.get_current_context()
     parts = ["iolib", "bench"]
     for param in ctx.command.params:
@@ -427,11 +429,11 @@ def _command_line() -> str:
             continue
         if isinstance(param, click.Option) and param.multiple:
             for value in raw:
-                parts += [flag, str(value)]
+                parts += [flag, redact_text(str(value), secrets)]
             continue
         if isinstance(raw, tuple):
             raw = ",".join(str(v) for v in raw)
-        parts += [flag, str(raw)]
+        parts += [flag, redact_text(str(raw), secrets)]
     return shlex.join(parts)
 
 

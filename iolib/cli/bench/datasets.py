@@ -166,7 +166,7 @@ class Collate:
             else:
                 out[self.column] = [bytes(v) for v in values]
         else:
-            out[self.column] = torch.from_numpy(np.stack([np.asarray(v) for v in values]))
+            out.update(_tokens(self.column, values))
         if "label" in rows[0]:
             out["label"] = torch.tensor([int(r["label"]) for r in rows])
         if self.pipeline is not None:
@@ -188,6 +188,25 @@ class Collate:
                     "or a column of encoded images."
                 ) from None
         return images
+
+
+def _tokens(column: str, values: list[Any]) -> dict[str, torch.Tensor]:
+    """Token rows as a batch: stacked where all have one length, else padded with 0 to
+    the longest with `<column>_mask` and `<column>_lengths`, as iolib's padded lists (a
+    real corpus is variable-length; np.stack refused it)."""
+    arrays = [np.asarray([] if v is None else v) for v in values]
+    if len({a.shape for a in arrays}) == 1:
+        return {column: torch.from_numpy(np.stack(arrays))}
+    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    dtype = np.result_type(*[a.dtype for a in arrays if a.size] or [np.int32])
+    padded = np.zeros((len(arrays), int(lengths.max())), dtype=dtype)
+    mask = np.arange(padded.shape[1])[None, :] < lengths[:, None]
+    padded[mask] = np.concatenate([a.reshape(-1) for a in arrays])
+    return {
+        column: torch.from_numpy(padded),
+        f"{column}_mask": torch.from_numpy(mask),
+        f"{column}_lengths": torch.from_numpy(lengths),
+    }
 
 
 def batch_nbytes(batch: Any) -> int:

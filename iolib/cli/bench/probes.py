@@ -75,7 +75,7 @@ def probe_decode(samples: list[Any], kind: str, decode: bool) -> float:
         if kind == "images" and decode:
             decode_jpeg(value)
         elif kind == "tokens":
-            np.asarray(value, dtype=np.int32)
+            np.asarray(value if value is not None else [], dtype=np.int32)  # null: no token
     return (time.process_time() - t0) * 1000.0 / len(samples)
 
 

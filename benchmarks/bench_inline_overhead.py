@@ -1,0 +1,59 @@
+"""Per-batch cost of the inline loader (`num_workers=0`) on cheap samples, against
+torch's DataLoader: batches of 32 from `bench_cheap_samples`' int and getitems Datasets.
+
+Each loader runs an epoch to warm up, then epochs alternate torch / iolib `repeats`
+times; printed: ms a batch (medians) and the median of the per-epoch ratios.
+
+    python benchmarks/bench_inline_overhead.py --repeats 5
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import click
+from torch.utils.data import DataLoader as TorchDataLoader
+
+import iolib
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cheap_samples import Ints, Table
+
+
+def _ms_per_batch(kind: type, dataset, batch_size: int) -> float:
+    options = dict(batch_size=batch_size, shuffle=True, num_workers=0)
+    if kind is iolib.DataLoader:
+        options["seed"] = 0
+    loader = kind(dataset, **options)
+    list(loader)  # warm-up epoch
+    start, batches = time.perf_counter(), 0
+    for _ in loader:
+        batches += 1
+    return (time.perf_counter() - start) / batches * 1e3
+
+
+@click.command()
+@click.option("--repeats", default=5, show_default=True)
+@click.option("--batch-size", default=32, show_default=True)
+@click.option("--batches", default=1000, show_default=True)
+def main(repeats: int, batch_size: int, batches: int) -> None:
+    """ms a batch, torch and iolib, inline."""
+    for name, dataset in (("getitems", Table(batch_size * batches)),
+                          ("int", Ints(batch_size * batches))):  # fmt: skip
+        torch_ms, iolib_ms = [], []
+        for _ in range(repeats):
+            torch_ms.append(_ms_per_batch(TorchDataLoader, dataset, batch_size))
+            iolib_ms.append(_ms_per_batch(iolib.DataLoader, dataset, batch_size))
+        ratios = [i / t for i, t in zip(iolib_ms, torch_ms, strict=True)]
+        print(
+            f"{name}: torch {statistics.median(torch_ms):.3f} ms/batch, iolib "
+            f"{statistics.median(iolib_ms):.3f} ms/batch, ratio median "
+            f"{statistics.median(ratios):.2f} (min {min(ratios):.2f} max {max(ratios):.2f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
