@@ -106,23 +106,49 @@ def cycle(edges: set[tuple[str, str]]) -> list[str]:
     return []
 
 
-def imports(path: Path, module: str) -> set[str]:
-    """Dotted names of the packages' modules that `path` imports."""
-    out = set()
+def _base(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` names (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imported_names(
+    module: str, path: Path, known: dict[str, Path] | None = None
+) -> list[tuple[str, str | None]]:
+    """(module imported, name taken from it or None) for every import in the file, at any
+    depth, and every ``alias._name`` read through a module bound by an import; only the
+    packages' modules. The one reader of imports: the layer graph and the architecture
+    tests both use it."""
     if path.suffix == ".c":
-        return out  # a C extension imports no Python module
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+        return []  # a C extension imports no Python module
+    known = modules() if known is None else known
+    tree = ast.parse(path.read_text(), str(path))
+    out: list[tuple[str, str | None]] = []
+    bound: dict[str, str] = {}  # local name -> the module it refers to
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
+            for alias in node.names:
+                out.append((alias.name, None))
+                top = alias.name.split(".")[0]
+                bound[alias.asname or top] = alias.name if alias.asname else top
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{alias.name}" for alias in node.names)
-    return {name for name in out if name.split(".")[0] in PACKAGES}
+            base = _base(module, path, node)
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                if submodule in known:
+                    out.append((submodule, None))
+                    bound[alias.asname or alias.name] = submodule
+                else:
+                    out.append((base, alias.name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            target = bound.get(node.value.id)
+            if target is not None and node.attr.startswith("_"):
+                out.append((target, node.attr))
+    return [(target, name) for target, name in out if target.split(".")[0] in PACKAGES]
 
 
 _IMPORTERS = ("import_module", "__import__", "find_spec", "run_module", "load_module")
@@ -189,7 +215,7 @@ def module_edges() -> set[tuple[str, str]]:
     known = modules()
     edges = set()
     for module, path in known.items():
-        for name in imports(path, module):
+        for name, _ in imported_names(module, path, known):
             while name and name not in known:
                 name = name.rsplit(".", 1)[0] if "." in name else ""
             if name and name != module:
