@@ -136,7 +136,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     finally:
         sys.stdout, sys.stderr = saved
-
-
-if __name__ == "__main__":
-    main()
