@@ -35,6 +35,10 @@ DEFAULT_BLOCK_ROWS = 1024  # block size for sources that have no row groups
 KEPT_WINDOW = 2**16  # a window this small is materialised when looked up (512 KiB)
 KEPT_WINDOWS = 4  # ... and this many are kept: consecutive batches share a window
 MAX_DEFAULT_BLOCKS = 2**16  # beyond 2^26 samples blocks grow, so a plan stays O(65,536)
+# The shuffle window of sources that stream (decoded bytes shuffled together): a fixed
+# number, never a share of the machine's memory or of `cache_bytes`, so that the order,
+# and a checkpoint of it, are the same on every machine and at every cache size.
+DEFAULT_SHUFFLE_WINDOW = 512 * 2**20
 
 
 def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> np.ndarray:
@@ -46,6 +50,20 @@ def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> np
     if rest:
         sizes[-1] = rest
     return sizes
+
+
+def window_groups(sizes: np.ndarray | list[int], window: int | None) -> int | None:
+    """Row groups (of decoded `sizes`) that one shuffle window of `window` bytes holds: as
+    many of the largest as fit, at least one; None where the whole data fits in one
+    window (or there is no window), which is then shuffled whole.
+
+    >>> window_groups([10, 30, 20], 40), window_groups([10, 30, 20], 60)
+    (1, None)
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if window is None or int(sizes.sum()) <= window:
+        return None
+    return max(1, int(window) // max(int(sizes.max(initial=0)), 1))
 
 
 class _Order(ABC):

@@ -18,11 +18,13 @@ def parse_bytes(value: int | float | str | None, name: str = "memory_budget") ->
     """Bytes from an int or a string like "2GiB", "512MB", "1.5 GB" (None stays None)."""
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return int(value)
-    match = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(value))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value >= 1 and value != float("inf"):
+            return int(value)
+        value = repr(value)  # refused below, as written
+    match = re.fullmatch(r"\s*(\d+\.?\d*|\.\d+)\s*([a-zA-Z]*)\s*", str(value))
     unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+    if not match or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 1:
         raise ConfigError(
             f"`{name}` must be a positive number of bytes or a size like '2GiB' or '512MB'. "
             f"Found: {value!r}."

@@ -6,15 +6,16 @@ tokens; sample k of epoch e is window k. Packing lives in the plan, not in a sta
 buffer: window k is a pure function of (seed, e, seq_len, data), so worker counts,
 prefetch depth, resume points and world sizes cannot change it.
 
-Memory is bounded by `cache_bytes`, not by the corpus. The stream of epoch e is the
+Memory is bounded by `cache_bytes`, not by the corpus; the order by `shuffle_window`,
+never by `cache_bytes`. The stream of epoch e is the
 row groups in a permuted order (a small array), each contributing its non-empty
 documents in a shuffled order; a per-row-group index of token counts (computed once,
 `iolib.text.tokenindex`) gives the prefix sums that locate window k's row groups. Only
 those row groups are read, a batch's in parallel and the next batches' ahead, and a
 bounded cache keeps the decoded ones. The loader's shuffle then orders the windows:
-within chunks of whole row groups that fit half the cache (the shuffle window, so that
-the next chunk is read while this one is cut), chunks in a random order; a corpus that
-fits the cache is one chunk, a full shuffle. The window that straddles two chunks goes
+within chunks of whole row groups that fit `shuffle_window` (the cache holds two: this
+one, and the next read while this one is cut), chunks in a random order; a corpus that
+fits the window is one chunk, a full shuffle. The window that straddles two chunks goes
 to the one read later, cut from a piece of the other kept when it was read: each row
 group is read once an epoch.
 
@@ -41,8 +42,16 @@ import torch
 
 from iolib.errors import ConfigError, DataError
 from iolib.forks import reset_after_fork
-from iolib.plan import EpochOrder, LaneOrder, default_blocks, lane_sizes
+from iolib.plan import (
+    DEFAULT_SHUFFLE_WINDOW,
+    EpochOrder,
+    LaneOrder,
+    default_blocks,
+    lane_sizes,
+    window_groups,
+)
 from iolib.redact import Redactor
+from iolib.resources import parse_bytes
 from iolib.sources.parquet import ParquetSource
 from iolib.sources.parquet_fetch import decode_slots
 from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
@@ -53,7 +62,7 @@ from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
 _DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
 _CHUNK_STREAM = 0x43484E4B  # "CHNK": the order of an epoch's chunks
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
-DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
+DEFAULT_CACHE_BYTES = 1 << 30  # per process: two default shuffle windows
 FETCH_THREADS = 8  # row-group reads in flight from a remote store (`_read_threads`)
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
@@ -138,18 +147,23 @@ class PackedTokens(SeededSource):
 
     Guarantees: every token of every non-empty document appears exactly once per epoch
     in ``input_ids`` (only the last partial window is dropped), in order; windows are a
-    pure function of (seed, epoch, seq_len, data, cache_bytes); the document order
+    pure function of (seed, epoch, seq_len, data, shuffle_window), never of
+    `cache_bytes`, workers or world size (with `lanes` given); the document order
     differs per epoch (unless `shuffle_documents=False`). Documents longer than
     `seq_len` are split, never dropped; empty and null documents add nothing (not even
     an eos).
 
     source: a ParquetSource, or its URL(s). column: the `list<int>` token column.
-    cache_bytes: decoded row groups kept per process (default 1 GiB, a fixed number so
-        that the order does not depend on the machine). It sets the shuffle window:
-        the loader's shuffle mixes windows within as many row groups as half of it
-        holds (the other half reads the next chunk), so raising it mixes more widely
-        and costs memory; a corpus that fits is shuffled as a whole. It must hold four
-        of the largest row groups.
+    shuffle_window: decoded bytes (an int, or a size like "256MiB") whose windows the
+        loader's shuffle mixes together (default 512 MiB, fixed: the order depends on
+        it): chunks of as many whole row groups as it holds, chunks in a random order;
+        a corpus that fits is shuffled as a whole. Raising it mixes more widely and
+        needs a larger cache.
+    cache_bytes: decoded row groups kept per process (default 1 GiB): memory only, the
+        windows are the same at any `cache_bytes` that runs. It must hold two chunks of
+        the shuffle window (this one, and the next read ahead), or the whole corpus and
+        three row groups where the corpus fits the window, and four of the largest row
+        groups: a smaller one is refused when the loader starts, with both sizes.
     lanes: how many contiguous shares of the stream the windows are dealt from, one
         batch of each in turn ("auto", the default: the loader's world size). At world
         size == lanes, rank r reads only share r: about 1/world of the corpus's bytes.
@@ -178,6 +192,7 @@ class PackedTokens(SeededSource):
         seed: int = 0,
         cache_bytes: int | None = None,
         lanes: int | str = "auto",
+        shuffle_window: int | str = DEFAULT_SHUFFLE_WINDOW,
     ) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
@@ -195,6 +210,7 @@ class PackedTokens(SeededSource):
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self.shuffle_window = parse_bytes(shuffle_window, "shuffle_window")
         self.lanes = check_lanes(lanes)
         self._lanes = lanes if isinstance(lanes, int) else 1  # "auto": the loader's world size
         self._index: tokenindex.TokenIndex | None = None
@@ -290,26 +306,57 @@ class PackedTokens(SeededSource):
         return sizes
 
     def _check_budget(self, index: tokenindex.TokenIndex) -> None:
-        largest = int(self._segment_bytes(index).max(initial=0))
-        if MIN_GROUPS_HELD * largest > self.cache_bytes:
-            raise ConfigError(
-                f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds fewer than "
-                f"{MIN_GROUPS_HELD} of the largest row groups of {self.column!r} "
-                f"({largest:,} bytes decoded): a chunk of two and the next one, read "
-                f"while this one is cut. Raise `cache_bytes` to at least "
-                f"{MIN_GROUPS_HELD * largest} or write the data with smaller row groups."
+        """Refuse a cache that cannot hold what the order reads together: four of the
+        largest row groups, and two chunks of the shuffle window (or the whole corpus and
+        three row groups, where it fits the window); the message names both sizes."""
+        sizes = self._segment_bytes(index)
+        largest = int(sizes.max(initial=0))
+        need, why = (
+            MIN_GROUPS_HELD * largest,
+            (
+                f"fewer than {MIN_GROUPS_HELD} of the largest row groups of {self.column!r} "
+                f"({largest:,} bytes decoded): a chunk of two and the next one, read while this "
+                "one is cut"
+            ),
+        )
+        groups = window_groups(sizes, self.shuffle_window)
+        chunks = 2 * (groups or 0) * largest
+        whole = int(sizes.sum()) + (MIN_GROUPS_HELD - 1) * largest
+        if groups is not None and chunks > need:
+            need, why = (
+                chunks,
+                (
+                    f"less than two chunks of shuffle_window={self.shuffle_window} ({groups} row "
+                    f"groups each, {chunks:,} bytes decoded: this one and the next, read ahead)"
+                ),
             )
+        elif groups is None and whole > need:
+            need, why = (
+                whole,
+                (
+                    f"less than the corpus, which fits shuffle_window={self.shuffle_window} and "
+                    f"is shuffled whole ({whole:,} bytes decoded with three row groups in flight)"
+                ),
+            )
+        if need <= self.cache_bytes:
+            return
+        smaller = min(self.cache_bytes // 2, int(sizes.sum()) - 1)
+        lower = (
+            f", or lower shuffle_window to {smaller} or less (the order follows "
+            "shuffle_window, never cache_bytes)"
+            if MIN_GROUPS_HELD * largest <= self.cache_bytes and smaller > 0
+            else " or write the data with smaller row groups"
+        )
+        raise ConfigError(
+            f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds {why}. Raise "
+            f"`cache_bytes` to at least {need}{lower}."
+        )
 
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the
-        largest as half the cache holds, so that the next chunk is read while this one
-        is cut; all if the corpus fits the cache less three row groups."""
-        sizes = self._group_bytes
-        largest = max(int(sizes.max(initial=0)), 1)
-        room = self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest
-        if int(sizes.sum()) <= room:
-            return int(sizes.size)
-        return max(1, self.cache_bytes // (2 * largest))
+        largest as `shuffle_window` holds; all where the corpus fits in it."""
+        groups = window_groups(self._group_bytes, self.shuffle_window)
+        return int(self._group_bytes.size) if groups is None else groups
 
     def blocks(self) -> np.ndarray:
         """Chunks of consecutive windows, each about one shuffle window of row groups:
@@ -328,11 +375,11 @@ class PackedTokens(SeededSource):
         if chunks > 1 and not self._windowed_said:
             self._windowed_said = True
             log.info(
-                "%s: the corpus is larger than cache_bytes (%.0f MiB): windows are "
+                "%s: the corpus is larger than shuffle_window (%.0f MiB): windows are "
                 "shuffled within %d-row-group chunks, chunks in a random order (raise "
-                "cache_bytes to shuffle more widely; docs/tokens.md).",
+                "shuffle_window to shuffle more widely; docs/tokens.md).",
                 self.describe(),
-                self.cache_bytes / 2**20,
+                self.shuffle_window / 2**20,
                 self.shuffle_window_groups(),
             )
         return ("block", 1) if chunks > 1 else ("global", window)
@@ -454,7 +501,7 @@ class PackedTokens(SeededSource):
         chunks = len(self.blocks())
         words += f"|{self.shuffle_documents}|{chunks}|lanes {self._lanes}"
         if chunks > 1:  # windowed: a checkpoint of the chunks cut in window space is refused
-            words += "|chunks of row groups"
+            words += f"|chunks of row groups|window {self.shuffle_window_groups()}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def redactor(self) -> Redactor:
