@@ -18,7 +18,8 @@ import psutil
 import pyarrow as pa
 
 from iolib.collate import ListFormat
-from iolib.errors import ConfigError, DataError
+from iolib.errors import DataError
+from iolib.plan import Layout
 from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
@@ -261,37 +262,37 @@ class ParquetSource(Source):
             sizes = [int(size * decoded) for size in sizes]  # type: ignore[operator]
         return sizes
 
-    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
-        """shuffle=True over more decoded data than `shuffle_window` becomes a block
-        shuffle over as many row groups as the window holds, said once in the log. A given
-        `cache_bytes` too small for the window is refused here, before any read."""
-        if shuffle != "global":
-            return shuffle, window
-        self.check_window_cache()
+    def layout(self) -> Layout:
+        """Row groups as blocks; where the decoded data is larger than `shuffle_window`,
+        shuffle=True runs as a block shuffle over as many row groups as the window holds
+        (said once in the log). A given `cache_bytes` too small for that is refused when a
+        shuffled loader starts, before any read."""
+        blocks = self.blocks()
+        refusal = self.window_cache_refusal()
         window_groups = self.description.window_groups()
         if window_groups is None:
-            return shuffle, window
+            return Layout(blocks=blocks, refusal=refusal)
         if not self._windowed_said:
             self._windowed_said = True
             log.info(
-                "%s: the data is larger than shuffle_window (%.0f MiB): shuffled within "
-                "windows of %d row groups, windows in a random order (raise shuffle_window "
-                "to shuffle more widely).",
+                "%s: the data is larger than shuffle_window (%d bytes decoded): shuffle=True is "
+                "shuffled within windows of %d row groups, windows in a random order (raise "
+                "shuffle_window to shuffle more widely).",
                 self.describe(),
-                (self.shuffle_window or 0) / 2**20,
+                self.shuffle_window,
                 window_groups,
             )
-        return "block", window_groups
+        return Layout(blocks=blocks, modes=(("global", "block", window_groups),), refusal=refusal)
 
-    def check_window_cache(self) -> None:
-        """Refuse a given `cache_bytes` that cannot hold what shuffle=True reads together
-        (two windows, or the whole dataset without one), naming both sizes."""
+    def window_cache_refusal(self) -> str | None:
+        """Why a given `cache_bytes` cannot hold what shuffle=True reads together (two
+        windows, or the whole dataset without one), naming both sizes; None if it can."""
         description = self.description
         if not description.fixed_cache:
-            return  # sized by the loader (`fit_cache`)
+            return None  # sized by the loader (`fit_cache`)
         need, have = description.window_cache_bytes(), description.cache_bytes
         if have >= need:
-            return
+            return None
         window = description.shuffle_window
         what = (
             f"shuffle_window={window} (two windows of row groups: this one and the next, "
@@ -299,7 +300,7 @@ class ParquetSource(Source):
             if window is not None and description.window_groups() is not None
             else f"the whole dataset (shuffle_window={window}: {need:,} bytes decoded)"
         )
-        raise ConfigError(
+        return (
             f"{self.describe()}: cache_bytes={have} is too small for the shuffle of "
             f"{what}. Raise cache_bytes to at least {need}, or pass shuffle_window="
             f"{max(have // 2, 1)} or less (the order follows shuffle_window, never "

@@ -35,12 +35,12 @@ import pyarrow as pa
 
 from iolib.collate import is_numeric_list
 from iolib.errors import ConfigError, DataError
-from iolib.plan import LaneOrder, default_blocks, window_groups
+from iolib.plan import Layout, default_blocks, window_groups
 from iolib.redact import Redactor
 from iolib.resources import parse_bytes
 from iolib.sources.parquet import ParquetSource
 from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD
-from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
+from iolib.text.seeded import SeededSource, check_lanes
 
 log = logging.getLogger("iolib")
 
@@ -158,7 +158,6 @@ class TokenBudgetBatches(SeededSource):
         self.shuffle_window = parse_bytes(shuffle_window, "shuffle_window")
         self._windowed_said = False
         self.lanes = check_lanes(lanes)
-        self._lanes = lanes if isinstance(lanes, int) else 1  # "auto": the loader's world size
         self.rows, self.column = source, column
         self.max_tokens, self.bucket_batches, self.seed = max_tokens, bucket_batches, int(seed)
         self._lengths: np.ndarray | None = None
@@ -279,34 +278,29 @@ class TokenBudgetBatches(SeededSource):
             return ()
         return default_blocks(len(self), max(1, math.ceil(len(self) / chunks)))
 
-    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
-        """Batches shuffled within chunks, one chunk at a time, where the data is larger
-        than `cache_bytes`; the loader's own shuffle where it fits."""
-        if shuffle == "none" or self._chunks() is None:
-            return shuffle, window
+    def layout(self) -> Layout:
+        """Where the data is larger than the window: a shuffled loader shuffles batches
+        within chunk-sized blocks, blocks in a random order, dealt to lanes one batch at a
+        time (lanes="auto": one per rank, so rank r reads only its share's row groups).
+        Where it fits, the loader's own order (every rank reads everything). The rows'
+        order follows the epoch."""
+        chunks = self._chunks()
+        if chunks is None:
+            return Layout(epoch_samples=True)
         if not self._windowed_said:
             self._windowed_said = True
             log.info(
-                "%s: the data is larger than shuffle_window (%.0f MiB): rows are permuted "
-                "within %d chunks of row groups, batches shuffled within chunks, chunks in "
-                "a random order (raise shuffle_window to shuffle more widely).",
+                "%s: the data is larger than shuffle_window (%d bytes decoded): rows are permuted "
+                "within %d chunks of row groups; a shuffled loader shuffles batches within "
+                "chunks, chunks in a random order (raise shuffle_window to shuffle more "
+                "widely).",
                 self.describe(),
-                self.shuffle_window / 2**20,
-                self._chunks(),
+                self.shuffle_window,
+                chunks,
             )
-        return "block", 1
-
-    def bind_plan(self, batch_size: int, world_size: int) -> None:
-        self._lanes = self.lanes if isinstance(self.lanes, int) else int(world_size)
-
-    def lane_order(self, seed: int, epoch: int, shuffle: str) -> LaneOrder | None:
-        """Where the data is larger than the cache: batches dealt to lanes, one each in
-        turn, each lane a contiguous share of the epoch's chunks (ordered as the whole
-        would be). Where it fits, the loader's own order (every rank reads everything)."""
-        if self._lanes == 1 or self._chunks() is None:
-            return None
-        per_chunk = int(self.blocks()[0])
-        return chunked_lane_order(len(self), self._lanes, 1, per_chunk, seed, epoch, shuffle)
+        modes = (("global", "block", 1), ("block", "block", 1))
+        return Layout(blocks=self.blocks(), modes=modes, lanes=self.lanes, granule=1,
+                      epoch_samples=True)  # fmt: skip
 
     def batch_rows(self, batch: int, epoch: int = 0) -> np.ndarray:
         """The rows of batch `batch` of `epoch`, in batch order."""
@@ -337,7 +331,8 @@ class TokenBudgetBatches(SeededSource):
     def fingerprint(self) -> str:
         words = f"{self.rows.fingerprint()}|{self.column}|{self.max_tokens}|{self.bucket_batches}"
         if self._chunks() is not None:  # the order follows the chunks, so a resume must too
-            words += f"|chunks={self._chunks()}|window {self.shuffle_window}|lanes {self._lanes}"
+            # The lanes are the plan's (resolved from "auto"): the loader adds them.
+            words += f"|chunks={self._chunks()}|window {self.shuffle_window}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def redactor(self) -> Redactor:

@@ -27,7 +27,6 @@ Worked example: documents [a a a], [b], [c c c c] in one row group with eos E, s
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import weakref
@@ -44,10 +43,13 @@ from iolib.errors import ConfigError, DataError
 from iolib.forks import reset_after_fork
 from iolib.plan import (
     DEFAULT_SHUFFLE_WINDOW,
-    EpochOrder,
-    LaneOrder,
+    Layout,
+    TokenStream,
     default_blocks,
-    lane_sizes,
+    stream_chunk_edges,
+    stream_edge_pieces,
+    stream_order,
+    stream_rng,
     window_groups,
 )
 from iolib.redact import Redactor
@@ -57,10 +59,8 @@ from iolib.sources.parquet_fetch import decode_slots
 from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
 from iolib.storage.counters import count_retries
 from iolib.text import loops, tokenindex
-from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
+from iolib.text.seeded import SeededSource, check_lanes
 
-_DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
-_CHUNK_STREAM = 0x43484E4B  # "CHNK": the order of an epoch's chunks
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 DEFAULT_CACHE_BYTES = 1 << 30  # per process: two default shuffle windows
 FETCH_THREADS = 8  # row-group reads in flight from a remote store (`_read_threads`)
@@ -176,7 +176,7 @@ class PackedTokens(SeededSource):
 
     # Per-process state: a process worker reads again rather than receive it by pipe.
     _RUNTIME = ("_lock", "_epochs", "_segments", "_flights", "_pool", "_io", "_plans", "_hint",
-                "_recent", "_ahead", "_edges", "_ranges", "_pieces")  # fmt: skip
+                "_recent", "_ahead", "_lanes_planned", "_ranges", "_pieces")  # fmt: skip
 
     def __init__(
         self,
@@ -212,7 +212,6 @@ class PackedTokens(SeededSource):
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
         self.shuffle_window = parse_bytes(shuffle_window, "shuffle_window")
         self.lanes = check_lanes(lanes)
-        self._lanes = lanes if isinstance(lanes, int) else 1  # "auto": the loader's world size
         self._index: tokenindex.TokenIndex | None = None
         self._windowed_said = False
         self._init_runtime()
@@ -230,8 +229,8 @@ class PackedTokens(SeededSource):
         self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
         self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
         self._recent: dict[tuple[int, int], np.ndarray] = {}
-        self._edges: dict[int, Any] = {}  # epoch -> its chunks' edges (`_chunk_edges`)
-        self._ranges: dict[int, dict] = {}  # epoch -> what edge row groups keep (`_edge_pieces`)
+        self._lanes_planned: dict[int, set[int]] = {}  # epoch -> lanes its plans deal to
+        self._ranges: dict[tuple, dict] = {}  # (epoch, lanes) -> what edge row groups keep
         self._pieces: dict[tuple[int, int], list[Segment]] = {}  # (epoch, group) -> pieces
         reset_after_fork(self)
 
@@ -366,127 +365,77 @@ class PackedTokens(SeededSource):
         per_chunk = int(index.stream.sum()) * self.shuffle_window_groups() // groups
         return default_blocks(windows, max(1, per_chunk // self.seq_len))
 
-    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
-        """A shuffled loader mixes windows within chunks (`blocks`), one chunk at a time,
-        so that a batch's row groups fit the cache; a full shuffle where the corpus fits."""
-        if shuffle == "none":
-            return shuffle, window
-        chunks = len(self.blocks())
-        if chunks > 1 and not self._windowed_said:
+    @property
+    def _stream(self) -> TokenStream:
+        """The stream as the plan sees it (row groups' stream tokens, chunking), once."""
+        found = self.__dict__.get("_stream_")
+        if found is None:
+            found = self.__dict__["_stream_"] = TokenStream(
+                self.index.stream, self.seq_len, self.shuffle_window_groups(),
+                self.shuffle_documents,
+            )  # fmt: skip
+        return found
+
+    def layout(self) -> Layout:
+        """Windows dealt to lanes a batch at a time (lanes="auto": one per rank); a
+        shuffled loader mixes them within chunks of whole row groups (the stream's), one
+        chunk at a time, so that a batch's row groups fit the cache; a full shuffle where
+        the corpus fits the window. The document order follows the epoch."""
+        windowed = len(self.blocks()) > 1
+        if windowed and not self._windowed_said:
             self._windowed_said = True
             log.info(
-                "%s: the corpus is larger than shuffle_window (%.0f MiB): windows are "
-                "shuffled within %d-row-group chunks, chunks in a random order (raise "
-                "shuffle_window to shuffle more widely; docs/tokens.md).",
+                "%s: the corpus is larger than shuffle_window (%d bytes decoded): windows "
+                "are shuffled within %d-row-group chunks, chunks in a random order, where the "
+                "loader shuffles (raise shuffle_window to shuffle more widely; docs/tokens.md).",
                 self.describe(),
-                self.shuffle_window / 2**20,
+                self.shuffle_window,
                 self.shuffle_window_groups(),
             )
-        return ("block", 1) if chunks > 1 else ("global", window)
+        modes = (("global", "block", 1), ("block", "block", 1)) if windowed else (
+            ("block", "global", 0),
+        )  # fmt: skip
+        return Layout(blocks=self.blocks(), modes=modes, lanes=self.lanes, granule=None,
+                      stream=self._stream, epoch_samples=self.shuffle_documents)  # fmt: skip
 
     def fit_cache(self, row_groups: int) -> int:
         return self.cache_bytes  # the budget is the user's, not the loader's estimate
 
-    def bind_plan(self, batch_size: int, world_size: int) -> None:
-        """Lanes "auto" become the loader's world size; the batch is the lanes' granule."""
-        self._lanes = self.lanes if isinstance(self.lanes, int) else int(world_size)
-        self._granule, self._world = int(batch_size), int(world_size)
-        self.__dict__.pop("_horizon_", None)
-
-    @property
-    def _horizon(self) -> int:
+    def _horizon(self, epoch: int) -> int:
         """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
-        one chunk) and some, so that the next chunk is read while this one is cut."""
-        found = self.__dict__.get("_horizon_")
+        one chunk, from the plan's lanes and batch size) and some, so that the next chunk
+        is read while this one is cut."""
+        plan = self._plans.get(epoch)
+        found = getattr(plan, "horizon", None)
         if found is None:
             blocks = self.blocks()
             per_chunk = int(blocks[0]) if len(blocks) > 1 else 0
-            share = max(1, self._lanes // max(getattr(self, "_world", 1), 1))
-            batches = -(-per_chunk * share // max(getattr(self, "_granule", 1), 1))
-            found = self.__dict__["_horizon_"] = batches + READAHEAD_BATCHES
+            lanes, world, granule = _lanes_of(plan)
+            share = max(1, lanes // max(world, 1))
+            found = -(-per_chunk * share // max(granule, 1)) + READAHEAD_BATCHES
+            if plan is not None:
+                plan.horizon = found
         return found
 
-    def lane_order(self, seed: int, epoch: int, shuffle: str) -> EpochOrder | LaneOrder | None:
-        """Windows dealt to lanes, a batch at a time, each lane a contiguous share of the
-        stream ordered as the whole would be: for a windowed shuffle, in chunks of whole
-        row groups (`_lane_chunks`), shuffled within, in a random order."""
-        granule = getattr(self, "_granule", 1)
-        if shuffle != "block":
-            if self._lanes == 1:
-                return None
-            return chunked_lane_order(len(self), self._lanes, granule, 1, seed, epoch, shuffle)
-        if self._lanes == 1:
-            sizes, order = self._lane_chunks(seed, epoch, 0)
-            return EpochOrder(len(self), seed=seed, epoch=epoch, shuffle="block", blocks=sizes,
-                              window=1, block_order=order)  # fmt: skip
-        chunks = functools.partial(self._lane_chunks, seed, epoch)
-        return chunked_lane_order(len(self), self._lanes, granule, 1, seed, epoch, shuffle, chunks)
-
-    def _chunk_edges(self, epoch: int) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
-        """Per lane: its windows [a, b), the positions (in the epoch's row-group order) at
-        which its chunks after the first begin, and the window that straddles each such
-        edge. Chunks are whole row groups, `shuffle_window_groups` at most, so a chunk's
-        windows read only its row groups, except that straddling window; an edge that
-        would leave a chunk without a window of its own is dropped (chunks merge)."""
-        found = self._edges.get(epoch)
-        if found is not None:
-            return found
-        _, cum = self._epoch(epoch)
-        length, end, per = self.seq_len, int(cum[-1]), self.shuffle_window_groups()
-        edges, a = [], 0
-        for size in lane_sizes(len(self), self._lanes).tolist():
-            b = a + size
-            first = int(np.searchsorted(cum, a * length, side="right") - 1)
-            last = int(np.searchsorted(cum, min(b * length, end - 1), side="right") - 1)
-            groups = max(last - first + 1, 1)
-            cuts = np.linspace(0, groups, -(-groups // per) + 1).round().astype(np.int64)
-            positions, straddlers, before = [], [], a - 1
-            for position in (first + cuts[1:-1]).tolist():
-                window = (int(cum[position]) - 1) // length
-                if before + 2 <= window <= b - 2:  # each chunk keeps a window of its own
-                    positions.append(position)
-                    straddlers.append(window)
-                    before = window
-            edges.append((a, b, np.array(positions, np.int64), np.array(straddlers, np.int64)))
-            a = b
-        with self._lock:
-            self._edges = {e: v for e, v in self._edges.items() if e >= epoch - 1}
-            self._edges[epoch] = edges
-        return edges
-
-    def _lane_chunks(self, seed: int, epoch: int, lane: int) -> tuple[np.ndarray, np.ndarray]:
-        """A lane's chunk sizes (in windows) and the order they are read in. The window
-        that straddles two chunks goes to whichever of them is read later, and is cut from
-        a piece of the other kept when it was read (`_load`): no row group is read twice."""
-        a, b, _, straddlers = self._chunk_edges(epoch)[lane]
-        order = _generator(seed, epoch, _CHUNK_STREAM, lane).permutation(straddlers.size + 1)
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.size)
-        bounds = straddlers + (rank[1:] < rank[:-1])  # the straddler stays with the later
-        return np.diff(np.concatenate([[a], bounds, [b]])).astype(np.int64), order
-
     def _edge_pieces(self, epoch: int) -> dict[int, list[tuple[int, int]]]:
-        """For each row group at a chunk's edge, the tokens (from its segment's start) of
-        the straddling window that it holds: the tail of a chunk's last row group, the
-        head of the next one's first."""
-        found = self._ranges.get(epoch)
+        """For each row group at a chunk's edge, the tokens of the straddling window that
+        it holds (`plan.stream_edge_pieces`), for the lanes each plan of this epoch deals
+        to (one source may serve several loaders)."""
+        lanes = tuple(sorted(self._lanes_planned.get(epoch, {1})))
+        found = self._ranges.get((epoch, lanes))
         if found is not None:
             return found
         order, cum = self._epoch(epoch)
-        length, end = self.seq_len, int(cum[-1])
         pieces: dict[int, list[tuple[int, int]]] = {}
-        for _, _, positions, straddlers in self._chunk_edges(epoch):
-            for position, window in zip(positions.tolist(), straddlers.tolist(), strict=True):
-                lo, edge = window * length, int(cum[position])
-                hi = min(lo + length + 1, end)
-                if cum[position - 1] <= lo:  # the tail lies in one row group
-                    base = int(cum[position - 1])
-                    pieces.setdefault(int(order[position - 1]), []).append((lo - base, edge - base))
-                if hi <= cum[position + 1]:  # and the head
-                    pieces.setdefault(int(order[position]), []).append((0, hi - edge))
+        stream = self._stream
+        for count in lanes:
+            edges = stream_chunk_edges(cum, self.seq_len, len(self), count,
+                                       stream.groups_per_chunk)  # fmt: skip
+            for group, ranges in stream_edge_pieces(order, cum, edges, self.seq_len).items():
+                pieces.setdefault(group, []).extend(ranges)
         with self._lock:
-            self._ranges = {e: v for e, v in self._ranges.items() if e >= epoch - 1}
-            self._ranges[epoch] = pieces
+            self._ranges = {k: v for k, v in self._ranges.items() if k[0] >= epoch - 1}
+            self._ranges[(epoch, lanes)] = pieces
         return pieces
 
     def __len__(self) -> int:
@@ -499,7 +448,8 @@ class PackedTokens(SeededSource):
     def fingerprint(self) -> str:
         words = f"{self.parquet.fingerprint()}|{self.column}|{self.seq_len}|{self.eos_id}"
         chunks = len(self.blocks())
-        words += f"|{self.shuffle_documents}|{chunks}|lanes {self._lanes}"
+        # The lanes are the plan's (resolved from "auto"): the loader adds them.
+        words += f"|{self.shuffle_documents}|{chunks}"
         if chunks > 1:  # windowed: a checkpoint of the chunks cut in window space is refused
             words += f"|chunks of row groups|window {self.shuffle_window_groups()}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
@@ -525,12 +475,7 @@ class PackedTokens(SeededSource):
         found = self._epochs.get(key)
         if found is not None:
             return found
-        stream = self.index.stream
-        order = np.arange(stream.size)
-        if self.shuffle_documents:
-            order = _generator(self.seed, epoch).permutation(stream.size)
-        cum = np.zeros(order.size + 1, dtype=np.int64)
-        np.cumsum(stream[order], out=cum[1:])
+        order, cum = stream_order(self._stream, self.seed, epoch)
         with self._lock:
             self._epochs[key] = (order, cum)
             for old in [k for k in self._epochs if k[1] < epoch - 1]:
@@ -540,10 +485,16 @@ class PackedTokens(SeededSource):
         return order, cum
 
     def plan_epoch(self, epoch: int, batches: Any) -> None:
-        """This rank's batches of windows: reads run ahead along them."""
+        """This rank's batches of windows: reads run ahead along them; the lanes of the
+        plan they come from say which windows straddle chunks (what to keep of a row
+        group at a chunk's edge)."""
+        lanes, _, _ = _lanes_of(batches)
         with self._lock:
             self._plans = {e: b for e, b in self._plans.items() if e == epoch - 1}
             self._plans[epoch] = batches
+            planned = self._lanes_planned
+            self._lanes_planned = {e: v for e, v in planned.items() if e >= epoch - 1}
+            self._lanes_planned.setdefault(epoch, set()).add(lanes)
 
     def _groups_of(self, windows: np.ndarray, epoch: int) -> np.ndarray:
         """Positions (in the epoch's row-group order) that windows' tokens come from,
@@ -656,7 +607,7 @@ class PackedTokens(SeededSource):
         try:
             table = tokenindex.unskippable(lambda: self.parquet.fetch_row_group(group))
             first_row = int(self.parquet.row_starts()[group])
-            order = _generator(self.seed, epoch, group) if self.shuffle_documents else None
+            order = stream_rng(self.seed, epoch, group) if self.shuffle_documents else None
             segment = Segment.build(table.column(self.column), first_row, self.eos_id, order)
             del table
             # A corpus in one chunk has no edges: nothing to keep.
@@ -693,7 +644,7 @@ class PackedTokens(SeededSource):
             found = (windows, positions, frozenset((epoch, int(order[p])) for p in positions))
             with self._lock:
                 self._recent[key] = found
-                while len(self._recent) > self._horizon + 4 * BEHIND_BATCHES:
+                while len(self._recent) > self._horizon(epoch) + 4 * BEHIND_BATCHES:
                     del self._recent[next(iter(self._recent))]
         return found
 
@@ -724,7 +675,7 @@ class PackedTokens(SeededSource):
         # Batches up to `_ahead` were looked at already: only the newest one is new.
         done_epoch, done = self._ahead
         start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
-        for k in range(start, min(total, self._hint + 1 + self._horizon)):
+        for k in range(start, min(total, self._hint + 1 + self._horizon(epoch))):
             keep, (windows, positions, _) = None, self._planned(epoch, k)
             for position in positions:
                 found = self._fetch(epoch, position, windows, ahead=True)
@@ -817,9 +768,13 @@ def _fixed_lists(values: pa.Buffer, rows: int, length: int) -> pa.FixedSizeListA
     return pa.FixedSizeListArray.from_arrays(flat, length)
 
 
-def _generator(seed: int, epoch: int, *more: int) -> np.random.Generator:
-    words = [_DOCUMENT_STREAM, seed, epoch, *more]
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence(words)))
+def _lanes_of(plan: Any) -> tuple[int, int, int]:
+    """(lanes, world size, batch size) of the loader's plan that `plan_epoch` was given
+    (one lane, one rank, one window for reads by hand)."""
+    choice = getattr(plan, "choice", None)
+    if choice is None:
+        return 1, 1, 1
+    return choice.lanes, int(getattr(plan, "world_size", 1)), choice.granule
 
 
 def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:
