@@ -58,7 +58,8 @@ from iolib.sources.parquet import ParquetSource
 from iolib.sources.parquet_fetch import decode_slots
 from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
 from iolib.storage.counters import count_retries
-from iolib.text import loops, tokenindex
+from iolib.text import tokenindex
+from iolib.text.kernels import loops
 from iolib.text.seeded import SeededSource, check_lanes
 
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
