@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from iolib.errors import ConfigError
 
@@ -35,3 +36,30 @@ def parse_bytes(value: int | float | str | None, name: str = "memory_budget") ->
 def cpu_count() -> int:
     """The CPUs this process may run on (its affinity), counted in this one place."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    """The threads one process runs to read data, in one place (sources and the token
+    reader ask here rather than keep constants of their own).
+
+    remote_reads: row-group reads in flight from an object store: a request's latency,
+        not the link, bounds one connection, so several run at once (8 filled a link in
+        the store benchmarks).
+    decodes: row groups decoded at once: one a core this process may use, at least 2 (a
+        decode holds its pages and values: more at once only raise the peak memory).
+    footers: footer reads in flight when listing a dataset (a request or two each).
+    index_reads: row groups read at once to count a token index.
+    readahead: background threads of a Parquet reader's read-ahead.
+    """
+
+    remote_reads: int = 8
+    decodes: int = 2
+    footers: int = 64
+    index_reads: int = 8
+    readahead: int = 1
+
+
+def thread_budget() -> ThreadBudget:
+    """This process's thread budget (its cores counted now: call it again after a fork)."""
+    return ThreadBudget(decodes=max(2, cpu_count()))

@@ -14,7 +14,7 @@ import logging
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cachetools
 import numpy as np
@@ -23,16 +23,14 @@ import pyarrow.compute as pc
 
 from iolib.forks import reset_after_fork
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
+from iolib.resources import thread_budget
 from iolib.sources.parquet_fetch import decode_slots
 from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
 from iolib.text.kernels import loops
 
-if TYPE_CHECKING:
-    from iolib.text.packed import PackedTokens
-
-FETCH_THREADS = 8  # row-group reads in flight from a remote store (`_read_threads`)
+FETCH_THREADS = thread_budget().remote_reads  # reads in flight from a store (`_read_threads`)
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 RETRY_BATCHES = 8  # batches a read-ahead that found no room waits before it looks again
@@ -90,7 +88,7 @@ class TokenReader:
     in a cache of at most `d.cache_bytes`, reads shared while in flight, and read-ahead
     along the batches the loader's plan lists (`plan_epoch`)."""
 
-    def __init__(self, d: PackedTokens) -> None:
+    def __init__(self, d: Any) -> None:  # a PackedTokens (not imported: it imports this)
         self.d = d
         self._lock = threading.Lock()
         self._epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
