@@ -144,3 +144,21 @@ class _Tiny(Source):
 
     def read(self, indices, *, epoch=0):
         return list(indices)
+
+
+def test_a_dropped_source_lets_go_of_its_reader_at_once(corpus) -> None:
+    """The description owns its reader and the reader only points back by a weak proxy:
+    dropping the source frees its cache and stops its read threads without waiting for
+    the cycle collector."""
+    import gc
+    import weakref
+
+    source = _packed(corpus)
+    assert source.read(np.arange(4)).num_rows == 4  # starts the read threads
+    reader = weakref.ref(source._reader)
+    gc.disable()
+    try:
+        del source
+        assert reader() is None
+    finally:
+        gc.enable()

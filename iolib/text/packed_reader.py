@@ -89,7 +89,9 @@ class TokenReader:
     along the batches the loader's plan lists (`plan_epoch`)."""
 
     def __init__(self, d: Any) -> None:  # a PackedTokens (not imported: it imports this)
-        self.d = d
+        # A proxy, not a reference: the source owns its reader, and a cycle would keep a
+        # dropped source's cache and read threads until the cycle collector ran.
+        self.d = weakref.proxy(d)
         self._lock = threading.Lock()
         self._epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._segments: cachetools.LRUCache = cachetools.LRUCache(
