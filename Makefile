@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # for GPU users. Override for another CUDA: make install TORCH_SPEC="torch==2.13.0 --index-url ..."
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test test-no-extension lint format bench clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,14 @@ format: install
 
 test: lint
 	$(VENV)/bin/python -m pytest -q -ra
+
+# The token tests again with the compiled loops switched off: what an install without a
+# C compiler runs (iolib/text/kernels.py picks the NumPy loops).
+TOKEN_TESTS := tests/test_packed_tokens.py tests/test_packed_reference.py \
+	tests/test_streamed_tokens.py tests/test_golden_batches.py tests/test_loops_fallback.py \
+	tests/test_shuffle_window.py tests/test_plan_ownership.py tests/test_resume_order.py
+test-no-extension: install
+	IOLIB_NO_EXTENSION=1 $(VENV)/bin/python -m pytest -q -ra $(TOKEN_TESTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

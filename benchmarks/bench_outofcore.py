@@ -48,7 +48,7 @@ RUN = textwrap.dedent(
     threading.Thread(target=watch, daemon=True).start()
     start = time.perf_counter()
     loader = DataLoader(PackedTokens(url, column="input_ids", seq_len=seq, eos_id=0,
-                                     cache_bytes=budget),
+                                     cache_bytes=budget, shuffle_window=budget // 2),
                         batch_size=batch, shuffle=True, num_workers=workers, seed=0)
     def forever():
         epoch = 0

@@ -44,7 +44,8 @@ def main(tokens: int, budgets_mb: str, batch_size: int, seq_len: int) -> None:
         url, _ = write_corpus(Path(tmp) / "c", tokens, rows_per_group=2048, files=4)
         for budget in tqdm([int(b) for b in budgets_mb.split(",")], desc="budgets"):
             windows = PackedTokens(url, column="input_ids", seq_len=seq_len, eos_id=0,
-                                   document_ids=True, cache_bytes=budget * 2**20)  # fmt: skip
+                                   document_ids=True, cache_bytes=budget * 2**20,
+                                   shuffle_window=budget * 2**19)  # fmt: skip
             starts = windows.parquet.row_starts()
             total_rows = int(starts[-1])
             loader = DataLoader(windows, batch_size=batch_size, shuffle=True, seed=0,

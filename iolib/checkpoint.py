@@ -122,14 +122,22 @@ def _dataset_differences(state: dict[str, Any], current: LoaderState) -> str:
     if not saved or not now:
         return head
     names = sorted(set(saved) | set(now))
-    differ = [
-        f"{name} (state has {saved.get(name, 'nothing')}, loader has {now.get(name, 'nothing')})"
-        for name in names
-        if saved.get(name) != now.get(name)
-    ]
+    differ = [_field_difference(name, saved.get(name), now.get(name)) for name in names
+              if saved.get(name) != now.get(name)]  # fmt: skip
     if not differ:
         return head + " (the same settings and files: their content changed)"
     return f"{head}, which differ in " + ", ".join(differ)
+
+
+def _field_difference(name: str, saved: str | None, now: str | None) -> str:
+    """One field that differs, with what to pass where a setting the plan resolved
+    (lanes="auto": the world size) explains it."""
+    if name == "lanes" and saved is not None and now is not None and saved.isdigit():
+        return (
+            f"lanes (state {saved}, loader {now}): pass lanes={saved} to resume at another "
+            "world size"
+        )
+    return f"{name} (state has {saved or 'nothing'}, loader has {now or 'nothing'})"
 
 
 def _is(value: Any, kind: str) -> bool:

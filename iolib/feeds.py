@@ -15,6 +15,7 @@ its mode needs (the plan, the user's sampler, torch's loader) and nothing else.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -71,6 +72,10 @@ class Feed(Protocol):
 
     def dataset_fields(self) -> dict[str, str]:
         """What the fingerprint is made of, to say what differs on a refused restore."""
+
+    def order_mode(self) -> tuple[str, int]:
+        """The shuffle mode and window the order runs (what a state records: a source
+        that streams may run shuffle=True as a windowed shuffle)."""
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -188,9 +193,7 @@ class _KeyedFeed(ABC):
             restore_globals=o.num_workers == 0,
             batched=self.options.batched,
         ).with_seed(o.seed)  # a source whose samples depend on the seed (packed windows)
-        check = getattr(source, "check_loader", None)
-        if check is not None:  # a source whose samples are batches refuses batching them
-            check(o)
+        source.check_loader(o)  # a source whose samples are batches refuses batching them
         return source
 
     def _runner(self) -> Runner:
@@ -223,16 +226,25 @@ class _KeyedFeed(ABC):
     def _cache_row_groups(self) -> int:
         """Row groups a worker's cache must hold so no batch re-reads one."""
         workers = max(self.runner.workers, 1)
-        o = self.options
-        if o.shuffle == "global":
+        shuffle, window = self.order_mode()
+        if shuffle == "global":
             return len(self.source.blocks()) or 1
-        if o.shuffle == "block":
-            return o.order.shuffle_window + workers + 1
+        if shuffle == "block":
+            # A source's own windowed shuffle reads the next window ahead: two of them.
+            ahead = 0 if (shuffle, window) == self.order_mode_asked() else window
+            return window + ahead + workers + 1
         return workers + 2
 
     @property
     def num_samples(self) -> int:
         return len(self.source)
+
+    def order_mode_asked(self) -> tuple[str, int]:
+        """The shuffle mode and window the loader was given."""
+        return self.options.shuffle, self.options.order.shuffle_window
+
+    def order_mode(self) -> tuple[str, int]:
+        return self.order_mode_asked()
 
     def fingerprint(self) -> str:
         return self.source.fingerprint()
@@ -286,6 +298,22 @@ class PlanFeed(_KeyedFeed):
 
     def __len__(self) -> int:
         return len(self.plan.schedule())
+
+    def order_mode(self) -> tuple[str, int]:
+        choice = self.plan.choice
+        return choice.shuffle, choice.window
+
+    def fingerprint(self) -> str:
+        """The source's, and the lanes the plan resolved where the source has lanes: a
+        resume at another world size with lanes="auto" is another order."""
+        own, lanes = self.source.fingerprint(), self.plan.order_fields()
+        if not lanes:
+            return own
+        words = f"{own}|" + "|".join(f"{k} {v}" for k, v in sorted(lanes.items()))
+        return hashlib.sha256(words.encode()).hexdigest()[:16]
+
+    def dataset_fields(self) -> dict[str, str]:
+        return {**dataset_fields(self.source), **self.plan.order_fields()}
 
 
 class SamplerFeed(_KeyedFeed):

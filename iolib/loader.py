@@ -237,14 +237,17 @@ class DataLoader(Generic[T_co]):
 
     # -- state ---------------------------------------------------------------------------
     def _describe_state(self) -> LoaderState:
+        # The order that runs, not the one asked for: a source that streams runs
+        # shuffle=True as a windowed shuffle, which a "global" loader must refuse.
+        shuffle, window = self._feed.order_mode()
         return LoaderState(
             epoch=self._cursor.epoch,
             position=self._cursor.position,
             seed=self.seed,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
-            shuffle=self.shuffle,
-            shuffle_window=self.shuffle_window,
+            shuffle=shuffle,
+            shuffle_window=window,
             dataset=self._feed.fingerprint(),
             num_samples=self._feed.num_samples,
             world_size=self.world_size,

@@ -20,6 +20,7 @@ with the epoch's first samples so every rank still gets the same number of batch
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +36,10 @@ DEFAULT_BLOCK_ROWS = 1024  # block size for sources that have no row groups
 KEPT_WINDOW = 2**16  # a window this small is materialised when looked up (512 KiB)
 KEPT_WINDOWS = 4  # ... and this many are kept: consecutive batches share a window
 MAX_DEFAULT_BLOCKS = 2**16  # beyond 2^26 samples blocks grow, so a plan stays O(65,536)
+# The shuffle window of sources that stream (decoded bytes shuffled together): a fixed
+# number, never a share of the machine's memory or of `cache_bytes`, so that the order,
+# and a checkpoint of it, are the same on every machine and at every cache size.
+DEFAULT_SHUFFLE_WINDOW = 512 * 2**20
 
 
 def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> np.ndarray:
@@ -46,6 +51,20 @@ def default_blocks(num_samples: int, block_rows: int = DEFAULT_BLOCK_ROWS) -> np
     if rest:
         sizes[-1] = rest
     return sizes
+
+
+def window_groups(sizes: np.ndarray | list[int], window: int | None) -> int | None:
+    """Row groups (of decoded `sizes`) that one shuffle window of `window` bytes holds: as
+    many of the largest as fit, at least one; None where the whole data fits in one
+    window (or there is no window), which is then shuffled whole.
+
+    >>> window_groups([10, 30, 20], 40), window_groups([10, 30, 20], 60)
+    (1, None)
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if window is None or int(sizes.sum()) <= window:
+        return None
+    return max(1, int(window) // max(int(sizes.max(initial=0)), 1))
 
 
 class _Order(ABC):
@@ -334,3 +353,232 @@ def lane_sizes(num_samples: int, lanes: int) -> np.ndarray:
     """Samples in each of `lanes` contiguous lanes: equal, the first ones one more."""
     base, extra = divmod(num_samples, lanes)
     return np.array([base + (lane < extra) for lane in range(lanes)], dtype=np.int64)
+
+
+# -- what a source tells the plan, and the orders made from it -------------------------
+_LANE_STREAM = 0x4C414E45  # "LANE": each lane's sample order
+_DOCUMENT_STREAM = 0x444F4353  # "DOCS": a token stream's row-group and document order
+_CHUNK_STREAM = 0x43484E4B  # "CHNK": the order of an epoch's chunks of a token stream
+
+
+def stream_rng(seed: int, epoch: int, *more: int) -> np.random.Generator:
+    """The generator of a token stream's orders (row groups, documents, chunks) for
+    (seed, epoch, more...): Philox keyed by the words, independent of the loader's."""
+    words = [_DOCUMENT_STREAM, seed, epoch, *more]
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence(words)))
+
+
+@dataclass(frozen=True, eq=False)
+class TokenStream:
+    """A stream of packed windows as the plan sees it: row groups of `tokens` stream
+    tokens each (documents and their eos), drawn in a random order per epoch (where
+    `shuffled`), cut into windows of `seq_len`; a windowed shuffle mixes chunks of
+    `groups_per_chunk` whole row groups."""
+
+    tokens: np.ndarray
+    seq_len: int
+    groups_per_chunk: int
+    shuffled: bool = True
+
+    @property
+    def windows(self) -> int:
+        return int(self.tokens.sum()) // self.seq_len
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """What a source tells the plan about its samples, once, as a value: the plan (and
+    nothing in the source) turns it and the loader's options into an order.
+
+    blocks: contiguous blocks in sample order (row groups, or a windowed source's
+        chunks), for shuffle="block"; () for `default_blocks`.
+    modes: (loader's mode, mode run, window) where a shuffled loader (True or "block")
+        runs another order over this source: a windowed shuffle of data larger than its
+        window. shuffle="global" spelled out is never changed.
+    lanes: contiguous shares the samples are dealt from, a granule of each in turn
+        ("auto": the loader's world size).
+    granule: samples a lane deals at a time (None: the loader's batch size).
+    stream: a token stream whose chunks (of whole row groups) are the blocks of a
+        windowed shuffle, per lane and epoch (`stream_lane_chunks`).
+    epoch_samples: the samples themselves depend on the epoch (a per-epoch document
+        order): read as epoch 0 when the loader does not shuffle, so every pass is the
+        same (as torch's unshuffled loader's).
+    refusal: why a shuffle over the whole data or its windows cannot run (a cache too
+        small for it), raised when a loader asks for shuffle=True (or a mode of `modes`).
+    """
+
+    blocks: tuple[int, ...] | np.ndarray = ()
+    modes: tuple[tuple[str, str, int], ...] = ()
+    lanes: int | str = 1
+    granule: int | None = 1
+    stream: TokenStream | None = None
+    epoch_samples: bool = False
+    refusal: str | None = None
+
+
+@dataclass(frozen=True)
+class OrderChoice:
+    """The order a loader runs over a source: a mode, its window and the lanes, resolved
+    once from the source's `Layout` and the loader's options (`choose_order`)."""
+
+    shuffle: str
+    window: int
+    lanes: int
+    granule: int
+
+
+def choose_order(
+    layout: Layout,
+    shuffle: str,
+    window: int,
+    *,
+    batch_size: int,
+    world_size: int,
+    windowed_ok: bool = True,
+) -> OrderChoice:
+    """The mode, window, lanes and granule a loader's plan runs over a source: the
+    loader's own, unless the source's layout says a shuffled loader runs windowed
+    (`Layout.modes`); "auto" lanes become the world size."""
+    if windowed_ok and shuffle != "none":
+        windowed = shuffle == "global" or any(asked == shuffle for asked, _, _ in layout.modes)
+        if layout.refusal is not None and windowed:
+            raise ConfigError(layout.refusal)
+        for asked, run, run_window in layout.modes:
+            if asked == shuffle:
+                shuffle, window = run, run_window or window  # 0: the loader's window
+                break
+    lanes = int(world_size) if layout.lanes == "auto" else int(layout.lanes)
+    granule = int(batch_size) if layout.granule is None else int(layout.granule)
+    return OrderChoice(shuffle, int(window), lanes, granule)
+
+
+def plan_order(
+    layout: Layout, num_samples: int, seed: int, epoch: int, choice: OrderChoice
+) -> EpochOrder | LaneOrder:
+    """Epoch `epoch`'s order over a source of `layout`, as `choice` says: a pure
+    function of integers (and the layout's arrays)."""
+    shuffle, lanes = choice.shuffle, choice.lanes
+    chunks = None
+    if shuffle == "block" and layout.stream is not None:
+        chunks = stream_chunks(layout.stream, seed, epoch, lanes)
+    if lanes == 1:
+        if chunks is not None:
+            sizes, order = chunks(0)
+            return EpochOrder(num_samples, seed=seed, epoch=epoch, shuffle="block",
+                              blocks=sizes, window=1, block_order=order)  # fmt: skip
+        return EpochOrder(num_samples, seed=seed, epoch=epoch, shuffle=shuffle,  # type: ignore[arg-type]
+                          blocks=layout.blocks if shuffle == "block" else (),
+                          window=choice.window)  # fmt: skip
+    per_chunk = int(layout.blocks[0]) if len(layout.blocks) else 1
+    return chunked_lane_order(num_samples, lanes, choice.granule, per_chunk, seed, epoch,
+                              shuffle, chunks)  # fmt: skip
+
+
+def chunked_lane_order(
+    total: int,
+    lanes: int,
+    granule: int,
+    per_chunk: int,
+    seed: int,
+    epoch: int,
+    shuffle: str,
+    chunks: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None,
+) -> LaneOrder:
+    """`total` samples dealt to `lanes` contiguous shares, `granule` of each in turn; each
+    share ordered as the whole would be: shuffled within chunks of `per_chunk`, chunks
+    in a random order (for "block"), or as `shuffle` says. `chunks(lane)`, where given,
+    says a lane's chunk sizes and their order instead."""
+    orders = []
+    for lane, size in enumerate(lane_sizes(total, lanes).tolist()):
+        words = [_LANE_STREAM, seed, lane]
+        lane_seed = int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
+        blocks, block_order = (), None
+        if shuffle == "block":
+            blocks, block_order = (
+                (default_blocks(size, per_chunk), None) if chunks is None else chunks(lane)
+            )
+        orders.append(EpochOrder(size, seed=lane_seed, epoch=epoch, shuffle=shuffle,  # type: ignore[arg-type]
+                                 blocks=blocks, window=1, block_order=block_order))  # fmt: skip
+    return LaneOrder(orders, granule)
+
+
+def stream_order(stream: TokenStream, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row-group order, prefix sums of their stream tokens) of epoch `epoch`."""
+    order = np.arange(stream.tokens.size)
+    if stream.shuffled:
+        order = stream_rng(seed, epoch).permutation(stream.tokens.size)
+    cum = np.zeros(order.size + 1, dtype=np.int64)
+    np.cumsum(stream.tokens[order], out=cum[1:])
+    return order, cum
+
+
+def stream_chunk_edges(
+    cum: np.ndarray, seq_len: int, windows: int, lanes: int, groups_per_chunk: int
+) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Per lane: its windows [a, b), the positions (in the epoch's row-group order, whose
+    prefix sums are `cum`) at which its chunks after the first begin, and the window that
+    straddles each such edge. Chunks are whole row groups, `groups_per_chunk` at most, so
+    a chunk's windows read only its row groups, except that straddling window; an edge
+    that would leave a chunk without a window of its own is dropped (chunks merge)."""
+    end, per, edges, a = int(cum[-1]), groups_per_chunk, [], 0
+    for size in lane_sizes(windows, lanes).tolist():
+        b = a + size
+        first = int(np.searchsorted(cum, a * seq_len, side="right") - 1)
+        last = int(np.searchsorted(cum, min(b * seq_len, end - 1), side="right") - 1)
+        groups = max(last - first + 1, 1)
+        cuts = np.linspace(0, groups, -(-groups // per) + 1).round().astype(np.int64)
+        positions, straddlers, before = [], [], a - 1
+        for position in (first + cuts[1:-1]).tolist():
+            window = (int(cum[position]) - 1) // seq_len
+            if before + 2 <= window <= b - 2:  # each chunk keeps a window of its own
+                positions.append(position)
+                straddlers.append(window)
+                before = window
+        edges.append((a, b, np.array(positions, np.int64), np.array(straddlers, np.int64)))
+        a = b
+    return edges
+
+
+def stream_lane_chunks(
+    edges: tuple[int, int, np.ndarray, np.ndarray], seed: int, epoch: int, lane: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A lane's chunk sizes (in windows) and the order they are read in. The window that
+    straddles two chunks goes to whichever of them is read later, which cuts it from a
+    piece of the other kept when that one was read: no row group is read twice."""
+    a, b, _, straddlers = edges
+    order = stream_rng(seed, epoch, _CHUNK_STREAM, lane).permutation(straddlers.size + 1)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    bounds = straddlers + (rank[1:] < rank[:-1])  # the straddler stays with the later
+    return np.diff(np.concatenate([[a], bounds, [b]])).astype(np.int64), order
+
+
+def stream_chunks(
+    stream: TokenStream, seed: int, epoch: int, lanes: int
+) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
+    """lane -> (its chunk sizes in windows, their order) for a windowed epoch."""
+    _, cum = stream_order(stream, seed, epoch)
+    edges = stream_chunk_edges(cum, stream.seq_len, stream.windows, lanes, stream.groups_per_chunk)
+    return lambda lane: stream_lane_chunks(edges[lane], seed, epoch, lane)
+
+
+def stream_edge_pieces(
+    order: np.ndarray,
+    cum: np.ndarray,
+    edges: list[tuple[int, int, np.ndarray, np.ndarray]],
+    seq_len: int,
+) -> dict[int, list[tuple[int, int]]]:
+    """For each row group at a chunk's edge, the tokens (from its segment's start) of the
+    straddling window that it holds: the tail of a chunk's last row group, the head of
+    the next one's first. What a reader keeps so that no row group is read twice."""
+    end, pieces = int(cum[-1]), {}
+    for _, _, positions, straddlers in edges:
+        for position, window in zip(positions.tolist(), straddlers.tolist(), strict=True):
+            lo, edge = window * seq_len, int(cum[position])
+            hi = min(lo + seq_len + 1, end)
+            if cum[position - 1] <= lo:  # the tail lies in one row group
+                base = int(cum[position - 1])
+                pieces.setdefault(int(order[position - 1]), []).append((lo - base, edge - base))
+            if hi <= cum[position + 1]:  # and the head
+                pieces.setdefault(int(order[position]), []).append((0, hi - edge))
+    return pieces

@@ -12,6 +12,7 @@ import itertools
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,15 @@ from torch.utils.data import BatchSampler, Sampler
 from iolib.errors import DataError
 from iolib.fetcher import BatchTask
 from iolib.layout import warn_if_block_shuffle_sorted
-from iolib.plan import EpochOrder, LaneOrder, RankSchedule
+from iolib.plan import (
+    EpochOrder,
+    LaneOrder,
+    Layout,
+    OrderChoice,
+    RankSchedule,
+    choose_order,
+    plan_order,
+)
 
 # Batches' worth of spare samples a task carries under skip: the next batch's, then
 # batches spread over the epoch, so a run of bad data shorter than 7/8 of the epoch
@@ -72,28 +81,42 @@ class EpochPlan:
     def num_samples(self) -> int:
         return len(self.source)
 
-    def __post_init__(self) -> None:
-        # A source that deals its samples to lanes (one per rank) learns the world size.
-        self.source.bind_plan(self.batch_size or 1, self.world_size)
+    @cached_property
+    def layout(self) -> Layout:
+        """What the source says of its samples (asked once; the source is not told
+        anything back: one source may serve several loaders' plans)."""
+        return self.source.layout()
+
+    @cached_property
+    def choice(self) -> OrderChoice:
+        """The order this plan runs: the loader's, or the source's windowed one."""
+        return choose_order(
+            self.layout,
+            self.shuffle,
+            self.window,
+            batch_size=self.batch_size or 1,
+            world_size=self.world_size,
+            windowed_ok=self.windowed_ok,
+        )
+
+    def read_epoch(self, epoch: int) -> int:
+        """The epoch a batch's samples are read as: 0 for every pass of an unshuffled
+        loader over samples that depend on the epoch (the same order each pass, as
+        torch's); else the epoch."""
+        return 0 if self.choice.shuffle == "none" and self.layout.epoch_samples else epoch
 
     def order(self, epoch: int) -> EpochOrder | LaneOrder:
         """Epoch `epoch`'s order, computed per position (O(blocks) memory)."""
-        shuffle, window = self.shuffle, self.window
-        if self.windowed_ok:
-            shuffle, window = self.source.order_mode(shuffle, window)
         if self.shuffle == "block":  # a few classes per batch over label-sorted shards
             warn_if_block_shuffle_sorted(self.source)
-        own = self.source.lane_order(self.seed, epoch, shuffle)
-        if own is not None:
-            return own
-        return EpochOrder(
-            self.num_samples,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=shuffle,  # type: ignore[arg-type]
-            blocks=self.source.blocks() if shuffle == "block" else (),
-            window=window,
-        )
+        return plan_order(self.layout, self.num_samples, self.seed, epoch, self.choice)
+
+    def order_fields(self) -> dict[str, str]:
+        """What of the order a resume must match beyond the loader's options: the lanes
+        (resolved from "auto"), where the source deals its samples to lanes."""
+        if self.layout.lanes == 1:
+            return {}
+        return {"lanes": str(self.choice.lanes)}
 
     def schedule(self, position: int = 0, *, drop_last: bool | None = None) -> RankSchedule:
         return RankSchedule(
@@ -111,9 +134,11 @@ class EpochPlan:
                 f"{self.source.describe()} has no samples: there is nothing to load. Check "
                 "the files and filters."
             )
-        tasks = EpochTasks(self.order(epoch), self.schedule(position), epoch, self.reserve_batches)
+        read_epoch = self.read_epoch(epoch)
+        tasks = EpochTasks(self.order(epoch), self.schedule(position), read_epoch,
+                           self.reserve_batches)  # fmt: skip
         # The source learns every batch ahead (a cache evicts by next use, not recency).
-        self.source.plan_epoch(epoch, tasks.batch_indices())
+        self.source.plan_epoch(read_epoch, tasks.batch_indices(self.choice, self.world_size))
         return tasks
 
 
@@ -173,14 +198,17 @@ class EpochTasks:
     def position_after(self, delivered: int) -> int:
         return self.schedule.position_after(delivered)
 
-    def batch_indices(self) -> _BatchIndices:
-        """The sample indices of each batch, as a lazy sequence."""
-        return _BatchIndices(self)
+    def batch_indices(
+        self, choice: OrderChoice | None = None, world_size: int = 1
+    ) -> _BatchIndices:
+        """The sample indices of each batch, as a lazy sequence (with the order it
+        follows, for a source that reads ahead along it)."""
+        return _BatchIndices(self, choice, world_size)
 
 
 class _BatchIndices:
-    def __init__(self, tasks: EpochTasks) -> None:
-        self.tasks = tasks
+    def __init__(self, tasks: EpochTasks, choice: OrderChoice | None, world_size: int) -> None:
+        self.tasks, self.choice, self.world_size = tasks, choice, world_size
 
     def __len__(self) -> int:
         return len(self.tasks)

@@ -114,6 +114,9 @@ class StreamFeed:
     def dataset_fields(self) -> dict[str, str]:
         return {}
 
+    def order_mode(self) -> tuple[str, int]:
+        return self.options.shuffle, self.options.order.shuffle_window
+
     def stats(self) -> dict[str, Any]:
         snapshot = self.telemetry.snapshot()
         snapshot.update(workers=self.options.num_workers, worker_mode="torch")

@@ -115,16 +115,19 @@ def _cases(tmp: Path) -> dict[str, Callable[[], list[Any]]]:
     folder = write_image_folder(tmp / "folder", classes=2, per_class=6)
 
     def parquet(**kw: Any) -> DataLoader:
-        cache = kw.pop("cache_bytes", None)
-        return DataLoader(ParquetSource(str(tokens), cache_bytes=cache), batch_size=10, **kw)
+        held = {"cache_bytes": kw.pop("cache_bytes", None), "shuffle_window": kw.pop("bytes", None)}
+        return DataLoader(ParquetSource(str(tokens), **held), batch_size=10, **kw)
 
-    def packed(cache: int, **kw: Any) -> DataLoader:
+    # The shuffle window was half of `cache_bytes` before it became its own argument: a
+    # window of half the old cache keeps these digests (issue 42).
+    def packed(window: int, **kw: Any) -> DataLoader:
         windows = PackedTokens(
             docs,
             column="tokens",
             seq_len=24,
             eos_id=0,
-            cache_bytes=cache,
+            cache_bytes=max(2 * window, 1 << 20),
+            shuffle_window=window,
             document_ids=True,
             lanes=kw.pop("lanes", "auto"),
         )
@@ -154,13 +157,15 @@ def _cases(tmp: Path) -> dict[str, Callable[[], list[Any]]]:
             parquet(shuffle=True, seed=4, num_workers=2, worker_mode="process")
         ),
         "parquet_block_window": lambda: _epochs(parquet(shuffle="block", shuffle_window=2, seed=4)),
-        "parquet_small_cache": lambda: _epochs(parquet(shuffle=True, seed=4, cache_bytes=4000)),
+        "parquet_small_cache": lambda: _epochs(
+            parquet(shuffle=True, seed=4, cache_bytes=4000, bytes=2000)
+        ),
         "parquet_rank_2_of_4": lambda: _epochs(parquet(shuffle=True, seed=8, rank=2, world_size=4)),
         "parquet_resume": lambda: _resumed(lambda: parquet(shuffle=True, seed=4), after=5),
-        "packed_fits": lambda: _epochs(packed(1 << 30)),
-        "packed_windowed": lambda: _epochs(packed(14000)),
-        "packed_rank_1_of_2": lambda: _epochs(packed(1 << 30, rank=1, world_size=2)),
-        "packed_resume": lambda: _resumed(lambda: packed(14000), after=3),
+        "packed_fits": lambda: _epochs(packed(1 << 29)),
+        "packed_windowed": lambda: _epochs(packed(7000)),
+        "packed_rank_1_of_2": lambda: _epochs(packed(1 << 29, rank=1, world_size=2)),
+        "packed_resume": lambda: _resumed(lambda: packed(7000), after=3),
         "token_budget": lambda: _epochs(
             DataLoader(
                 TokenBudgetBatches(docs, column="tokens", max_tokens=150),

@@ -96,7 +96,8 @@ def test_windows_match_the_reference(case) -> None:
         try:
             windows = PackedTokens(url, column="tokens", seq_len=case["seq_len"], eos_id=EOS,
                                    shuffle_documents=False, document_ids=case["document_ids"],
-                                   cache_bytes=case["budget"], lanes=case["lanes"])  # fmt: skip
+                                   cache_bytes=case["budget"], lanes=case["lanes"],
+                                   shuffle_window=(case["budget"] or 2**30) // 2)  # fmt: skip
             assert len(windows) == len(expected)
         except ConfigError:
             assume(False)  # a budget below four row groups is refused: another test's case

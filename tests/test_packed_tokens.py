@@ -56,23 +56,30 @@ def _check_epoch(windows: np.ndarray, documents: np.ndarray) -> None:
 
 
 def test_every_token_appears_once_per_epoch_in_order(corpus) -> None:
-    loader = DataLoader(_packed(corpus), batch_size=4, shuffle=False, seed=2)
-    orders = []
-    for epoch in (0, 1):
-        batches = epoch_batches(loader, epoch)
-        ids = np.concatenate([b["input_ids"] for b in batches])
-        docs = np.concatenate([b["document_ids"] for b in batches])
-        assert ids.shape[1] == SEQ and ids.dtype == np.int64
-        _check_epoch(ids, docs)
-        orders.append(docs[:, 0].tolist())
-    assert orders[0] != orders[1]  # another document order each epoch
+    windows = {}
+    for shuffle in (False, True):
+        loader = DataLoader(_packed(corpus), batch_size=4, shuffle=shuffle, seed=2)
+        for epoch in (0, 1):
+            batches = epoch_batches(loader, epoch)
+            ids = np.concatenate([b["input_ids"] for b in batches])
+            docs = np.concatenate([b["document_ids"] for b in batches])
+            assert ids.shape[1] == SEQ and ids.dtype == np.int64
+            if not shuffle:
+                _check_epoch(ids, docs)  # in stream order
+            windows[shuffle, epoch] = ids
+    # Shuffled, another document order (so other windows) each epoch; unshuffled, the
+    # same windows in the same order every pass, as torch's unshuffled loader gives.
+    assert sorted(map(tuple, windows[True, 0].tolist())) != sorted(
+        map(tuple, windows[True, 1].tolist())
+    )
+    assert np.array_equal(windows[False, 0], windows[False, 1])
 
 
 def test_shuffled_windows_cover_the_same_stream(corpus) -> None:
     plain = np.concatenate([b["input_ids"] for b in epoch_batches(
-        DataLoader(_packed(corpus), batch_size=5, seed=3), 1)])  # fmt: skip
+        DataLoader(_packed(corpus), batch_size=5, seed=3), 0)])  # fmt: skip
     shuffled = np.concatenate([b["input_ids"] for b in epoch_batches(
-        DataLoader(_packed(corpus), batch_size=5, shuffle=True, seed=3), 1)])  # fmt: skip
+        DataLoader(_packed(corpus), batch_size=5, shuffle=True, seed=3), 0)])  # fmt: skip
     assert not np.array_equal(plain, shuffled)
     assert sorted(map(tuple, plain.tolist())) == sorted(map(tuple, shuffled.tolist()))
 

@@ -1,4 +1,4 @@
-"""PackedTokens on a corpus larger than its `cache_bytes`: the streamed path keeps every
+"""PackedTokens on a corpus larger than its `shuffle_window`: the streamed path keeps every
 promise of the in-memory one (each token once, in order; the same windows for any
 workers, depth, resume point or world size) with memory bounded by the budget."""
 
@@ -30,6 +30,8 @@ from tests.token_data import doc_lengths, write_documents
 EOS, SEQ, ROWS = 0, 16, 16
 LENGTHS = doc_lengths(400, seed=3, low=0, high=60)
 BUDGET = 20_000  # bytes: about six of this corpus's 25 row groups, a third of the corpus
+WINDOW = BUDGET // 2  # two windows fit the budget
+WHOLE = 10**8  # a window and a cache that hold the whole corpus: a full shuffle
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +44,9 @@ def corpus(tmp_path) -> str:
     return write_documents(tmp_path / "c", LENGTHS, shards=3, row_group_size=ROWS)
 
 
-def _packed(url: str, budget: int = BUDGET, **kw) -> PackedTokens:
+def _packed(url: str, budget: int = BUDGET, window: int = WINDOW, **kw) -> PackedTokens:
     return PackedTokens(url, column="tokens", seq_len=SEQ, eos_id=EOS, document_ids=True,
-                        cache_bytes=budget, **kw)  # fmt: skip
+                        cache_bytes=budget, shuffle_window=window, **kw)  # fmt: skip
 
 
 def _loader(url: str, lanes: int | str = "auto", **kw) -> DataLoader:
@@ -65,7 +67,7 @@ def test_the_corpus_is_larger_than_the_budget_and_the_log_says_so(corpus, caplog
         epoch_batches(_loader(corpus))
         epoch_batches(_loader(corpus))  # a new loader of the same source: logged once each
     said = [r for r in caplog.records if "shuffled within" in r.getMessage()]
-    assert said and "cache_bytes" in said[0].getMessage()
+    assert said and "shuffle_window" in said[0].getMessage()
 
 
 @pytest.mark.parametrize("epoch", [0, 1])
@@ -102,7 +104,7 @@ def test_a_batch_reads_only_its_chunk(corpus) -> None:
 
     held = _packed(corpus).shuffle_window_groups() + 2
     assert spread(_loader(corpus, batch_size=16)) <= held
-    whole = DataLoader(_packed(corpus, budget=10**8), batch_size=16, shuffle=True, seed=11)
+    whole = DataLoader(_packed(corpus, WHOLE, WHOLE), batch_size=16, shuffle=True, seed=11)
     assert spread(whole) > held + 2
     # shuffle="global", spelled out, is a full shuffle within the same small budget.
     spelled_out = DataLoader(_packed(corpus), batch_size=16, shuffle="global", seed=11)
@@ -118,13 +120,14 @@ def test_each_row_group_is_read_once_an_epoch_when_streamed(corpus, world_size, 
 
     def fetched(budget: int, epoch: int, rank: int) -> int:
         where = {"rank": rank, "world_size": world_size, "num_workers": workers}
-        loader = DataLoader(_packed(corpus, budget=budget), batch_size=4, shuffle=True, seed=11,
+        window = WINDOW if budget == BUDGET else budget
+        loader = DataLoader(_packed(corpus, budget, window), batch_size=4, shuffle=True, seed=11,
                             **where)  # fmt: skip
         epoch_batches(loader, epoch)
         return loader.stats()["bytes_read"]
 
     for epoch, rank in [(e, r) for e in (0, 1) for r in range(world_size)]:
-        assert fetched(BUDGET, epoch, rank) == fetched(10**8, epoch, rank)
+        assert fetched(BUDGET, epoch, rank) == fetched(WHOLE, epoch, rank)
 
 
 def _read_threads_seen(url: str, **kw) -> int:
@@ -222,18 +225,18 @@ def test_each_rank_reads_its_share_of_the_corpus(corpus, world_size) -> None:
 
 def test_a_budget_below_four_row_groups_is_refused_up_front(corpus) -> None:
     with pytest.raises(ConfigError, match=r"cache_bytes.*fewer than 4.*Raise `cache_bytes`"):
-        len(_packed(corpus, budget=2_000))
+        len(_packed(corpus, budget=2_000, window=1))
     with pytest.raises(ConfigError, match="cache_bytes"):
         _packed(corpus, budget=0)
 
 
 def test_the_index_is_kept_and_a_rewritten_corpus_is_recounted(corpus, tmp_path) -> None:
-    before = len(_packed(corpus, budget=10**6))
+    before = len(_packed(corpus, budget=10**6, window=10**6))
     kept = list(cache_dir().glob("*.npz"))
     assert len(kept) == 1
     # Rewrite in place with the same files and row counts, documents twice as long.
     write_documents(tmp_path / "c", LENGTHS * 2, shards=3, row_group_size=ROWS)
-    assert len(_packed(corpus, budget=10**6)) > 1.8 * before
+    assert len(_packed(corpus, budget=10**6, window=10**6)) > 1.8 * before
     assert len(list(cache_dir().glob("*.npz"))) == 2
 
 
@@ -254,7 +257,8 @@ RSS_SCRIPT = textwrap.dedent(
     from iolib.text import PackedTokens
     url, budget = sys.argv[1], int(sys.argv[2])
     loader = DataLoader(PackedTokens(url, column="t", seq_len=512, eos_id=0,
-                                     cache_bytes=budget), batch_size=8, shuffle=True,
+                                     cache_bytes=budget, shuffle_window=budget // 2),
+                        batch_size=8, shuffle=True,
                         num_workers=2, seed=0)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # 2,048 batches of 8 x 512 int32 tokens: 32 MiB read, four times the budget.
@@ -297,7 +301,7 @@ def test_memory_stays_flat_as_the_corpus_grows_past_the_budget(tmp_path) -> None
 
 
 def test_a_parquet_source_larger_than_its_cache_shuffles_in_windows(tmp_path, caplog) -> None:
-    """Padded reads: a global shuffle over more data than `cache_bytes` becomes a
+    """Padded reads: a global shuffle over more data than `shuffle_window` becomes a
     windowed one (said once), reads each row group once an epoch, and still covers every
     row once, the same for any workers."""
     import pyarrow as pa
@@ -311,7 +315,8 @@ def test_a_parquet_source_larger_than_its_cache_shuffles_in_windows(tmp_path, ca
     pq.write_table(table, directory / "a.parquet", row_group_size=100)
 
     def make(**kw) -> DataLoader:
-        source = ParquetSource(str(directory), cache_bytes=8 * 1700)  # ~8 of 40 row groups
+        # Windows of 4 of 40 row groups; the cache holds two.
+        source = ParquetSource(str(directory), cache_bytes=8 * 1700, shuffle_window=4 * 1700)
         return DataLoader(source, batch_size=50, shuffle=True, seed=1, **kw)
 
     with caplog.at_level(logging.INFO, logger="iolib.sources.parquet"):

@@ -186,6 +186,7 @@ def test_a_row_over_budget_is_an_error_naming_its_file(tmp_path) -> None:
 
 
 WIDE = doc_lengths(400, seed=2, low=1, high=60)
+WINDOW = 8_710  # what a 40,000-byte cache gave before the window was its own argument
 
 
 @pytest.fixture
@@ -193,9 +194,9 @@ def wide(tmp_path) -> str:
     return write_documents(tmp_path / "w", WIDE, shards=2, row_group_size=10)
 
 
-def _groups_per_stretch(url: str, cache_bytes: int, stretch: int = 8) -> list[int]:
+def _groups_per_stretch(url: str, window: int, stretch: int = 8) -> list[int]:
     """Row groups read by each run of `stretch` consecutive batches of one epoch."""
-    source = TokenBudgetBatches(url, column="tokens", max_tokens=BUDGET, cache_bytes=cache_bytes)
+    source = TokenBudgetBatches(url, column="tokens", max_tokens=BUDGET, shuffle_window=window)
     starts = source.rows.row_starts()
     batches = epoch_batches(DataLoader(source, batch_size=1, shuffle=True, seed=4), 1)
     groups = [set(np.searchsorted(starts, b["id"], side="right").tolist()) for b in batches]
@@ -204,9 +205,9 @@ def _groups_per_stretch(url: str, cache_bytes: int, stretch: int = 8) -> list[in
 
 def test_data_larger_than_the_cache_reads_a_few_row_groups_at_a_time(wide, caplog) -> None:
     caplog.set_level("INFO", logger="iolib")
-    windowed = _groups_per_stretch(wide, cache_bytes=40_000)
-    assert "larger than cache_bytes" in caplog.text
-    whole = _groups_per_stretch(wide, cache_bytes=1 << 30)
+    windowed = _groups_per_stretch(wide, WINDOW)
+    assert "larger than shuffle_window" in caplog.text
+    whole = _groups_per_stretch(wide, 1 << 30)
     # Windowed, a stretch reads one chunk's row groups, at a block's edge up to four.
     assert np.median(windowed) < 0.6 * np.median(whole), (windowed, whole)
     assert max(windowed) < max(whole)
@@ -214,7 +215,9 @@ def test_data_larger_than_the_cache_reads_a_few_row_groups_at_a_time(wide, caplo
 
 def test_windowed_budget_batches_keep_every_guarantee(wide) -> None:
     def make(**kw):
-        source = TokenBudgetBatches(wide, column="tokens", max_tokens=BUDGET, cache_bytes=40_000)
+        source = TokenBudgetBatches(
+            wide, column="tokens", max_tokens=BUDGET, cache_bytes=40_000, shuffle_window=WINDOW
+        )
         return DataLoader(source, batch_size=1, shuffle=True, seed=kw.pop("seed", 3), **kw)
 
     for epoch in (0, 1):
@@ -230,7 +233,9 @@ def test_windowed_budget_batches_keep_every_guarantee(wide) -> None:
 
 
 def test_a_cache_below_four_row_groups_is_refused(wide) -> None:
-    source = TokenBudgetBatches(wide, column="tokens", max_tokens=BUDGET, cache_bytes=2_000)
+    source = TokenBudgetBatches(
+        wide, column="tokens", max_tokens=BUDGET, cache_bytes=2_000, shuffle_window=1
+    )
     with pytest.raises(ConfigError, match=r"`cache_bytes`=2000 holds fewer than 4"):
         len(DataLoader(source, batch_size=1, shuffle=True, seed=0))  # before any batch
 
@@ -241,7 +246,9 @@ def test_each_rank_reads_its_share_when_the_data_is_larger_than_the_cache(wide, 
     so each rank reads about 1/world of the row groups; together every row once."""
 
     def make(rank: int) -> DataLoader:
-        source = TokenBudgetBatches(wide, column="tokens", max_tokens=BUDGET, cache_bytes=40_000)
+        source = TokenBudgetBatches(
+            wide, column="tokens", max_tokens=BUDGET, cache_bytes=40_000, shuffle_window=WINDOW
+        )
         return DataLoader(source, batch_size=1, shuffle=True, seed=5, rank=rank,
                           world_size=world_size, drop_last=True)  # fmt: skip
 

@@ -108,6 +108,8 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
         kwargs: dict[str, Any] = dict(column="tokens", seq_len=spec["seq_len"], eos_id=0)
         if "cache_bytes" in inspect.signature(PackedTokens).parameters and spec["cache_mb"]:
             kwargs["cache_bytes"] = int(spec["cache_mb"] * 2**20)
+            if "shuffle_window" in inspect.signature(PackedTokens).parameters:
+                kwargs["shuffle_window"] = kwargs["cache_bytes"] // 2  # the order it had
         notes["packed_tokens_kwargs"] = sorted(kwargs)
         windows = PackedTokens(url, storage_options=options, **kwargs)
         loader = iolib.DataLoader(windows, batch_size=spec["batch"], **common)
@@ -120,10 +122,12 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
     if decode.backend == "auto":
         dali = importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali")
         notes["image_backend"] = "auto: DALI (CPU)" if dali else "auto: Pillow"
-    # A cache below the data makes shuffle=True a windowed shuffle over half of it, as
-    # documented; None keeps the default (all of it here, a global shuffle).
+    # A cache below the data comes with a window of half of it (shuffle=True shuffles
+    # within windows, as before the window was its own argument); None keeps the
+    # default (all of it here, a global shuffle).
     cache = int(spec["image_cache_mb"] * 2**20) if spec.get("image_cache_mb") else None
-    source = ParquetSource(url, storage_options=options, cache_bytes=cache)
+    window = {"shuffle_window": cache // 2} if cache else {}
+    source = ParquetSource(url, storage_options=options, cache_bytes=cache, **window)
     notes["image_cache_bytes"] = cache
     loader = iolib.DataLoader(source, batch_size=spec["batch"], decode=decode, **common)
     return loader, lambda b: len(b["label"]), notes

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from iolib.errors import refuse_loader_arguments
+from iolib.plan import Layout
 from iolib.redact import Redactor
 
 
@@ -64,20 +65,17 @@ class Source(ABC):
         """Let go of threads and caches now (a later read starts them again)."""
         return None
 
-    def bind_plan(self, batch_size: int, world_size: int) -> None:
-        """The loader's batch size and world size, for sources whose order deals samples
-        to ranks (packed windows streamed from a corpus). Default: ignored."""
-        return None
+    def layout(self) -> Layout:
+        """What the loader's plan needs to know of this source's samples, once, as a value
+        (`iolib.plan.Layout`): its blocks and, for sources that stream, the windowed order
+        a shuffled loader runs and the lanes. The plan makes the order from it; a source
+        never learns the loader's options. Default: its `blocks()`, nothing more."""
+        return Layout(blocks=tuple(self.blocks()))
 
-    def lane_order(self, seed: int, epoch: int, shuffle: str) -> Any:
-        """The source's own order for the epoch (a `plan.LaneOrder`), or None for the
-        loader's."""
+    def check_loader(self, options: Any) -> None:
+        """Refuse loader options this source cannot serve (a source whose samples are
+        batches refuses batching them), with what to pass instead. Default: none."""
         return None
-
-    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
-        """The shuffle mode and window the loader's plan runs over this source: the
-        loader's own, unless the source streams (packed windows of a large corpus)."""
-        return shuffle, window
 
     def fit_cache(self, row_groups: int) -> int:
         """Size any read cache to hold `row_groups` blocks; sources without one ignore it."""
@@ -85,7 +83,9 @@ class Source(ABC):
 
     def plan_epoch(self, epoch: int, batches: Sequence[np.ndarray]) -> None:
         """The epoch's batches on this rank, ahead of their reads (`batches[k]`: sample
-        indices of batch k), from iolib's plan; a cache may use them. Default: ignored."""
+        indices of batch k), from iolib's plan; a cache may use them. From the loader's
+        plan, `batches.choice` is the order it runs (`plan.OrderChoice`: mode, lanes,
+        granule) and `batches.world_size` its world size. Default: ignored."""
         return None
 
     def cache_stats(self) -> dict[str, int]:

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from iolib.collate import ListFormat
 from iolib.errors import DataError
+from iolib.plan import Layout
 from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
@@ -54,6 +55,14 @@ class ParquetSource(Source):
         dataset (capped at half the free memory) for "global". The cache evicts the row
         group needed furthest ahead in the epoch plan, so too small a cache costs only
         the re-reads of what does not fit (`loader.stats()["row_group_rereads"]`).
+    shuffle_window: decoded bytes (an int, or a size like "256MiB") that the loader's
+        `shuffle=True` mixes together (default None: the whole dataset, a full shuffle).
+        A dataset larger than it is shuffled within windows of as many row groups as it
+        holds, windows in a random order (each row group read once an epoch). The order
+        depends on it, never on `cache_bytes`; a given `cache_bytes` must hold two windows
+        (or the whole dataset without one), else the loader refuses it with the sizes to
+        change. `shuffle="global"` spelled out ignores it: a full shuffle that re-reads
+        what the cache cannot hold.
     readahead: batches ahead whose row groups one background thread reads into the
         cache (or the in-memory store) while the current batch is assembled, where the
         budget has room (default 4; 0: off). It overlaps storage and decoding with the
@@ -79,9 +88,10 @@ class ParquetSource(Source):
         retry: RetryPolicy | None = None,
         lists: ListFormat | None = None,
         readahead: int = 4,
+        shuffle_window: int | str | None = None,
     ) -> None:
         description = ParquetDescription.of(
-            urls, columns, storage_options, cache_bytes, retry, lists, readahead
+            urls, columns, storage_options, cache_bytes, retry, lists, readahead, shuffle_window
         )
         self._start(description)
 
@@ -155,6 +165,11 @@ class ParquetSource(Source):
     @property
     def readahead(self) -> int:
         return self._description.readahead
+
+    @property
+    def shuffle_window(self) -> int | None:
+        """Decoded bytes shuffle=True mixes together (None: the whole dataset)."""
+        return self._description.shuffle_window
 
     @property
     def cache_bytes(self) -> int:
@@ -247,25 +262,50 @@ class ParquetSource(Source):
             sizes = [int(size * decoded) for size in sizes]  # type: ignore[operator]
         return sizes
 
-    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
-        """A global shuffle over more decoded data than a given `cache_bytes` would
-        re-read row groups for nearly every batch: it becomes a block shuffle over as many
-        row groups as the cache holds, said once in the log. The window then follows
-        `cache_bytes` (and is part of the fingerprint)."""
-        window_groups = self.description.cache_window() if shuffle == "global" else None
+    def layout(self) -> Layout:
+        """Row groups as blocks; where the decoded data is larger than `shuffle_window`,
+        shuffle=True runs as a block shuffle over as many row groups as the window holds
+        (said once in the log). A given `cache_bytes` too small for that is refused when a
+        shuffled loader starts, before any read."""
+        blocks = self.blocks()
+        refusal = self.window_cache_refusal()
+        window_groups = self.description.window_groups()
         if window_groups is None:
-            return shuffle, window
+            return Layout(blocks=blocks, refusal=refusal)
         if not self._windowed_said:
             self._windowed_said = True
             log.info(
-                "%s: the data is larger than cache_bytes (%.0f MiB): shuffled within windows "
-                "of %d row groups, windows in a random order (raise cache_bytes to shuffle "
-                "more widely).",
+                "%s: the data is larger than shuffle_window (%d bytes decoded): shuffle=True is "
+                "shuffled within windows of %d row groups, windows in a random order (raise "
+                "shuffle_window to shuffle more widely).",
                 self.describe(),
-                self.cache_bytes / 2**20,
+                self.shuffle_window,
                 window_groups,
             )
-        return "block", window_groups
+        return Layout(blocks=blocks, modes=(("global", "block", window_groups),), refusal=refusal)
+
+    def window_cache_refusal(self) -> str | None:
+        """Why a given `cache_bytes` cannot hold what shuffle=True reads together (two
+        windows, or the whole dataset without one), naming both sizes; None if it can."""
+        description = self.description
+        if not description.fixed_cache:
+            return None  # sized by the loader (`fit_cache`)
+        need, have = description.window_cache_bytes(), description.cache_bytes
+        if have >= need:
+            return None
+        window = description.shuffle_window
+        what = (
+            f"shuffle_window={window} (two windows of row groups: this one and the next, "
+            f"{need:,} bytes decoded)"
+            if window is not None and description.window_groups() is not None
+            else f"the whole dataset (shuffle_window={window}: {need:,} bytes decoded)"
+        )
+        return (
+            f"{self.describe()}: cache_bytes={have} is too small for the shuffle of "
+            f"{what}. Raise cache_bytes to at least {need}, or pass shuffle_window="
+            f"{max(have // 2, 1)} or less (the order follows shuffle_window, never "
+            "cache_bytes); shuffle='global' spelled out re-reads what does not fit instead."
+        )
 
     def _measured_ratio(self, sizes: list[int]) -> float:
         """Arrow bytes over the footer's estimate, from the first of a few row groups that

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from iolib.collate import ListFormat
 from iolib.errors import ConfigError, DataError
+from iolib.plan import window_groups
 from iolib.redact import Redactor
 from iolib.resources import parse_bytes
 from iolib.sources.footer import arrow_bytes, exact_size, leaf_values
@@ -53,6 +54,8 @@ class ParquetDescription:
     keep_dense: bool = False  # the whole dataset as contiguous arrays (`sources.dense`)
     sizes: tuple[int, ...] | None = None  # estimated Arrow bytes per row group
     decoded: float | None = None  # measured Arrow bytes / the footers' estimate
+    # Decoded bytes a shuffle=True mixes together (None: the whole dataset).
+    shuffle_window: int | None = None
 
     @classmethod
     def of(
@@ -64,6 +67,7 @@ class ParquetDescription:
         retry: RetryPolicy | None,
         lists: ListFormat | None,
         readahead: int,
+        shuffle_window: int | str | None = None,
     ) -> ParquetDescription:
         """A description from `ParquetSource`'s arguments, checked (nothing is read)."""
         if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
@@ -84,6 +88,7 @@ class ParquetDescription:
             readahead,
             cache_bytes if cache_bytes is not None else MIN_CACHE_BYTES,
             cache_bytes is not None,
+            shuffle_window=parse_bytes(shuffle_window, "shuffle_window"),
         )
 
     # -- pickling: the fields alone (derived values are computed again where needed) ---
@@ -231,17 +236,19 @@ class ParquetDescription:
             sizes = [int(size * self.decoded) for size in sizes]
         return sizes
 
-    def cache_window(self) -> int | None:
-        """Half the row groups a given `cache_bytes` holds; None when no budget was given
-        or the whole dataset fits in it."""
-        if not self.fixed_cache or not self.cache_bytes:
-            return None
+    def window_groups(self) -> int | None:
+        """Row groups a shuffle window (`shuffle_window` decoded bytes) holds; None when
+        no window was given or the whole dataset fits in one (a full shuffle)."""
+        return window_groups(self.estimated_bytes(), self.shuffle_window)
+
+    def window_cache_bytes(self) -> int:
+        """What the cache must hold for shuffle=True to read each row group once an
+        epoch: two windows (this one, and the next read ahead), or the whole dataset."""
         sizes = self.estimated_bytes()
-        if sum(sizes) <= self.cache_bytes or not sizes:
-            return None
-        # Half the cache for the window, half for the next one's read-ahead and the row
-        # groups of batches in flight on other workers.
-        return max(1, self.cache_bytes // max(max(sizes), 1) // 2)
+        groups = self.window_groups()
+        if groups is None:
+            return int(sum(sizes))
+        return 2 * groups * max(sizes, default=0)
 
     def capacities(self) -> dict[str, np.ndarray]:
         """Items per row group of each list column, from the footers (an upper bound: a
@@ -265,7 +272,7 @@ class ParquetDescription:
             chunks = ",".join(str(sorted(c.items())) for c in f.column_bytes)
             rows = ",".join(map(str, f.row_groups))
             digest.update(f"{f.path}|{rows}|{f.size}|{f.version}|{chunks}\n".encode())
-        window = self.cache_window()
+        window = self.window_groups()
         if window is not None:  # a global shuffle runs in windows of this many row groups
             digest.update(f"window {window}".encode())
         return digest.hexdigest()[:16]

@@ -9,7 +9,6 @@ loaded are let go once that batch is decoded (`release`).
 
 from __future__ import annotations
 
-import os
 import threading
 import traceback
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 from iolib.collate import is_numeric_list
 from iolib.errors import DataError
 from iolib.forks import reset_after_fork
+from iolib.resources import thread_budget
 from iolib.sources.arrow_pool import prefer_releasing_pool
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_files import FileMeta, is_corrupt
@@ -44,8 +44,7 @@ class _DecodeSlots:
         self._after_fork()
 
     def _after_fork(self) -> None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        self.count = max(2, cores or os.cpu_count() or 2)
+        self.count = thread_budget().decodes
         self.slots = threading.BoundedSemaphore(self.count)
 
 

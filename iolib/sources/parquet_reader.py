@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from iolib.forks import reset_after_fork
+from iolib.resources import thread_budget
 from iolib.sources.dense import DenseColumns
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_fetch import RowGroupFetcher
@@ -29,7 +30,7 @@ from iolib.sources.rgcache import EpochUses, PlannedCache
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
 
-FETCH_THREADS = 8  # a batch's row-group reads in flight at once
+FETCH_THREADS = thread_budget().remote_reads  # a batch's row-group reads in flight at once
 # One logger for the Parquet source, whichever of its modules speaks.
 log = logging.getLogger("iolib.sources.parquet")
 
@@ -395,7 +396,8 @@ class ParquetReader:
             if not wanted:
                 return
             if self._ahead is None:
-                self._ahead = ThreadPoolExecutor(1, thread_name_prefix="iolib-readahead")
+                threads = thread_budget().readahead
+                self._ahead = ThreadPoolExecutor(threads, thread_name_prefix="iolib-readahead")
         for group in reversed(wanted):
             self._ahead.submit(self._read_one_ahead, epoch, group, dense)
 

@@ -15,8 +15,8 @@ N = ceil(total / (max_tokens - longest row)); a cut lands at most one row past i
 quantile, so no batch holds more than `max_tokens` tokens, and N is the same every
 epoch (len() does not depend on the epoch).
 
-Data larger than `cache_bytes`: the permutation is windowed, as PackedTokens' is. Row
-groups are drawn in a random order and taken in chunks that fit a quarter of the cache;
+Data larger than `shuffle_window`: the permutation is windowed, as PackedTokens' is. Row
+groups are drawn in a random order and taken in chunks that fit the window;
 rows are permuted and bucketed within their chunk, and the loader shuffles the batches
 within chunks, chunks in a random order; so a stretch of batches reads one or two
 chunks' row groups, never the whole dataset. What stays O(rows): each row's length and
@@ -35,15 +35,19 @@ import pyarrow as pa
 
 from iolib.collate import is_numeric_list
 from iolib.errors import ConfigError, DataError
-from iolib.plan import LaneOrder, default_blocks
+from iolib.plan import Layout, default_blocks, window_groups
 from iolib.redact import Redactor
+from iolib.resources import parse_bytes
 from iolib.sources.parquet import ParquetSource
 from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD
-from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
+from iolib.text.seeded import SeededSource, check_lanes
 
 log = logging.getLogger("iolib")
 
 _BUDGET_STREAM = 0x42554447  # "BUDG"
+# Decoded bytes of row groups permuted together: fixed (the order follows it), and a
+# chunk and the next, with three row groups in flight, fit the default cache.
+DEFAULT_BUDGET_WINDOW = 256 * 2**20
 
 
 def row_lengths(source: ParquetSource, column: str) -> np.ndarray:
@@ -131,10 +135,14 @@ class TokenBudgetBatches(SeededSource):
 
     bucket_batches: rows sorted by length together, in batches' worth (default 64):
         more means less padding but batches of more uniform length in a stretch.
-    cache_bytes: bound on the decoded row groups kept (default 1 GiB, fixed rather than a
-        share of RAM because the order follows it). Data that fits is permuted whole;
-        larger data is permuted within chunks of row groups that fit a quarter of it
-        (the module docstring says how), and the log says so once.
+    shuffle_window: decoded bytes (an int, or a size like "256MiB") of row groups
+        permuted together (default 256 MiB, fixed: the order follows it). Data that fits
+        is permuted whole; larger data within chunks of row groups that fit it (the
+        module docstring says how), and the log says so once.
+    cache_bytes: bound on the decoded row groups kept (default 1 GiB): memory only, the
+        batches are the same at any `cache_bytes` that runs. It must hold two chunks and
+        three row groups (the whole data and three row groups, where it fits the window),
+        else it is refused when `len()` is first asked, with both sizes.
     lanes: for data larger than the cache, how many contiguous shares of the epoch's
         batches are dealt to ranks ("auto": the loader's world size, so rank r reads only
         share r's chunks). To resume at another world size, pass the first run's.
@@ -153,6 +161,7 @@ class TokenBudgetBatches(SeededSource):
         seed: int = 0,
         cache_bytes: int | None = None,
         lanes: int | str = "auto",
+        shuffle_window: int | str = DEFAULT_BUDGET_WINDOW,
     ) -> None:
         budget = 1 if cache_bytes is None else cache_bytes
         checked = (("max_tokens", max_tokens), ("bucket_batches", bucket_batches),
@@ -166,9 +175,9 @@ class TokenBudgetBatches(SeededSource):
             source = ParquetSource(source, storage_options=storage_options,
                                    cache_bytes=cache_bytes)  # fmt: skip
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self.shuffle_window = parse_bytes(shuffle_window, "shuffle_window")
         self._windowed_said = False
         self.lanes = check_lanes(lanes)
-        self._lanes = lanes if isinstance(lanes, int) else 1  # "auto": the loader's world size
         self.rows, self.column = source, column
         self.max_tokens, self.bucket_batches, self.seed = max_tokens, bucket_batches, int(seed)
         self._lengths: np.ndarray | None = None
@@ -258,25 +267,39 @@ class TokenBudgetBatches(SeededSource):
     # -- windowed order for data larger than the cache ------------------------------------
     def _chunks(self) -> int | None:
         """How many chunks of row groups an epoch is cut into; None when the data fits
-        the cache (then the permutation is global, as it always was)."""
+        `shuffle_window` (then the permutation is global). A cache too small for what the
+        order reads together is refused here, naming both sizes."""
         found = self.__dict__.get("_chunk_count", 0)
         if found != 0:
             return found
         sizes = np.asarray(self.rows.estimated_bytes(measure=False), dtype=np.int64)
-        largest = max(int(sizes.max(initial=0)), 1)
-        if int(sizes.sum()) + (MIN_GROUPS_HELD - 1) * largest <= self.cache_bytes:
-            chunks = None
-        elif MIN_GROUPS_HELD * largest > self.cache_bytes:
+        largest, total = max(int(sizes.max(initial=0)), 1), int(sizes.sum())
+        window = self.shuffle_window
+        if window_groups(sizes, window) is None:
+            chunks, chunk_bytes = None, total
+        else:
+            chunks = min(max(2, math.ceil(total / window)), sizes.size)
+            chunk_bytes = math.ceil(total / chunks)
+        in_flight = (MIN_GROUPS_HELD - 1) * largest
+        held = chunk_bytes * (1 if chunks is None else 2) + in_flight
+        need = max(MIN_GROUPS_HELD * largest, held)
+        if MIN_GROUPS_HELD * largest > self.cache_bytes:
             raise ConfigError(
                 f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds fewer than "
                 f"{MIN_GROUPS_HELD} of its largest row groups ({largest:,} bytes decoded). "
-                f"Raise `cache_bytes` to at least {MIN_GROUPS_HELD * largest} or write the "
-                "data with smaller row groups."
+                f"Raise `cache_bytes` to at least {need} or write the data with smaller row "
+                "groups."
             )
-        else:  # two chunks may share a stretch of batches: each fits a quarter of the room
-            per_chunk = max(1, (self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest) // 4)
-            chunks = max(2, math.ceil(int(sizes.sum()) / per_chunk))
-            chunks = min(chunks, sizes.size)
+        if need > self.cache_bytes:
+            what = "the whole data" if chunks is None else "two chunks"
+            raise ConfigError(
+                f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds less than "
+                f"shuffle_window={window} needs: {what} of row groups ({chunk_bytes:,} bytes "
+                f"decoded each) and three of the largest in flight ({largest:,} bytes each), "
+                f"{need:,} bytes. Raise `cache_bytes` to at least {need}, or lower "
+                f"shuffle_window to {(self.cache_bytes - in_flight) // 2} or less (the order "
+                "follows shuffle_window, never cache_bytes)."
+            )
         self.__dict__["_chunk_count"] = chunks
         return chunks
 
@@ -288,34 +311,29 @@ class TokenBudgetBatches(SeededSource):
             return ()
         return default_blocks(len(self), max(1, math.ceil(len(self) / chunks)))
 
-    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
-        """Batches shuffled within chunks, one chunk at a time, where the data is larger
-        than `cache_bytes`; the loader's own shuffle where it fits."""
-        if shuffle == "none" or self._chunks() is None:
-            return shuffle, window
+    def layout(self) -> Layout:
+        """Where the data is larger than the window: a shuffled loader shuffles batches
+        within chunk-sized blocks, blocks in a random order, dealt to lanes one batch at a
+        time (lanes="auto": one per rank, so rank r reads only its share's row groups).
+        Where it fits, the loader's own order (every rank reads everything). The rows'
+        order follows the epoch."""
+        chunks = self._chunks()
+        if chunks is None:
+            return Layout(epoch_samples=True)
         if not self._windowed_said:
             self._windowed_said = True
             log.info(
-                "%s: the data is larger than cache_bytes (%.0f MiB): rows are permuted "
-                "within %d chunks of row groups, batches shuffled within chunks, chunks in "
-                "a random order (raise cache_bytes to shuffle more widely).",
+                "%s: the data is larger than shuffle_window (%d bytes decoded): rows are permuted "
+                "within %d chunks of row groups; a shuffled loader shuffles batches within "
+                "chunks, chunks in a random order (raise shuffle_window to shuffle more "
+                "widely).",
                 self.describe(),
-                self.cache_bytes / 2**20,
-                self._chunks(),
+                self.shuffle_window,
+                chunks,
             )
-        return "block", 1
-
-    def bind_plan(self, batch_size: int, world_size: int) -> None:
-        self._lanes = self.lanes if isinstance(self.lanes, int) else int(world_size)
-
-    def lane_order(self, seed: int, epoch: int, shuffle: str) -> LaneOrder | None:
-        """Where the data is larger than the cache: batches dealt to lanes, one each in
-        turn, each lane a contiguous share of the epoch's chunks (ordered as the whole
-        would be). Where it fits, the loader's own order (every rank reads everything)."""
-        if self._lanes == 1 or self._chunks() is None:
-            return None
-        per_chunk = int(self.blocks()[0])
-        return chunked_lane_order(len(self), self._lanes, 1, per_chunk, seed, epoch, shuffle)
+        modes = (("global", "block", 1), ("block", "block", 1))
+        return Layout(blocks=self.blocks(), modes=modes, lanes=self.lanes, granule=1,
+                      epoch_samples=True)  # fmt: skip
 
     def batch_rows(self, batch: int, epoch: int = 0) -> np.ndarray:
         """The rows of batch `batch` of `epoch`, in batch order."""
@@ -346,7 +364,8 @@ class TokenBudgetBatches(SeededSource):
     def fingerprint(self) -> str:
         words = f"{self.rows.fingerprint()}|{self.column}|{self.max_tokens}|{self.bucket_batches}"
         if self._chunks() is not None:  # the order follows the chunks, so a resume must too
-            words += f"|chunks={self._chunks()}|lanes {self._lanes}"
+            # The lanes are the plan's (resolved from "auto"): the loader adds them.
+            words += f"|chunks={self._chunks()}|window {self.shuffle_window}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def redactor(self) -> Redactor:

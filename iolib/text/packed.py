@@ -6,17 +6,24 @@ tokens; sample k of epoch e is window k. Packing lives in the plan, not in a sta
 buffer: window k is a pure function of (seed, e, seq_len, data), so worker counts,
 prefetch depth, resume points and world sizes cannot change it.
 
-Memory is bounded by `cache_bytes`, not by the corpus. The stream of epoch e is the
+Memory is bounded by `cache_bytes`, not by the corpus; the order by `shuffle_window`,
+never by `cache_bytes`. The stream of epoch e is the
 row groups in a permuted order (a small array), each contributing its non-empty
 documents in a shuffled order; a per-row-group index of token counts (computed once,
 `iolib.text.tokenindex`) gives the prefix sums that locate window k's row groups. Only
 those row groups are read, a batch's in parallel and the next batches' ahead, and a
 bounded cache keeps the decoded ones. The loader's shuffle then orders the windows:
-within chunks of whole row groups that fit half the cache (the shuffle window, so that
-the next chunk is read while this one is cut), chunks in a random order; a corpus that
-fits the cache is one chunk, a full shuffle. The window that straddles two chunks goes
+within chunks of whole row groups that fit `shuffle_window` (the cache holds two: this
+one, and the next read while this one is cut), chunks in a random order; a corpus that
+fits the window is one chunk, a full shuffle. The window that straddles two chunks goes
 to the one read later, cut from a piece of the other kept when it was read: each row
 group is read once an epoch.
+
+Split as `ParquetSource` is: `PackedTokens` is the description (the corpus, `seq_len`,
+eos, the window and the token index), which pickles into a worker as it is; each
+process reads through its own `TokenReader` (`iolib.text.packed_reader`: the segments'
+cache, reads in flight, read-ahead, the cut); the order is the plan's
+(`iolib.plan.stream_*`, from `layout()`).
 
 Worked example: documents [a a a], [b], [c c c c] in one row group with eos E, seq_len
 4, no document shuffle: the stream is a a a E b E c c c c E (11 tokens), windows
@@ -27,33 +34,28 @@ Worked example: documents [a a a], [b], [c c c c] in one row group with eos E, s
 from __future__ import annotations
 
 import contextlib
-import functools
+import copy
 import hashlib
 import logging
-import weakref
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import cachetools
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from iolib.errors import ConfigError, DataError
-from iolib.forks import reset_after_fork
-from iolib.plan import EpochOrder, LaneOrder, default_blocks, lane_sizes
+from iolib.plan import DEFAULT_SHUFFLE_WINDOW, Layout, TokenStream, default_blocks, window_groups
 from iolib.redact import Redactor
+from iolib.resources import parse_bytes
+from iolib.sources.base import Source
 from iolib.sources.parquet import ParquetSource
-from iolib.sources.parquet_fetch import decode_slots
-from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
-from iolib.storage.counters import count_retries
-from iolib.text import loops, tokenindex
-from iolib.text.seeded import SeededSource, check_lanes, chunked_lane_order
+from iolib.text import tokenindex
+from iolib.text.packed_reader import FETCH_THREADS, Segment, TokenReader
+from iolib.text.seeded import check_lanes
 
-_DOCUMENT_STREAM = 0x444F4353  # "DOCS": document order, independent of the window order
-_CHUNK_STREAM = 0x43484E4B  # "CHNK": the order of an epoch's chunks
+__all__ = ["FETCH_THREADS", "PackedTokens", "Segment", "cu_seqlens"]
+
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
 
 
@@ -71,62 +73,12 @@ def check_ignore_index_and_seed(ignore_index: Any, seed: Any) -> None:
         raise ConfigError(f"`seed` must be an integer >= 0. Found: {seed!r}.")
 
 
-DEFAULT_CACHE_BYTES = 1 << 30  # fixed, not a share of RAM: the shuffle window follows it
-FETCH_THREADS = 8  # row-group reads in flight from a remote store (`_read_threads`)
+DEFAULT_CACHE_BYTES = 1 << 30  # per process: two default shuffle windows
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
-READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
-BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
-RETRY_BATCHES = 8  # batches a read-ahead that found no room waits before it looks again
 log = logging.getLogger(__name__)
 
 
-class Segment:
-    """One row group's part of an epoch's stream: its non-empty documents in the epoch's
-    order, each followed by eos (`tokens`); where each document starts (with the length
-    as the last entry: document j's eos is at ``starts[j + 1] - 1``, so that eos_id may
-    also be an ordinary token) and its row across the dataset. It holds exactly the
-    bytes `PackedTokens` budgets for it: its tokens and 16 a document."""
-
-    def __init__(
-        self, tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray, offset: int = 0
-    ) -> None:
-        self.tokens, self.starts, self.rows = tokens, starts, rows
-        self.offset = offset  # where tokens[0] is in the row group's stream (a piece's)
-        self.nbytes = tokens.nbytes + starts.nbytes + rows.nbytes
-
-    def piece(self, a: int, b: int) -> Segment:
-        """Tokens [a, b) of this segment, kept for the window that straddles two chunks:
-        its eos (``starts[1:] - 1``, as a segment's) and the rows of its documents."""
-        ends = self.starts[1:] - 1
-        inside = ends[(ends >= a) & (ends < b)] - a
-        starts = np.concatenate([[0], inside + 1]).astype(np.int64)
-        first = int(np.searchsorted(self.starts, a, side="right") - 1)
-        rows = self.rows[first : first + starts.size].copy()
-        return Segment(self.tokens[a:b].copy(), starts, rows, offset=a)
-
-    @classmethod
-    def build(
-        cls, array: pa.ChunkedArray, first_row: int, eos: int, order: np.random.Generator | None
-    ) -> Segment:
-        """Copy the documents in, one slice each: no temporary larger than the row
-        group's own values (a vectorised gather would take 8 bytes a token)."""
-        array = array.combine_chunks()
-        values = array.flatten().to_numpy(zero_copy_only=False)
-        lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
-        lengths = lengths.astype(np.int64)
-        offsets = np.cumsum(lengths) - lengths  # into `values` (nulls add no values)
-        docs = np.flatnonzero(lengths)
-        if order is not None:
-            docs = docs[order.permutation(docs.size)]
-        starts = np.zeros(docs.size + 1, dtype=np.int64)
-        np.cumsum(lengths[docs] + 1, out=starts[1:])
-        tokens = np.empty(int(starts[-1]), dtype=values.dtype)
-        loops.pack_documents(values, offsets[docs], lengths[docs], starts, tokens)
-        tokens[starts[1:] - 1] = eos
-        return cls(tokens, starts, docs + first_row)
-
-
-class PackedTokens(SeededSource):
+class PackedTokens(Source):
     """Fixed windows of `seq_len` tokens cut from the documents of a token column,
     concatenated (each followed by `eos_id`) in a per-epoch document order, streamed
     with memory bounded by `cache_bytes`.
@@ -156,18 +108,23 @@ class PackedTokens(SeededSource):
 
     Guarantees: every token of every non-empty document appears exactly once per epoch
     in ``input_ids`` (only the last partial window is dropped), in order; windows are a
-    pure function of (seed, epoch, seq_len, data, cache_bytes); the document order
+    pure function of (seed, epoch, seq_len, data, shuffle_window), never of
+    `cache_bytes`, workers or world size (with `lanes` given); the document order
     differs per epoch (unless `shuffle_documents=False`). Documents longer than
     `seq_len` are split, never dropped; empty and null documents add nothing (not even
     an eos).
 
     source: a ParquetSource, or its URL(s). column: the `list<int>` token column.
-    cache_bytes: decoded row groups kept per process (default 1 GiB, a fixed number so
-        that the order does not depend on the machine). It sets the shuffle window:
-        the loader's shuffle mixes windows within as many row groups as half of it
-        holds (the other half reads the next chunk), so raising it mixes more widely
-        and costs memory; a corpus that fits is shuffled as a whole. It must hold four
-        of the largest row groups.
+    shuffle_window: decoded bytes (an int, or a size like "256MiB") whose windows the
+        loader's shuffle mixes together (default 512 MiB, fixed: the order depends on
+        it): chunks of as many whole row groups as it holds, chunks in a random order;
+        a corpus that fits is shuffled as a whole. Raising it mixes more widely and
+        needs a larger cache.
+    cache_bytes: decoded row groups kept per process (default 1 GiB): memory only, the
+        windows are the same at any `cache_bytes` that runs. It must hold two chunks of
+        the shuffle window (this one, and the next read ahead), or the whole corpus and
+        three row groups where the corpus fits the window, and four of the largest row
+        groups: a smaller one is refused when the loader starts, with both sizes.
     lanes: how many contiguous shares of the stream the windows are dealt from, one
         batch of each in turn ("auto", the default: the loader's world size). At world
         size == lanes, rank r reads only share r: about 1/world of the corpus's bytes.
@@ -177,10 +134,6 @@ class PackedTokens(SeededSource):
     """
 
     columnar = True
-
-    # Per-process state: a process worker reads again rather than receive it by pipe.
-    _RUNTIME = ("_lock", "_epochs", "_segments", "_flights", "_pool", "_io", "_plans", "_hint",
-                "_recent", "_ahead", "_edges", "_ranges", "_pieces")  # fmt: skip
 
     def __init__(
         self,
@@ -196,6 +149,7 @@ class PackedTokens(SeededSource):
         seed: int = 0,
         cache_bytes: int | None = None,
         lanes: int | str = "auto",
+        shuffle_window: int | str = DEFAULT_SHUFFLE_WINDOW,
     ) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
@@ -215,43 +169,34 @@ class PackedTokens(SeededSource):
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self.shuffle_window = parse_bytes(shuffle_window, "shuffle_window")
         self.lanes = check_lanes(lanes)
-        self._lanes = lanes if isinstance(lanes, int) else 1  # "auto": the loader's world size
         self._index: tokenindex.TokenIndex | None = None
         self._windowed_said = False
-        self._init_runtime()
+        self._reader = TokenReader(self)  # this process's: never pickled
 
-    def _init_runtime(self) -> None:
-        super()._init_runtime()
-        self._segments: cachetools.LRUCache = cachetools.LRUCache(
-            self.cache_bytes, getsizeof=lambda seg: seg.nbytes
-        )
-        self._flights: dict[tuple[int, int], Future] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
-        self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
-        self._hint, self._hint_epoch = 0, -1  # the batch last found, and its epoch
-        self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
-        self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
-        self._recent: dict[tuple[int, int], np.ndarray] = {}
-        self._edges: dict[int, Any] = {}  # epoch -> its chunks' edges (`_chunk_edges`)
-        self._ranges: dict[int, dict] = {}  # epoch -> what edge row groups keep (`_edge_pieces`)
-        self._pieces: dict[tuple[int, int], list[Segment]] = {}  # (epoch, group) -> pieces
-        reset_after_fork(self)
+    # -- pickling: the description travels, each process builds its own reader ----------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_reader"]
+        return state
 
-    def _after_fork(self) -> None:
-        """The parent's threads (and reads in flight) are gone in a forked worker."""
-        super()._after_fork()
-        self._flights, self._pool = {}, None
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reader = TokenReader(self)
+
+    def with_seed(self, seed: int) -> PackedTokens:
+        """This source under the loader's seed (a copy, with its own reader: what was
+        counted, the token index, is shared)."""
+        if seed == self.seed:
+            return self
+        clone = copy.copy(self)  # through __getstate__: a reader of its own
+        clone.seed = int(seed)
+        return clone
 
     def close(self) -> None:
         """Stop the read threads and drop the cached row groups."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            self._segments.clear()
-            self._pieces.clear()
+        self._reader.close()
         self.parquet.close()
 
     # -- metadata ------------------------------------------------------------------------
@@ -259,13 +204,11 @@ class PackedTokens(SeededSource):
     def index(self) -> tokenindex.TokenIndex:
         """Tokens and documents per row group: from beside the data, the local cache,
         or counted once (`iolib.text.tokenindex`)."""
-        if self._index is None:
-            with self._lock:
-                if self._index is None:
-                    self._check_column()
-                    index = tokenindex.load_or_compute(self.parquet, self.column)
-                    self._check_budget(index)  # refused every time, not only the first
-                    self._index = index
+        if self._index is None:  # two threads may both load it: the same value
+            self._check_column()
+            index = tokenindex.load_or_compute(self.parquet, self.column)
+            self._check_budget(index)  # refused every time, not only the first
+            self._index = index
         return self._index
 
     def _check_column(self) -> None:
@@ -311,26 +254,57 @@ class PackedTokens(SeededSource):
         return sizes
 
     def _check_budget(self, index: tokenindex.TokenIndex) -> None:
-        largest = int(self._segment_bytes(index).max(initial=0))
-        if MIN_GROUPS_HELD * largest > self.cache_bytes:
-            raise ConfigError(
-                f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds fewer than "
-                f"{MIN_GROUPS_HELD} of the largest row groups of {self.column!r} "
-                f"({largest:,} bytes decoded): a chunk of two and the next one, read "
-                f"while this one is cut. Raise `cache_bytes` to at least "
-                f"{MIN_GROUPS_HELD * largest} or write the data with smaller row groups."
+        """Refuse a cache that cannot hold what the order reads together: four of the
+        largest row groups, and two chunks of the shuffle window (or the whole corpus and
+        three row groups, where it fits the window); the message names both sizes."""
+        sizes = self._segment_bytes(index)
+        largest = int(sizes.max(initial=0))
+        need, why = (
+            MIN_GROUPS_HELD * largest,
+            (
+                f"fewer than {MIN_GROUPS_HELD} of the largest row groups of {self.column!r} "
+                f"({largest:,} bytes decoded): a chunk of two and the next one, read while this "
+                "one is cut"
+            ),
+        )
+        groups = window_groups(sizes, self.shuffle_window)
+        chunks = 2 * (groups or 0) * largest
+        whole = int(sizes.sum()) + (MIN_GROUPS_HELD - 1) * largest
+        if groups is not None and chunks > need:
+            need, why = (
+                chunks,
+                (
+                    f"less than two chunks of shuffle_window={self.shuffle_window} ({groups} row "
+                    f"groups each, {chunks:,} bytes decoded: this one and the next, read ahead)"
+                ),
             )
+        elif groups is None and whole > need:
+            need, why = (
+                whole,
+                (
+                    f"less than the corpus, which fits shuffle_window={self.shuffle_window} and "
+                    f"is shuffled whole ({whole:,} bytes decoded with three row groups in flight)"
+                ),
+            )
+        if need <= self.cache_bytes:
+            return
+        smaller = min(self.cache_bytes // 2, int(sizes.sum()) - 1)
+        lower = (
+            f", or lower shuffle_window to {smaller} or less (the order follows "
+            "shuffle_window, never cache_bytes)"
+            if MIN_GROUPS_HELD * largest <= self.cache_bytes and smaller > 0
+            else " or write the data with smaller row groups"
+        )
+        raise ConfigError(
+            f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds {why}. Raise "
+            f"`cache_bytes` to at least {need}{lower}."
+        )
 
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the
-        largest as half the cache holds, so that the next chunk is read while this one
-        is cut; all if the corpus fits the cache less three row groups."""
-        sizes = self._group_bytes
-        largest = max(int(sizes.max(initial=0)), 1)
-        room = self.cache_bytes - (MIN_GROUPS_HELD - 1) * largest
-        if int(sizes.sum()) <= room:
-            return int(sizes.size)
-        return max(1, self.cache_bytes // (2 * largest))
+        largest as `shuffle_window` holds; all where the corpus fits in it."""
+        groups = window_groups(self._group_bytes, self.shuffle_window)
+        return int(self._group_bytes.size) if groups is None else groups
 
     def blocks(self) -> np.ndarray:
         """Chunks of consecutive windows, each about one shuffle window of row groups:
@@ -340,128 +314,41 @@ class PackedTokens(SeededSource):
         per_chunk = int(index.stream.sum()) * self.shuffle_window_groups() // groups
         return default_blocks(windows, max(1, per_chunk // self.seq_len))
 
-    def order_mode(self, shuffle: str, window: int) -> tuple[str, int]:
-        """A shuffled loader mixes windows within chunks (`blocks`), one chunk at a time,
-        so that a batch's row groups fit the cache; a full shuffle where the corpus fits."""
-        if shuffle == "none":
-            return shuffle, window
-        chunks = len(self.blocks())
-        if chunks > 1 and not self._windowed_said:
+    @property
+    def _stream(self) -> TokenStream:
+        """The stream as the plan sees it (row groups' stream tokens, chunking), once."""
+        found = self.__dict__.get("_stream_")
+        if found is None:
+            found = self.__dict__["_stream_"] = TokenStream(
+                self.index.stream, self.seq_len, self.shuffle_window_groups(),
+                self.shuffle_documents,
+            )  # fmt: skip
+        return found
+
+    def layout(self) -> Layout:
+        """Windows dealt to lanes a batch at a time (lanes="auto": one per rank); a
+        shuffled loader mixes them within chunks of whole row groups (the stream's), one
+        chunk at a time, so that a batch's row groups fit the cache; a full shuffle where
+        the corpus fits the window. The document order follows the epoch."""
+        windowed = len(self.blocks()) > 1
+        if windowed and not self._windowed_said:
             self._windowed_said = True
             log.info(
-                "%s: the corpus is larger than cache_bytes (%.0f MiB): windows are "
-                "shuffled within %d-row-group chunks, chunks in a random order (raise "
-                "cache_bytes to shuffle more widely; docs/tokens.md).",
+                "%s: the corpus is larger than shuffle_window (%d bytes decoded): windows "
+                "are shuffled within %d-row-group chunks, chunks in a random order, where the "
+                "loader shuffles (raise shuffle_window to shuffle more widely; docs/tokens.md).",
                 self.describe(),
-                self.cache_bytes / 2**20,
+                self.shuffle_window,
                 self.shuffle_window_groups(),
             )
-        return ("block", 1) if chunks > 1 else ("global", window)
+        modes = (("global", "block", 1), ("block", "block", 1)) if windowed else (
+            ("block", "global", 0),
+        )  # fmt: skip
+        return Layout(blocks=self.blocks(), modes=modes, lanes=self.lanes, granule=None,
+                      stream=self._stream, epoch_samples=self.shuffle_documents)  # fmt: skip
 
     def fit_cache(self, row_groups: int) -> int:
         return self.cache_bytes  # the budget is the user's, not the loader's estimate
-
-    def bind_plan(self, batch_size: int, world_size: int) -> None:
-        """Lanes "auto" become the loader's world size; the batch is the lanes' granule."""
-        self._lanes = self.lanes if isinstance(self.lanes, int) else int(world_size)
-        self._granule, self._world = int(batch_size), int(world_size)
-        self.__dict__.pop("_horizon_", None)
-
-    @property
-    def _horizon(self) -> int:
-        """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
-        one chunk) and some, so that the next chunk is read while this one is cut."""
-        found = self.__dict__.get("_horizon_")
-        if found is None:
-            blocks = self.blocks()
-            per_chunk = int(blocks[0]) if len(blocks) > 1 else 0
-            share = max(1, self._lanes // max(getattr(self, "_world", 1), 1))
-            batches = -(-per_chunk * share // max(getattr(self, "_granule", 1), 1))
-            found = self.__dict__["_horizon_"] = batches + READAHEAD_BATCHES
-        return found
-
-    def lane_order(self, seed: int, epoch: int, shuffle: str) -> EpochOrder | LaneOrder | None:
-        """Windows dealt to lanes, a batch at a time, each lane a contiguous share of the
-        stream ordered as the whole would be: for a windowed shuffle, in chunks of whole
-        row groups (`_lane_chunks`), shuffled within, in a random order."""
-        granule = getattr(self, "_granule", 1)
-        if shuffle != "block":
-            if self._lanes == 1:
-                return None
-            return chunked_lane_order(len(self), self._lanes, granule, 1, seed, epoch, shuffle)
-        if self._lanes == 1:
-            sizes, order = self._lane_chunks(seed, epoch, 0)
-            return EpochOrder(len(self), seed=seed, epoch=epoch, shuffle="block", blocks=sizes,
-                              window=1, block_order=order)  # fmt: skip
-        chunks = functools.partial(self._lane_chunks, seed, epoch)
-        return chunked_lane_order(len(self), self._lanes, granule, 1, seed, epoch, shuffle, chunks)
-
-    def _chunk_edges(self, epoch: int) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
-        """Per lane: its windows [a, b), the positions (in the epoch's row-group order) at
-        which its chunks after the first begin, and the window that straddles each such
-        edge. Chunks are whole row groups, `shuffle_window_groups` at most, so a chunk's
-        windows read only its row groups, except that straddling window; an edge that
-        would leave a chunk without a window of its own is dropped (chunks merge)."""
-        found = self._edges.get(epoch)
-        if found is not None:
-            return found
-        _, cum = self._epoch(epoch)
-        length, end, per = self.seq_len, int(cum[-1]), self.shuffle_window_groups()
-        edges, a = [], 0
-        for size in lane_sizes(len(self), self._lanes).tolist():
-            b = a + size
-            first = int(np.searchsorted(cum, a * length, side="right") - 1)
-            last = int(np.searchsorted(cum, min(b * length, end - 1), side="right") - 1)
-            groups = max(last - first + 1, 1)
-            cuts = np.linspace(0, groups, -(-groups // per) + 1).round().astype(np.int64)
-            positions, straddlers, before = [], [], a - 1
-            for position in (first + cuts[1:-1]).tolist():
-                window = (int(cum[position]) - 1) // length
-                if before + 2 <= window <= b - 2:  # each chunk keeps a window of its own
-                    positions.append(position)
-                    straddlers.append(window)
-                    before = window
-            edges.append((a, b, np.array(positions, np.int64), np.array(straddlers, np.int64)))
-            a = b
-        with self._lock:
-            self._edges = {e: v for e, v in self._edges.items() if e >= epoch - 1}
-            self._edges[epoch] = edges
-        return edges
-
-    def _lane_chunks(self, seed: int, epoch: int, lane: int) -> tuple[np.ndarray, np.ndarray]:
-        """A lane's chunk sizes (in windows) and the order they are read in. The window
-        that straddles two chunks goes to whichever of them is read later, and is cut from
-        a piece of the other kept when it was read (`_load`): no row group is read twice."""
-        a, b, _, straddlers = self._chunk_edges(epoch)[lane]
-        order = _generator(seed, epoch, _CHUNK_STREAM, lane).permutation(straddlers.size + 1)
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.size)
-        bounds = straddlers + (rank[1:] < rank[:-1])  # the straddler stays with the later
-        return np.diff(np.concatenate([[a], bounds, [b]])).astype(np.int64), order
-
-    def _edge_pieces(self, epoch: int) -> dict[int, list[tuple[int, int]]]:
-        """For each row group at a chunk's edge, the tokens (from its segment's start) of
-        the straddling window that it holds: the tail of a chunk's last row group, the
-        head of the next one's first."""
-        found = self._ranges.get(epoch)
-        if found is not None:
-            return found
-        order, cum = self._epoch(epoch)
-        length, end = self.seq_len, int(cum[-1])
-        pieces: dict[int, list[tuple[int, int]]] = {}
-        for _, _, positions, straddlers in self._chunk_edges(epoch):
-            for position, window in zip(positions.tolist(), straddlers.tolist(), strict=True):
-                lo, edge = window * length, int(cum[position])
-                hi = min(lo + length + 1, end)
-                if cum[position - 1] <= lo:  # the tail lies in one row group
-                    base = int(cum[position - 1])
-                    pieces.setdefault(int(order[position - 1]), []).append((lo - base, edge - base))
-                if hi <= cum[position + 1]:  # and the head
-                    pieces.setdefault(int(order[position]), []).append((0, hi - edge))
-        with self._lock:
-            self._ranges = {e: v for e, v in self._ranges.items() if e >= epoch - 1}
-            self._ranges[epoch] = pieces
-        return pieces
 
     def __len__(self) -> int:
         """Windows per epoch: the same every epoch (the stream's length does not change)."""
@@ -473,9 +360,10 @@ class PackedTokens(SeededSource):
     def fingerprint(self) -> str:
         words = f"{self.parquet.fingerprint()}|{self.column}|{self.seq_len}|{self.eos_id}"
         chunks = len(self.blocks())
-        words += f"|{self.shuffle_documents}|{chunks}|lanes {self._lanes}"
+        # The lanes are the plan's (resolved from "auto"): the loader adds them.
+        words += f"|{self.shuffle_documents}|{chunks}"
         if chunks > 1:  # windowed: a checkpoint of the chunks cut in window space is refused
-            words += "|chunks of row groups"
+            words += f"|chunks of row groups|window {self.shuffle_window_groups()}"
         return hashlib.sha256(words.encode()).hexdigest()[:16]
 
     def redactor(self) -> Redactor:
@@ -488,314 +376,17 @@ class PackedTokens(SeededSource):
         return f"packed window {index} of {self.parquet.describe()}"
 
     def cache_stats(self) -> dict[str, int]:
-        with self._lock:
-            return {"cache_budget_bytes": self.cache_bytes,
-                    "cache_held_bytes": int(self._segments.currsize)}  # fmt: skip
+        return self._reader.cache_stats()
 
-    # -- the plan ------------------------------------------------------------------------
-    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(row-group order, prefix sums of their stream tokens) for `epoch`: O(row groups)."""
-        key = (self.seed, epoch)
-        found = self._epochs.get(key)
-        if found is not None:
-            return found
-        stream = self.index.stream
-        order = np.arange(stream.size)
-        if self.shuffle_documents:
-            order = _generator(self.seed, epoch).permutation(stream.size)
-        cum = np.zeros(order.size + 1, dtype=np.int64)
-        np.cumsum(stream[order], out=cum[1:])
-        with self._lock:
-            self._epochs[key] = (order, cum)
-            for old in [k for k in self._epochs if k[1] < epoch - 1]:
-                del self._epochs[old]  # keep this epoch and the one before (read ahead)
-            for old in [k for k in self._pieces if k[0] < epoch - 1]:
-                del self._pieces[old]
-        return order, cum
-
-    def plan_epoch(self, epoch: int, batches: Any) -> None:
-        """This rank's batches of windows: reads run ahead along them."""
-        with self._lock:
-            self._plans = {e: b for e, b in self._plans.items() if e == epoch - 1}
-            self._plans[epoch] = batches
-
-    def _groups_of(self, windows: np.ndarray, epoch: int) -> np.ndarray:
-        """Positions (in the epoch's row-group order) that windows' tokens come from,
-        with the token after each window (its last label)."""
-        _, cum = self._epoch(epoch)
-        lo = windows * self.seq_len
-        hi = np.minimum(lo + self.seq_len, cum[-1] - 1)
-        first = np.searchsorted(cum, lo, side="right") - 1
-        last = np.searchsorted(cum, hi, side="right") - 1
-        if (last - first <= 1).all():  # a window in one or two segments: no gaps to fill
-            return np.unique(np.concatenate([first, last]))
-        counts = last - first + 1
-        spans = np.repeat(first, counts) + (
-            np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        )
-        return np.unique(spans)
-
-    # -- reads ---------------------------------------------------------------------------
-    def _fetch(
-        self,
-        epoch: int,
-        position: int,
-        windows: np.ndarray,
-        ahead: bool = False,
-        keep: set | None = None,
-    ) -> Segment | Future | None:
-        """The segment at `position` of the epoch's row-group order if held, else a piece
-        of it that holds all that `windows` need of it, else its read: shared if in
-        flight (one read however many threads want it), else started; None when reading
-        ahead finds no room, even after dropping the held segments not in `keep` (those
-        the batches around this one read)."""
-        order, _ = self._epoch(epoch)
-        key = (epoch, int(order[position]))
-        with self._lock:
-            held = self._segments.get(key)
-            if held is not None:
-                return held
-            flight = self._flights.get(key)
-            if flight is not None:
-                return flight
-            pieces = self._pieces.get(key)
-        if pieces:
-            piece = self._covering(pieces, epoch, position, windows)
-            if piece is not None:
-                return piece
-        with self._lock:
-            flight = self._flights.get(key)
-            if flight is not None:
-                return flight
-            if ahead and not self._room_for(key, keep):
-                return None  # no room to read ahead: the batch that needs it will
-            if self._pool is None:
-                threads = self._read_threads()
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iolib-tokens")
-                weakref.finalize(self, self._pool.shutdown, wait=False)
-            flight = self._flights[key] = self._pool.submit(self._load, key)
-        return flight
-
-    def _covering(
-        self, pieces: list[Segment], epoch: int, position: int, windows: np.ndarray
-    ) -> Segment | None:
-        """The piece of the row group at `position` that holds every token (and next
-        token) that `windows` take from it, if one does."""
-        _, cum = self._epoch(epoch)
-        lo = windows * self.seq_len
-        hi = np.minimum(lo + self.seq_len + 1, cum[-1])
-        base, top = int(cum[position]), int(cum[position + 1])
-        touch = (lo < top) & (hi > base)
-        if not touch.any():
-            return None
-        need_lo, need_hi = max(int(lo[touch].min()), base), min(int(hi[touch].max()), top)
-        for piece in pieces:
-            start = base + piece.offset
-            if start <= need_lo and need_hi <= start + piece.tokens.size:
-                return piece
-        return None
-
-    def _read_threads(self) -> int:
-        """Row-group reads in flight: FETCH_THREADS from a remote store, whose rate per
-        connection is far below its total; from local disk as many as decode at once: a
-        read there is all decode, and more threads only hold more memory (each thread's
-        allocator keeps what its reads freed)."""
-        options = self.parquet.storage_options
-        local = all(is_local(open_filesystem(url, options)[0]) for url in self.parquet.urls)
-        return decode_slots() if local else FETCH_THREADS
-
-    def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
-        """Whether the cache has room to read `key` ahead, made by dropping held segments
-        not in `keep`, oldest read first: when the next chunk's row groups are due the
-        cache is full of the last chunk's, which it would otherwise keep until a batch
-        has to wait for its reads. Under the lock."""
-        size, budget = int(self._group_bytes[key[1]]), self.cache_bytes
-        if self._segments.currsize + self._in_flight_bytes() + size <= budget:
-            return True
-        for old in [k for k in self._segments if k not in keep] if keep is not None else ():
-            del self._segments[old]
-            if self._segments.currsize + self._in_flight_bytes() + size <= budget:
-                return True
-        return False
-
-    def _in_flight_bytes(self) -> int:
-        """A read in flight counts as the segment it will be: the decoder's own buffers
-        exist only while a decode slot (one a core) holds it, bounded by the cores, not by
-        the reads queued (counted 3x, the next chunk was not read ahead in time)."""
-        sizes = self._group_bytes
-        return int(sum(sizes[group] for _, group in self._flights))
-
-    def _load(self, key: tuple[int, int]) -> Segment:
-        epoch, group = key
-        try:
-            table = tokenindex.unskippable(lambda: self.parquet.fetch_row_group(group))
-            first_row = int(self.parquet.row_starts()[group])
-            order = _generator(self.seed, epoch, group) if self.shuffle_documents else None
-            segment = Segment.build(table.column(self.column), first_row, self.eos_id, order)
-            del table
-            documents = segment.starts.size - 1  # the index's counts, checked (free here)
-            self.index.check_segment(group, segment.tokens.size - documents, documents)
-            # A corpus in one chunk has no edges: nothing to keep.
-            pieces = [segment.piece(a, b) for a, b in self._edge_pieces(epoch).get(group, ())]
-            with self._lock:
-                self._segments[key] = segment
-                if pieces:
-                    self._pieces[key] = pieces
-            return segment
-        finally:
-            read, retries = take_counters()
-            with self._lock:
-                self._io[0] += read
-                self._io[1] += retries
-                self._flights.pop(key, None)
-                idle = not self._flights
-            if idle:
-                # Arrow's pool may keep freed pages (mimalloc, pyarrow's default, per read
-                # thread). Returned when the reads pause (after each one, it cost ~15% more
-                # CPU a batch).
-                pa.default_memory_pool().release_unused()
-
-    def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int], frozenset]:
-        """Windows of batch k of the plan, the positions of their row groups and the
-        keys of their segments (the batches read ahead are kept: each costs an order
-        lookup, and they are asked for again to find this batch and to know which
-        segments to keep)."""
-        key = (epoch, k)
-        found = self._recent.get(key)
-        if found is None:
-            windows = np.asarray(self._plans[epoch][k], dtype=np.int64)
-            positions = self._groups_of(windows, epoch).tolist()
-            order, _ = self._epoch(epoch)
-            found = (windows, positions, frozenset((epoch, int(order[p])) for p in positions))
-            with self._lock:
-                self._recent[key] = found
-                while len(self._recent) > self._horizon + 4 * BEHIND_BATCHES:
-                    del self._recent[next(iter(self._recent))]
-        return found
-
-    def _find(self, windows: np.ndarray, epoch: int) -> int | None:
-        """Which batch of the plan `windows` are, found by its first window next to the
-        last one found; None outside the plan (a read by hand, a sample retried alone)."""
-        batches = self._plans.get(epoch)
-        if batches is None or not windows.size:
-            return None
-        # A new epoch's search starts at its first batch, not at the last one's number.
-        hint = self._hint if self._hint_epoch == epoch else -1
-        total, first = len(batches), int(windows[0])
-        for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
-            planned = self._planned(epoch, k)[0] if 0 <= k < total else None
-            if planned is not None and planned.size and int(planned[0]) == first:
-                self._hint, self._hint_epoch = k, epoch
-                return k
-        return None
-
-    def _read_ahead(self, epoch: int) -> None:
-        """Start reading the row groups of the batches after the last one found
-        (`_find`), where the cache has room."""
-        total = len(self._plans[epoch])
-        # Room comes back only as batches pass: looking for it each batch cost more than
-        # the cut with a 128 MiB cache (the batches ahead's keys, gathered each time).
-        if self._stalled[0] == epoch and self._hint < self._stalled[1] + RETRY_BATCHES:
-            return
-        # Batches up to `_ahead` were looked at already: only the newest one is new.
-        done_epoch, done = self._ahead
-        start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
-        for k in range(start, min(total, self._hint + 1 + self._horizon)):
-            keep, (windows, positions, _) = None, self._planned(epoch, k)
-            for position in positions:
-                found = self._fetch(epoch, position, windows, ahead=True)
-                if found is None:  # make room from segments no batch near this one reads
-                    keep = keep or self._needed(epoch, k)
-                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep)
-                if found is None:
-                    self._stalled = (epoch, self._hint)
-                    return  # no room: this batch is looked at again a few batches on
-            self._ahead = (epoch, k)
-
-    def _needed(self, epoch: int, upto: int) -> set[tuple[int, int]]:
-        """Keys of the segments that the batches from a few before this one (other
-        workers may still be reading them) up to batch `upto` read."""
-        near = range(max(0, self._hint - BEHIND_BATCHES), upto + 1)
-        return set().union(*(self._planned(epoch, b)[2] for b in near))
-
+    # -- reads: this process's reader ----------------------------------------------------
     def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
         tensors without a copy)."""
-        windows = np.asarray(indices, dtype=np.int64)
-        if windows.size and (windows.min() < 0 or windows.max() >= len(self)):
-            raise IndexError(f"window indices outside 0..{len(self) - 1}")
-        k = self._find(windows, epoch)
-        planned = self._planned(epoch, k) if k is not None else None
-        if planned is not None and np.array_equal(planned[0], windows):
-            positions = planned[1]  # found when this batch was read ahead
-        else:
-            positions = self._groups_of(windows, epoch).tolist()
-        found = {p: self._fetch(epoch, p, windows) for p in positions}  # reads all at once
-        if k is not None:
-            self._read_ahead(epoch)
-        segments = {p: f if isinstance(f, Segment) else f.result() for p, f in found.items()}
-        with self._lock:
-            (read, retries), self._io = self._io, [0, 0]
-        count_bytes(read)  # helper threads' reads count in the batch that needed them
-        count_retries(retries)
-        return self._cut(windows, epoch, segments)
+        return self._reader.read(indices, epoch=epoch)
 
-    def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
-        """The windows' columns, filled by one compiled pass over each segment's pieces
-        (`loops.cut_pieces`): a window inside one segment is one piece, one that spans
-        segments (or the stream's end) a piece of each."""
-        _, cum = self._epoch(epoch)
-        length, count, width = self.seq_len, windows.size, self.seq_len + 1
-        starts = windows * length
-        owners = np.searchsorted(cum, starts, side="right") - 1
-        pieces = np.empty((count, 4), dtype=np.int64)  # row, column, a, b
-        pieces[:, 0], pieces[:, 1], pieces[:, 2] = np.arange(count), 0, starts
-        pieces[:, 3] = starts + width
-        whole = pieces[:, 3] <= cum[owners + 1]  # most windows: one piece
-        if not whole.all():
-            rows = np.flatnonzero(~whole).tolist()
-            spans = np.array([p for r in rows for p in self._spans(r, int(starts[r]), cum)])
-            pieces = np.concatenate([pieces[whole], spans[:, 1:]])
-            owners = np.concatenate([owners[whole], spans[:, 0]])
-        shape = (4 if self.document_ids else 3, count, length)
-        # From pyarrow's default pool (mimalloc, unless a ParquetSource chose the system
-        # allocator: arrow_pool.py), which keeps freed pages: the system allocator gave
-        # each batch fresh pages when a worker thread cut it and the consumer freed it.
-        buffer = pa.allocate_buffer(int(np.prod(shape)) * 8)
-        out = np.frombuffer(buffer, dtype=np.int64).reshape(shape)
-        for owner in np.unique(owners).tolist():
-            segment, mine = segments[owner], pieces[owners == owner]
-            mine[:, 2:] -= int(cum[owner]) + segment.offset
-            loops.cut_pieces(segment.tokens, segment.starts, segment.rows, mine,
-                             self.ignore_index, out, count, length, self.document_ids)  # fmt: skip
-        names = ["input_ids", "labels", "position_ids", "document_ids"][: shape[0]]
-        plane = count * length * 8
-        return pa.table({name: _fixed_lists(buffer.slice(i * plane, plane), count, length)
-                         for i, name in enumerate(names)})  # fmt: skip
-
-    def _spans(self, row: int, lo: int, cum: np.ndarray) -> list[tuple[int, int, int, int, int]]:
-        """(position, row, column, a, b) of each segment's part of a window (and its next
-        token) that spans segments or reaches the stream's end, in stream coordinates."""
-        end = int(cum[-1])
-        position = int(np.searchsorted(cum, lo, side="right") - 1)
-        hi, column, parts = min(lo + self.seq_len + 1, end), 0, []
-        while lo < hi:
-            stop = min(hi, int(cum[position + 1]))
-            parts.append((position, row, column, lo, stop))
-            lo, column, position = stop, column + stop - lo, position + 1
-        return parts
-
-
-def _fixed_lists(values: pa.Buffer, rows: int, length: int) -> pa.FixedSizeListArray:
-    """`rows` fixed-size lists of `length` int64 that share `values`' memory (collated
-    to a [rows, length] tensor without a copy)."""
-    flat = pa.Array.from_buffers(pa.int64(), rows * length, [None, values])
-    return pa.FixedSizeListArray.from_arrays(flat, length)
-
-
-def _generator(seed: int, epoch: int, *more: int) -> np.random.Generator:
-    words = [_DOCUMENT_STREAM, seed, epoch, *more]
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence(words)))
+    def plan_epoch(self, epoch: int, batches: Any) -> None:
+        """This rank's batches of windows: the reader reads ahead along them."""
+        self._reader.plan_epoch(epoch, batches)
 
 
 def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:

@@ -10,51 +10,19 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from iolib.errors import ConfigError
 from iolib.forks import reset_after_fork
-from iolib.plan import EpochOrder, LaneOrder, default_blocks, lane_sizes
 from iolib.sources.base import Source
-
-_LANE_STREAM = 0x4C414E45  # "LANE": each lane's sample order
 
 
 def check_lanes(lanes: int | str) -> int | str:
     if lanes != "auto" and (isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1):
         raise ConfigError(f"`lanes` must be 'auto' or an integer >= 1. Found: {lanes!r}.")
     return lanes
-
-
-def chunked_lane_order(
-    total: int,
-    lanes: int,
-    granule: int,
-    per_chunk: int,
-    seed: int,
-    epoch: int,
-    shuffle: str,
-    chunks: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None,
-) -> LaneOrder:
-    """`total` samples dealt to `lanes` contiguous shares, `granule` of each in turn; each
-    share ordered as the whole would be: shuffled within chunks of `per_chunk`, chunks
-    in a random order (for "block"), or as `shuffle` says. `chunks(lane)`, where given,
-    says a lane's chunk sizes and their order instead."""
-    orders = []
-    for lane, size in enumerate(lane_sizes(total, lanes).tolist()):
-        words = [_LANE_STREAM, seed, lane]
-        lane_seed = int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
-        blocks, block_order = (), None
-        if shuffle == "block":
-            blocks, block_order = (
-                (default_blocks(size, per_chunk), None) if chunks is None else chunks(lane)
-            )
-        orders.append(EpochOrder(size, seed=lane_seed, epoch=epoch, shuffle=shuffle,
-                                 blocks=blocks, window=1, block_order=block_order))  # fmt: skip
-    return LaneOrder(orders, granule)
 
 
 class SeededSource(Source):

@@ -1,0 +1,477 @@
+"""The reader of packed token windows, one per process: `TokenReader`.
+
+Why apart from `PackedTokens`: the source is a description (the corpus, `seq_len`, eos,
+the window, its token index) that pickles into every worker as it is; this reader is
+what each process builds from it and never pickles: the decoded row groups (segments,
+in a cache bounded by `cache_bytes`), the reads in flight and their threads, the pieces
+kept at chunk edges, and the read-ahead along the plan's batches. `read` cuts a batch
+from its segments with the token loops (`iolib.text.kernels`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import cachetools
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from iolib.forks import reset_after_fork
+from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
+from iolib.resources import thread_budget
+from iolib.sources.parquet_fetch import decode_slots
+from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
+from iolib.storage.counters import count_retries
+from iolib.text import tokenindex
+from iolib.text.kernels import loops
+
+FETCH_THREADS = thread_budget().remote_reads  # reads in flight from a store (`_read_threads`)
+READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
+BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
+RETRY_BATCHES = 8  # batches a read-ahead that found no room waits before it looks again
+log = logging.getLogger("iolib.text.packed")
+
+
+class Segment:
+    """One row group's part of an epoch's stream: its non-empty documents in the epoch's
+    order, each followed by eos (`tokens`); where each document starts (with the length
+    as the last entry: document j's eos is at ``starts[j + 1] - 1``, so that eos_id may
+    also be an ordinary token) and its row across the dataset. It holds exactly the
+    bytes `PackedTokens` budgets for it: its tokens and 16 a document."""
+
+    def __init__(
+        self, tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray, offset: int = 0
+    ) -> None:
+        self.tokens, self.starts, self.rows = tokens, starts, rows
+        self.offset = offset  # where tokens[0] is in the row group's stream (a piece's)
+        self.nbytes = tokens.nbytes + starts.nbytes + rows.nbytes
+
+    def piece(self, a: int, b: int) -> Segment:
+        """Tokens [a, b) of this segment, kept for the window that straddles two chunks:
+        its eos (``starts[1:] - 1``, as a segment's) and the rows of its documents."""
+        ends = self.starts[1:] - 1
+        inside = ends[(ends >= a) & (ends < b)] - a
+        starts = np.concatenate([[0], inside + 1]).astype(np.int64)
+        first = int(np.searchsorted(self.starts, a, side="right") - 1)
+        rows = self.rows[first : first + starts.size].copy()
+        return Segment(self.tokens[a:b].copy(), starts, rows, offset=a)
+
+    @classmethod
+    def build(
+        cls, array: pa.ChunkedArray, first_row: int, eos: int, order: np.random.Generator | None
+    ) -> Segment:
+        """Copy the documents in, one slice each: no temporary larger than the row
+        group's own values (a vectorised gather would take 8 bytes a token)."""
+        array = array.combine_chunks()
+        values = array.flatten().to_numpy(zero_copy_only=False)
+        lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+        lengths = lengths.astype(np.int64)
+        offsets = np.cumsum(lengths) - lengths  # into `values` (nulls add no values)
+        docs = np.flatnonzero(lengths)
+        if order is not None:
+            docs = docs[order.permutation(docs.size)]
+        starts = np.zeros(docs.size + 1, dtype=np.int64)
+        np.cumsum(lengths[docs] + 1, out=starts[1:])
+        tokens = np.empty(int(starts[-1]), dtype=values.dtype)
+        loops.pack_documents(values, offsets[docs], lengths[docs], starts, tokens)
+        tokens[starts[1:] - 1] = eos
+        return cls(tokens, starts, docs + first_row)
+
+
+class TokenReader:
+    """This process's reads of one `PackedTokens` (`d`, the description): segments kept
+    in a cache of at most `d.cache_bytes`, reads shared while in flight, and read-ahead
+    along the batches the loader's plan lists (`plan_epoch`)."""
+
+    def __init__(self, d: Any) -> None:  # a PackedTokens (not imported: it imports this)
+        # A proxy, not a reference: the source owns its reader, and a cycle would keep a
+        # dropped source's cache and read threads until the cycle collector ran.
+        self.d = weakref.proxy(d)
+        self._lock = threading.Lock()
+        self._epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._segments: cachetools.LRUCache = cachetools.LRUCache(
+            d.cache_bytes, getsizeof=lambda seg: seg.nbytes
+        )
+        self._flights: dict[tuple[int, int], Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
+        self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
+        self._hint, self._hint_epoch = 0, -1  # the batch last found, and its epoch
+        self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
+        self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
+        self._recent: dict[tuple[int, int], np.ndarray] = {}
+        self._lanes_planned: dict[int, set[int]] = {}  # epoch -> lanes its plans deal to
+        self._ranges: dict[tuple, dict] = {}  # (epoch, lanes) -> what edge row groups keep
+        self._pieces: dict[tuple[int, int], list[Segment]] = {}  # (epoch, group) -> pieces
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """The parent's threads (and reads in flight, and its lock) are gone in a forked
+        worker."""
+        self._lock = threading.Lock()
+        self._flights, self._pool = {}, None
+
+    def close(self) -> None:
+        """Stop the read threads and drop the cached row groups."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._segments.clear()
+            self._pieces.clear()
+
+    def cache_stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"cache_budget_bytes": self.d.cache_bytes,
+                    "cache_held_bytes": int(self._segments.currsize)}  # fmt: skip
+
+    def _horizon(self, epoch: int) -> int:
+        """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
+        one chunk, from the plan's lanes and batch size) and some, so that the next chunk
+        is read while this one is cut."""
+        plan = self._plans.get(epoch)
+        found = getattr(plan, "horizon", None)
+        if found is None:
+            blocks = self.d.blocks()
+            per_chunk = int(blocks[0]) if len(blocks) > 1 else 0
+            lanes, world, granule = _lanes_of(plan)
+            share = max(1, lanes // max(world, 1))
+            found = -(-per_chunk * share // max(granule, 1)) + READAHEAD_BATCHES
+            if plan is not None:
+                plan.horizon = found
+        return found
+
+    def _edge_pieces(self, epoch: int) -> dict[int, list[tuple[int, int]]]:
+        """For each row group at a chunk's edge, the tokens of the straddling window that
+        it holds (`plan.stream_edge_pieces`), for the lanes each plan of this epoch deals
+        to (one source may serve several loaders)."""
+        lanes = tuple(sorted(self._lanes_planned.get(epoch, {1})))
+        found = self._ranges.get((epoch, lanes))
+        if found is not None:
+            return found
+        order, cum = self._epoch(epoch)
+        pieces: dict[int, list[tuple[int, int]]] = {}
+        stream = self.d._stream
+        for count in lanes:
+            edges = stream_chunk_edges(cum, self.d.seq_len, len(self.d), count,
+                                       stream.groups_per_chunk)  # fmt: skip
+            for group, ranges in stream_edge_pieces(order, cum, edges, self.d.seq_len).items():
+                pieces.setdefault(group, []).extend(ranges)
+        with self._lock:
+            self._ranges = {k: v for k, v in self._ranges.items() if k[0] >= epoch - 1}
+            self._ranges[(epoch, lanes)] = pieces
+        return pieces
+
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(row-group order, prefix sums of their stream tokens) for `epoch`: O(row groups)."""
+        key = (self.d.seed, epoch)
+        found = self._epochs.get(key)
+        if found is not None:
+            return found
+        order, cum = stream_order(self.d._stream, self.d.seed, epoch)
+        with self._lock:
+            self._epochs[key] = (order, cum)
+            for old in [k for k in self._epochs if k[1] < epoch - 1]:
+                del self._epochs[old]  # keep this epoch and the one before (read ahead)
+            for old in [k for k in self._pieces if k[0] < epoch - 1]:
+                del self._pieces[old]
+        return order, cum
+
+    def plan_epoch(self, epoch: int, batches: Any) -> None:
+        """This rank's batches of windows: reads run ahead along them; the lanes of the
+        plan they come from say which windows straddle chunks (what to keep of a row
+        group at a chunk's edge)."""
+        lanes, _, _ = _lanes_of(batches)
+        with self._lock:
+            self._plans = {e: b for e, b in self._plans.items() if e == epoch - 1}
+            self._plans[epoch] = batches
+            planned = self._lanes_planned
+            self._lanes_planned = {e: v for e, v in planned.items() if e >= epoch - 1}
+            self._lanes_planned.setdefault(epoch, set()).add(lanes)
+
+    def _groups_of(self, windows: np.ndarray, epoch: int) -> np.ndarray:
+        """Positions (in the epoch's row-group order) that windows' tokens come from,
+        with the token after each window (its last label)."""
+        _, cum = self._epoch(epoch)
+        lo = windows * self.d.seq_len
+        hi = np.minimum(lo + self.d.seq_len, cum[-1] - 1)
+        first = np.searchsorted(cum, lo, side="right") - 1
+        last = np.searchsorted(cum, hi, side="right") - 1
+        if (last - first <= 1).all():  # a window in one or two segments: no gaps to fill
+            return np.unique(np.concatenate([first, last]))
+        counts = last - first + 1
+        spans = np.repeat(first, counts) + (
+            np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        )
+        return np.unique(spans)
+
+    def _fetch(
+        self,
+        epoch: int,
+        position: int,
+        windows: np.ndarray,
+        ahead: bool = False,
+        keep: set | None = None,
+    ) -> Segment | Future | None:
+        """The segment at `position` of the epoch's row-group order if held, else a piece
+        of it that holds all that `windows` need of it, else its read: shared if in
+        flight (one read however many threads want it), else started; None when reading
+        ahead finds no room, even after dropping the held segments not in `keep` (those
+        the batches around this one read)."""
+        order, _ = self._epoch(epoch)
+        key = (epoch, int(order[position]))
+        with self._lock:
+            held = self._segments.get(key)
+            if held is not None:
+                return held
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight
+            pieces = self._pieces.get(key)
+        if pieces:
+            piece = self._covering(pieces, epoch, position, windows)
+            if piece is not None:
+                return piece
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight
+            if ahead and not self._room_for(key, keep):
+                return None  # no room to read ahead: the batch that needs it will
+            if self._pool is None:
+                threads = self._read_threads()
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iolib-tokens")
+                weakref.finalize(self, self._pool.shutdown, wait=False)
+            flight = self._flights[key] = self._pool.submit(self._load, key)
+        return flight
+
+    def _covering(
+        self, pieces: list[Segment], epoch: int, position: int, windows: np.ndarray
+    ) -> Segment | None:
+        """The piece of the row group at `position` that holds every token (and next
+        token) that `windows` take from it, if one does."""
+        _, cum = self._epoch(epoch)
+        lo = windows * self.d.seq_len
+        hi = np.minimum(lo + self.d.seq_len + 1, cum[-1])
+        base, top = int(cum[position]), int(cum[position + 1])
+        touch = (lo < top) & (hi > base)
+        if not touch.any():
+            return None
+        need_lo, need_hi = max(int(lo[touch].min()), base), min(int(hi[touch].max()), top)
+        for piece in pieces:
+            start = base + piece.offset
+            if start <= need_lo and need_hi <= start + piece.tokens.size:
+                return piece
+        return None
+
+    def _read_threads(self) -> int:
+        """Row-group reads in flight: FETCH_THREADS from a remote store, whose rate per
+        connection is far below its total; from local disk as many as decode at once: a
+        read there is all decode, and more threads only hold more memory (each thread's
+        allocator keeps what its reads freed)."""
+        options = self.d.parquet.storage_options
+        local = all(is_local(open_filesystem(url, options)[0]) for url in self.d.parquet.urls)
+        return decode_slots() if local else FETCH_THREADS
+
+    def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
+        """Whether the cache has room to read `key` ahead, made by dropping held segments
+        not in `keep`, oldest read first: when the next chunk's row groups are due the
+        cache is full of the last chunk's, which it would otherwise keep until a batch
+        has to wait for its reads. Under the lock."""
+        size, budget = int(self.d._group_bytes[key[1]]), self.d.cache_bytes
+        if self._segments.currsize + self._in_flight_bytes() + size <= budget:
+            return True
+        for old in [k for k in self._segments if k not in keep] if keep is not None else ():
+            del self._segments[old]
+            if self._segments.currsize + self._in_flight_bytes() + size <= budget:
+                return True
+        return False
+
+    def _in_flight_bytes(self) -> int:
+        """A read in flight counts as the segment it will be: the decoder's own buffers
+        exist only while a decode slot (one a core) holds it, bounded by the cores, not by
+        the reads queued (counted 3x, the next chunk was not read ahead in time)."""
+        sizes = self.d._group_bytes
+        return int(sum(sizes[group] for _, group in self._flights))
+
+    def _load(self, key: tuple[int, int]) -> Segment:
+        epoch, group = key
+        try:
+            table = tokenindex.unskippable(lambda: self.d.parquet.fetch_row_group(group))
+            first_row = int(self.d.parquet.row_starts()[group])
+            order = stream_rng(self.d.seed, epoch, group) if self.d.shuffle_documents else None
+            segment = Segment.build(table.column(self.d.column), first_row, self.d.eos_id, order)
+            del table
+            documents = segment.starts.size - 1  # the index's counts, checked (free here)
+            self.d.index.check_segment(group, segment.tokens.size - documents, documents)
+            # A corpus in one chunk has no edges: nothing to keep.
+            pieces = [segment.piece(a, b) for a, b in self._edge_pieces(epoch).get(group, ())]
+            with self._lock:
+                self._segments[key] = segment
+                if pieces:
+                    self._pieces[key] = pieces
+            return segment
+        finally:
+            read, retries = take_counters()
+            with self._lock:
+                self._io[0] += read
+                self._io[1] += retries
+                self._flights.pop(key, None)
+                idle = not self._flights
+            if idle:
+                # Arrow's pool may keep freed pages (mimalloc, pyarrow's default, per read
+                # thread). Returned when the reads pause (after each one, it cost ~15% more
+                # CPU a batch).
+                pa.default_memory_pool().release_unused()
+
+    def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int], frozenset]:
+        """Windows of batch k of the plan, the positions of their row groups and the
+        keys of their segments (the batches read ahead are kept: each costs an order
+        lookup, and they are asked for again to find this batch and to know which
+        segments to keep)."""
+        key = (epoch, k)
+        found = self._recent.get(key)
+        if found is None:
+            windows = np.asarray(self._plans[epoch][k], dtype=np.int64)
+            positions = self._groups_of(windows, epoch).tolist()
+            order, _ = self._epoch(epoch)
+            found = (windows, positions, frozenset((epoch, int(order[p])) for p in positions))
+            with self._lock:
+                self._recent[key] = found
+                while len(self._recent) > self._horizon(epoch) + 4 * BEHIND_BATCHES:
+                    del self._recent[next(iter(self._recent))]
+        return found
+
+    def _find(self, windows: np.ndarray, epoch: int) -> int | None:
+        """Which batch of the plan `windows` are, found by its first window next to the
+        last one found; None outside the plan (a read by hand, a sample retried alone)."""
+        batches = self._plans.get(epoch)
+        if batches is None or not windows.size:
+            return None
+        # A new epoch's search starts at its first batch, not at the last one's number.
+        hint = self._hint if self._hint_epoch == epoch else -1
+        total, first = len(batches), int(windows[0])
+        for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
+            planned = self._planned(epoch, k)[0] if 0 <= k < total else None
+            if planned is not None and planned.size and int(planned[0]) == first:
+                self._hint, self._hint_epoch = k, epoch
+                return k
+        return None
+
+    def _read_ahead(self, epoch: int) -> None:
+        """Start reading the row groups of the batches after the last one found
+        (`_find`), where the cache has room."""
+        total = len(self._plans[epoch])
+        # Room comes back only as batches pass: looking for it each batch cost more than
+        # the cut with a 128 MiB cache (the batches ahead's keys, gathered each time).
+        if self._stalled[0] == epoch and self._hint < self._stalled[1] + RETRY_BATCHES:
+            return
+        # Batches up to `_ahead` were looked at already: only the newest one is new.
+        done_epoch, done = self._ahead
+        start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
+        for k in range(start, min(total, self._hint + 1 + self._horizon(epoch))):
+            keep, (windows, positions, _) = None, self._planned(epoch, k)
+            for position in positions:
+                found = self._fetch(epoch, position, windows, ahead=True)
+                if found is None:  # make room from segments no batch near this one reads
+                    keep = keep or self._needed(epoch, k)
+                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep)
+                if found is None:
+                    self._stalled = (epoch, self._hint)
+                    return  # no room: this batch is looked at again a few batches on
+            self._ahead = (epoch, k)
+
+    def _needed(self, epoch: int, upto: int) -> set[tuple[int, int]]:
+        """Keys of the segments that the batches from a few before this one (other
+        workers may still be reading them) up to batch `upto` read."""
+        near = range(max(0, self._hint - BEHIND_BATCHES), upto + 1)
+        return set().union(*(self._planned(epoch, b)[2] for b in near))
+
+    def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
+        """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
+        tensors without a copy)."""
+        windows = np.asarray(indices, dtype=np.int64)
+        if windows.size and (windows.min() < 0 or windows.max() >= len(self.d)):
+            raise IndexError(f"window indices outside 0..{len(self.d) - 1}")
+        k = self._find(windows, epoch)
+        planned = self._planned(epoch, k) if k is not None else None
+        if planned is not None and np.array_equal(planned[0], windows):
+            positions = planned[1]  # found when this batch was read ahead
+        else:
+            positions = self._groups_of(windows, epoch).tolist()
+        found = {p: self._fetch(epoch, p, windows) for p in positions}  # reads all at once
+        if k is not None:
+            self._read_ahead(epoch)
+        segments = {p: f if isinstance(f, Segment) else f.result() for p, f in found.items()}
+        with self._lock:
+            (read, retries), self._io = self._io, [0, 0]
+        count_bytes(read)  # helper threads' reads count in the batch that needed them
+        count_retries(retries)
+        return self._cut(windows, epoch, segments)
+
+    def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
+        """The windows' columns, filled by one compiled pass over each segment's pieces
+        (`loops.cut_pieces`): a window inside one segment is one piece, one that spans
+        segments (or the stream's end) a piece of each."""
+        _, cum = self._epoch(epoch)
+        d = self.d
+        length, count, width = d.seq_len, windows.size, d.seq_len + 1
+        starts = windows * length
+        owners = np.searchsorted(cum, starts, side="right") - 1
+        pieces = np.empty((count, 4), dtype=np.int64)  # row, column, a, b
+        pieces[:, 0], pieces[:, 1], pieces[:, 2] = np.arange(count), 0, starts
+        pieces[:, 3] = starts + width
+        whole = pieces[:, 3] <= cum[owners + 1]  # most windows: one piece
+        if not whole.all():
+            rows = np.flatnonzero(~whole).tolist()
+            spans = np.array([p for r in rows for p in self._spans(r, int(starts[r]), cum)])
+            pieces = np.concatenate([pieces[whole], spans[:, 1:]])
+            owners = np.concatenate([owners[whole], spans[:, 0]])
+        shape = (4 if self.d.document_ids else 3, count, length)
+        # From pyarrow's default pool (mimalloc, unless a ParquetSource chose the system
+        # allocator: arrow_pool.py), which keeps freed pages: the system allocator gave
+        # each batch fresh pages when a worker thread cut it and the consumer freed it.
+        buffer = pa.allocate_buffer(int(np.prod(shape)) * 8)
+        out = np.frombuffer(buffer, dtype=np.int64).reshape(shape)
+        for owner in np.unique(owners).tolist():
+            segment, mine = segments[owner], pieces[owners == owner]
+            mine[:, 2:] -= int(cum[owner]) + segment.offset
+            loops.cut_pieces(segment.tokens, segment.starts, segment.rows, mine, d.ignore_index,
+                             out, count, length, d.document_ids)  # fmt: skip
+        names = ["input_ids", "labels", "position_ids", "document_ids"][: shape[0]]
+        plane = count * length * 8
+        return pa.table({name: _fixed_lists(buffer.slice(i * plane, plane), count, length)
+                         for i, name in enumerate(names)})  # fmt: skip
+
+    def _spans(self, row: int, lo: int, cum: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+        """(position, row, column, a, b) of each segment's part of a window (and its next
+        token) that spans segments or reaches the stream's end, in stream coordinates."""
+        end = int(cum[-1])
+        position = int(np.searchsorted(cum, lo, side="right") - 1)
+        hi, column, parts = min(lo + self.d.seq_len + 1, end), 0, []
+        while lo < hi:
+            stop = min(hi, int(cum[position + 1]))
+            parts.append((position, row, column, lo, stop))
+            lo, column, position = stop, column + stop - lo, position + 1
+        return parts
+
+
+def _fixed_lists(values: pa.Buffer, rows: int, length: int) -> pa.FixedSizeListArray:
+    """`rows` fixed-size lists of `length` int64 that share `values`' memory (collated
+    to a [rows, length] tensor without a copy)."""
+    flat = pa.Array.from_buffers(pa.int64(), rows * length, [None, values])
+    return pa.FixedSizeListArray.from_arrays(flat, length)
+
+
+def _lanes_of(plan: Any) -> tuple[int, int, int]:
+    """(lanes, world size, batch size) of the loader's plan that `plan_epoch` was given
+    (one lane, one rank, one window for reads by hand)."""
+    choice = getattr(plan, "choice", None)
+    if choice is None:
+        return 1, 1, 1
+    return choice.lanes, int(getattr(plan, "world_size", 1)), choice.granule
