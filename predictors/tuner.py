@@ -131,6 +131,7 @@ class LearnedTuner:
         max_workers: int | None = None,
         max_depth: int = 64,
         start: tuple[int, int] = (1, 1),
+        fallback: tuple[int, int] | None = None,
         config: TunerConfig | None = None,
         **overrides: Any,
     ) -> None:
@@ -142,6 +143,9 @@ class LearnedTuner:
         self.target = check_target(target_utilization)
         self.budget = memory_budget_bytes
         self.start = start
+        # A warm start that probes something cheaper than what its history measured
+        # meeting: the configuration to go back to at once if this run measures a miss.
+        self.fallback = fallback if fallback != start else None
         self.forecaster = Forecaster(
             model,
             target=self.target,
@@ -227,9 +231,32 @@ class LearnedTuner:
             jump = after / before if after > before else 1.0  # nan compares False
             return self._plan(state, why, shifted=True, headroom=headroom, jump=jump)
         if self._due():
+            if self.fallback is not None:
+                return self._fall_back(state)
             if self._faster_than_unreachable():
                 return self._replan_unreachable(state)
             return self._plan(state, "measured")
+        return self._current
+
+    def _fall_back(self, state: TunerState) -> Decision:
+        """The guard of a probing start, at its first due decision: a measured miss
+        (the record's interval excludes the goal from below) goes back to `fallback`,
+        where the history measured the target met; a measured meet drops the fallback
+        and plans as usual."""
+        config = (self._current.workers, self._current.depth)
+        record = self._records[config]
+        fallback, self.fallback = self.fallback, None
+        if record.utilization >= self.target:
+            return self._plan(state, "probe measured")
+        est = summarize(self._regime, self._cores_share(), learned=True)
+        why = (
+            f"probe {config[0]}/{config[1]} measured {record.utilization:.2f} < "
+            f"{self.target:.2f}: back to {fallback[0]}/{fallback[1]}, met in the history"
+        )
+        self._current = Decision(*fallback, why)
+        self._contention = {fallback: self.forecaster.service_ratio(est, min(config), min(fallback))}
+        self._in_effect = False
+        self.history.append((state.batch_index, self._current))
         return self._current
 
     def _faster_than_unreachable(self) -> bool:
