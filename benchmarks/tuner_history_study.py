@@ -140,7 +140,9 @@ def drive(s: Scenario, tuner: Any, seed: int) -> tuple[dict[str, Any], list[Any]
     roll = np.convolve(step, np.ones(8), "valid") / np.convolve(busy, np.ones(8), "valid")
     reached = np.flatnonzero(roll >= s.target)
     return {
-        "utilization": float(sum(x.step_ms for x in third) / sum(x.step_ms + x.stall_ms for x in third)),
+        "utilization": float(
+            sum(x.step_ms for x in third) / sum(x.step_ms + x.stall_ms for x in third)
+        ),
         "memory": float(max(x.depth for x in third) * one),
         "batches_to_target": int(reached[0]) + 7 if reached.size else None,
         "start": list(start),
@@ -158,6 +160,11 @@ def _tuner(s: Scenario, start: tuple[int, int] = (1, 1), fallback: Any = None) -
     )
 
 
+def long_run(s: Scenario, workers: int, depth: int) -> float:
+    """The one-run chooser's knowledge of a candidate: one long run's utilization."""
+    return static_windows(s, workers, depth, LONG_RUN_SEEDS[0])[0]
+
+
 def scenario(job: tuple[str, int, tuple[int, ...]]) -> dict[str, Any]:
     family, seed, bases = job
     s = draw(family, seed)
@@ -167,7 +174,12 @@ def scenario(job: tuple[str, int, tuple[int, ...]]) -> dict[str, Any]:
     )
     o = oracle(s)
     chooser_rows = [
-        {"memory": d * one, "workers": w, "depth": d, "runs": [static_windows(s, w, d, LONG_RUN_SEEDS[0])[0]]}
+        {
+            "memory": d * one,
+            "workers": w,
+            "depth": d,
+            "runs": [static_windows(s, w, d, LONG_RUN_SEEDS[0])[0]],
+        }
         for w, d in grid
     ]
     pick = clairvoyant(chooser_rows, s.target + 0.02, 1)
@@ -177,7 +189,13 @@ def scenario(job: tuple[str, int, tuple[int, ...]]) -> dict[str, Any]:
         seeds = [base + k for k in range(1, RUNS + 1)]
         cold1, states = drive(s, _tuner(s), seeds[0])
         first = records_of("run1", states)
-        result: dict[str, Any] = {"base": base, "run1": cold1, "cold": [], "torch": [], "chooser": []}
+        result: dict[str, Any] = {
+            "base": base,
+            "run1": cold1,
+            "cold": [],
+            "torch": [],
+            "chooser": [],
+        }
         history = {d: list(first) for d in DESIGNS}
         for k, run_seed in enumerate(seeds[1:], start=2):
             result["cold"].append(drive(s, _tuner(s), run_seed)[0])
@@ -260,7 +278,9 @@ def main() -> None:
     command = "python benchmarks/tuner_history_study.py " + " ".join(sys.argv[1:])
     summary = summarize(rows)
     path = RESULTS / f"tuner-history-{args.out or args.seeds}.json"
-    path.write_text(json.dumps({"command": command, "summary": summary, "rows": rows}, default=float))
+    path.write_text(
+        json.dumps({"command": command, "summary": summary, "rows": rows}, default=float)
+    )
     print(json.dumps(summary, indent=1))
     print(f"{path} ({time.time() - t0:.0f} s, {os.times().children_user:.0f} s CPU)")
 

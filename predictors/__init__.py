@@ -18,6 +18,8 @@ _NAMES = {
     "OracleTuner": "predictors.baselines",
     "Predictor": "predictors.model",
     "QueueingModel": "predictors.baselines",
+    "RunHistory": "predictors.history",
+    "RunRecord": "predictors.history",
     "SCHEMA_VERSION": "predictors.features",
     "StaticDefaultTuner": "predictors.baselines",
     "Tuner": "predictors.state",
@@ -26,6 +28,7 @@ _NAMES = {
     "load": "predictors.model",
     "load_default": "predictors.model",
     "validate_observations": "predictors.features",
+    "WorkloadKey": "predictors.history",
     "write_report": "predictors.report",
 }
 __all__ = sorted(_NAMES)

@@ -23,6 +23,7 @@ scikit-learn is imported here only, when a workload has history, between runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ __all__ = [
     "Weight",
     "earned_weight",
     "history_predict",
+    "plan_warm",
     "propose",
 ]
 
@@ -231,13 +233,17 @@ def earned_weight(records: Sequence[Any], prior: Prior, min_runs: int = 3) -> We
         rest = [r for r in records if r.run_id != run]
         held = [r for r in records if r.run_id == run]
         grid = list(dict.fromkeys((r.workers, r.depth) for r in held))
-        truth = np.array([fmean(r.utilization for r in held if (r.workers, r.depth) == k) for k in grid])
+        truth = np.array(
+            [fmean(r.utilization for r in held if (r.workers, r.depth) == k) for k in grid]
+        )
         h, _ = history_predict(rest, prior, grid)
         m, *_ = model_predict(rest, prior, grid)
         hist_err += list(np.abs(h - truth))
         model_err += list(np.abs(m - truth))
     em, eh = max(fmean(model_err), ERROR_FLOOR), max(fmean(hist_err), ERROR_FLOOR)
-    words = f"leave-one-run-out error {em:.3f} (model) against {eh:.3f} (history) on {len(runs)} runs"
+    words = (
+        f"leave-one-run-out error {em:.3f} (model) against {eh:.3f} (history) on {len(runs)} runs"
+    )
     if em >= eh:
         return Weight(0.0, len(runs), em, eh, words + ": not better, weight 0")
     weight = 1.0 - (em / eh) ** 2
@@ -295,13 +301,19 @@ def propose(
     z: float = 1.0,
     weight: Weight | None = None,
     explore: bool = True,
+    start: tuple[int, int] | None = None,
 ) -> Proposal:
     """The next run's configuration (see the module doc). `weight`: the model's, else
-    earned here (`earned_weight`); `explore=False`: no probe (the start alone)."""
+    earned here (`earned_weight`); `explore=False`: no probe (the start alone);
+    `start`: where the run starts unless it probes (default: chosen here)."""
     records = _measured(records)
     if not records:
         raise ValueError("no measured run in the history: a cold run plans alone")
     grid = list(grid)
+    if start is not None:
+        start = (int(start[0]), int(start[1]))
+        if start not in grid:
+            grid.append(start)
     weight = weight if weight is not None else earned_weight(records, prior)
     hp, hl = history_predict(records, prior, grid, z)
     prior_point, _ = prior(records, grid)
@@ -313,7 +325,10 @@ def propose(
         point, lower = w * mp + (1 - w) * hp, w * ml + (1 - w) * hl
     pooled = _pooled(records)
     met = [k for k in grid if k in pooled and pooled[k][0] >= target]
-    if met:
+    if start is not None:
+        why = "the history's start"
+        met = [start] if start in pooled and pooled[start][0] >= target else []
+    elif met:
         start = min(met, key=lambda k: (k[1], -pooled[k][0], k[0]))
         why = f"the least memory the history measured meeting {target:.2f}"
     else:
@@ -353,3 +368,37 @@ def propose(
         weight=weight,
         why=why,
     )
+
+
+def plan_warm(
+    warm: Any,
+    target: float,
+    *,
+    budget: float | None = None,
+    max_workers: int | None = None,
+    cpu_count: int | None = None,
+    confidence: float = 0.5,
+    cores_share: float = 0.8,
+    explore: bool = True,
+) -> tuple[Any, tuple[int, int] | None, Proposal]:
+    """A `predictors.history.WarmStart` with the proposal's start (the model's choice,
+    perhaps a probe), the configuration to fall back to (None: no probe) and the
+    proposal. Fitted once, before the run's first batch."""
+    import os
+
+    records = list(warm.records)
+    cpu_count = cpu_count or os.cpu_count() or 1
+    per_batch = [r.memory_bytes / r.depth for r in records if r.memory_bytes > 0 and r.depth > 0]
+    forecaster = Forecaster(None, target=target, budget=budget, max_workers=max_workers)
+    grid = forecaster.grid(median(per_batch) if per_batch else 1.0, cpu_count)
+    if tuple(warm.start) not in grid:
+        grid.append(tuple(warm.start))
+    prior = PooledPrior(cpu_count, target=target, confidence=confidence, cores_share=cores_share)
+    proposal = propose(records, prior, grid, target, explore=explore, start=warm.start)
+    choice = (proposal.workers, proposal.depth)
+    if not proposal.probe:
+        return warm, None, proposal
+    # The history's service at its start is no reference for another configuration:
+    # this run's own batches set the detector's.
+    moved = dataclasses.replace(warm, start=choice, reference_ms=())
+    return moved, proposal.fallback, proposal

@@ -47,6 +47,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -57,7 +58,14 @@ import numpy as np
 
 from predictors.config import TunerConfig
 from predictors.forecast import Forecaster
-from predictors.measure import ChangeDetector, Measured, Service, fit_cores_share, summarize
+from predictors.measure import (
+    ChangeDetector,
+    Measured,
+    Service,
+    fit_cores_share,
+    service_spread,
+    summarize,
+)
 from predictors.state import (
     Decision,
     PerformanceModel,
@@ -70,6 +78,11 @@ from predictors.state import (
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from predictors.explore import Proposal
+    from predictors.history import WarmStart
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Decision", "LearnedTuner", "PerformanceModel", "Tuner", "TunerConfig", "TunerState"]
 
@@ -133,6 +146,8 @@ class LearnedTuner:
         start: tuple[int, int] = (1, 1),
         fallback: tuple[int, int] | None = None,
         config: TunerConfig | None = None,
+        warm: WarmStart | None = None,
+        explore: bool = True,
         **overrides: Any,
     ) -> None:
         cfg = TunerConfig.with_overrides(config, **overrides)
@@ -167,6 +182,16 @@ class LearnedTuner:
         )
         self.history: list[tuple[int, Decision]] = []  # every change, with its batch
         self._current = Decision(*start, f"safe start: {start[0]} worker(s), depth {start[1]}")
+        # A warm run (predictors.history): it starts where earlier runs met the target and
+        # plans with their pooled service, until this run measures another regime.
+        self.warm = warm
+        self.warm_set_aside: str | None = None  # why this run stopped using the history
+        self.proposal: Proposal | None = None  # the learned model's plan for this run
+        if warm is not None and warm.met and warm.records:
+            warm = self._explore(warm, max_workers, explore)
+        if warm is not None:
+            self.start = warm.start
+            self._current = Decision(*warm.start, warm.describe())
         self._records: dict[tuple[int, int], Measured] = defaultdict(self._new_record)
         self._samples: list[TunerState] = []  # settled batches of the current configuration
         self._regime: list[TunerState] = []  # settled batches since the last shift
@@ -181,6 +206,47 @@ class LearnedTuner:
         self._unreachable_ms: float | None = None  # what an unreachable plan expected here
         # How far a prediction may be off in utilization: the model's measured error.
         self._prior_spread = float(getattr(model, "utilization_error", cfg.prior_spread))
+        if warm is not None and warm.reference_ms:
+            # The detector's reference is what the history measured at the start, so a
+            # run whose service differs from it alarms as a regime shift would.
+            for ms in warm.reference_ms[-cfg.detector_reference :]:
+                self.detector.update(ms)
+            self._settle_ms = cfg.settle_services * median(warm.reference_ms)
+
+    def _explore(self, warm: WarmStart, max_workers: int | None, explore: bool) -> WarmStart:
+        """The warm start with the learned model's choice (`predictors.explore`): perhaps
+        one grid step cheaper, with the history's start to fall back to. Fitted here,
+        before the first batch; a model that fails leaves the history's start."""
+        from predictors.explore import plan_warm
+
+        try:
+            moved, fallback, self.proposal = plan_warm(
+                warm,
+                self.target,
+                budget=self.budget,
+                max_workers=max_workers,
+                confidence=self.config.confidence,
+                cores_share=self.config.cores_share,
+                explore=explore,
+            )
+        except Exception as exc:  # the model degrades tuning, never the run
+            log.warning("predictors: the history's model failed (%s: %s)", type(exc).__name__, exc)
+            return warm
+        if fallback is not None:
+            self.fallback = fallback
+        return moved
+
+    @property
+    def history_model(self) -> dict[str, Any] | None:
+        """What the learned model planned for this run (None: no history, or no model):
+        its choice, prediction, weight and why, and what the run measured there."""
+        if self.proposal is None:
+            return None
+        out = self.proposal.as_dict()
+        record = self._records.get((self.proposal.workers, self.proposal.depth))
+        out["measured_utilization"] = record.utilization if record and record.batches else None
+        out["fell_back"] = any("back to" in d.reason for _, d in self.history)
+        return out
 
     def _new_record(self) -> Measured:
         c = self.config
@@ -211,6 +277,7 @@ class LearnedTuner:
         self._since_plan += 1
         self._records[config].add(state)
         shift = self.detector.update(state.service_ms)
+        self._check_warm(shift)
         if shift is not None:
             fresh = max(self.detector.run, c.fresh_batches)
             before = self._last.service_ms if self._last else float("nan")
@@ -231,7 +298,7 @@ class LearnedTuner:
             jump = after / before if after > before else 1.0  # nan compares False
             return self._plan(state, why, shifted=True, headroom=headroom, jump=jump)
         if self._due():
-            if self.fallback is not None:
+            if self.fallback is not None and self.warm_set_aside is None:
                 return self._fall_back(state)
             if self._faster_than_unreachable():
                 return self._replan_unreachable(state)
@@ -254,10 +321,37 @@ class LearnedTuner:
             f"{self.target:.2f}: back to {fallback[0]}/{fallback[1]}, met in the history"
         )
         self._current = Decision(*fallback, why)
-        self._contention = {fallback: self.forecaster.service_ratio(est, min(config), min(fallback))}
+        ratio = self.forecaster.service_ratio(est, min(config), min(fallback))
+        self._contention = {fallback: ratio}
         self._in_effect = False
         self.history.append((state.batch_index, self._current))
         return self._current
+
+    def _check_warm(self, shift: str | None) -> None:
+        """Set the history aside for the rest of the run when this run is another
+        workload: the detector alarmed (the service moved from what the history measured)
+        or the step differs from the history's by more than the key's factor."""
+        warm = self.warm
+        if warm is None or self.warm_set_aside is not None:
+            return
+        why = None
+        if shift is not None:
+            why = f"regime shift ({shift}) against the history's service"
+        elif warm.step_ms > 0 and len(self._samples) >= self.config.warmup_batches:
+            step = median(s.step_ms for s in self._samples)
+            if not warm.step_ms / warm.step_factor <= step <= warm.step_ms * warm.step_factor:
+                why = f"step {step:.1f} ms against {warm.step_ms:.1f} ms in the history"
+        if why is not None:
+            self.warm_set_aside = why
+
+    def _pooled(self, est: Service) -> Service:
+        """`est` with the history's service samples pooled into its lateness (their
+        bursts and tails count as this run's do), while the history stands."""
+        warm = self.warm
+        if warm is None or self.warm_set_aside is not None or not warm.relative:
+            return est
+        relative = (*est.relative, *warm.relative)
+        return dataclasses.replace(est, relative=relative, spread=service_spread(list(relative)))
 
     def _faster_than_unreachable(self) -> bool:
         """The last plan judged the target out of reach, and the current
@@ -348,7 +442,7 @@ class LearnedTuner:
     ) -> Decision:
         c = self.config
         self._since_plan = 0
-        est = summarize(self._regime, self._cores_share(), learned=True)
+        est = self._pooled(summarize(self._regime, self._cores_share(), learned=True))
         sized = est if headroom == 1.0 else _slower(est, headroom)
         config = (self._current.workers, self._current.depth)
         grid = self.forecaster.grid(state.one_batch_bytes, state.cpu_count)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from predictors.explore import Weight, earned_weight, propose
-from predictors.tuner import LearnedTuner
 from predictors.state import TunerState
+from predictors.tuner import LearnedTuner
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.9
@@ -104,7 +104,8 @@ def test_weight_is_zero_where_the_model_predicts_worse() -> None:
     # directions: the GP carries each one's error to the next, where it is wrong.
     configs = [(2, 2), (2, 4), (4, 4), (4, 8), (8, 8)]
     truth = [0.85, 0.65, 0.85, 0.65, 0.85]
-    records = [Record(f"r{i}", w, d, u) for i, ((w, d), u) in enumerate(zip(configs, truth))]
+    pairs = enumerate(zip(configs, truth, strict=True))
+    records = [Record(f"r{i}", w, d, u) for i, ((w, d), u) in pairs]
     w = earned_weight(records, flat_prior(0.75))
     assert w.weight == 0, w.why
     assert w.model_error >= w.history_error
