@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from benchmarks.scenarios import (
 from benchmarks.tuner_lab.synthetic import SimulatedLoader, tuner_state
 from predictors.explore import PooledPrior, Weight, earned_weight, propose
 from predictors.forecast import Forecaster
+from predictors.history import RunRecord, WarmStart
 from predictors.tuner import LearnedTuner
 
 # The held-out range of this study, named before it was run (issue 41).
@@ -66,24 +67,9 @@ MIN_BATCHES = 4  # a configuration held fewer settled batches is not recorded
 SETTLE = 2  # batches after a change before its record starts
 
 
-@dataclass
-class SimRecord:
-    """One configuration of one simulated run, as `predictors.history.RunRecord` holds it."""
-
-    run_id: str
-    workers: int
-    depth: int
-    utilization: float
-    utilization_se: float
-    service_ms: list[float] = field(repr=False)
-    cpu_ms: float
-    step_ms: float
-    batches: int
-    settled: bool = True
-
-
-def records_of(run_id: str, states: list[Any]) -> list[SimRecord]:
-    """Every configuration the run held for `MIN_BATCHES` settled batches or more."""
+def records_of(run_id: str, states: list[Any], s: Scenario, k: int) -> list[RunRecord]:
+    """Every configuration run `k` held for `MIN_BATCHES` settled batches or more."""
+    one = s.workload.memory_factor * s.workload.batch_bytes
     out, segment = [], []
 
     def close() -> None:
@@ -97,26 +83,38 @@ def records_of(run_id: str, states: list[Any]) -> list[SimRecord]:
             for i in range(0, len(part) - 7, 8)
         ]
         se = statistics.stdev(blocks) / math.sqrt(len(blocks)) if len(blocks) >= 2 else 0.1
+        util = float(step.sum() / (step.sum() + stall.sum()))
         out.append(
-            SimRecord(
-                run_id,
-                part[0].workers,
-                part[0].depth,
-                float(step.sum() / (step.sum() + stall.sum())),
-                float(se),
-                [s.service_ms for s in part],
-                float(statistics.fmean(s.cpu_ms for s in part)),
-                float(statistics.median(step)),
-                len(part),
+            RunRecord(
+                workload=s.workload.workload,
+                run_id=run_id,
+                rank=0,
+                started=float(k * 1000 + part[0].batch_index),
+                source="auto",
+                workers=part[0].workers,
+                depth=part[0].depth,
+                batch_size=s.workload.batch_size,
+                storage_ms=float(statistics.median(x.read_ms for x in part)),
+                decode_ms=float(statistics.median(x.decode_ms for x in part)),
+                cpu_ms=float(statistics.fmean(x.cpu_ms for x in part)),
+                service_ms=[x.service_ms for x in part][-256:],
+                utilization=util,
+                utilization_se=float(se),
+                memory_bytes=int(part[0].depth * one),
+                step_ms=float(statistics.median(step)),
+                batches=len(part),
+                target=s.target,
+                met=util >= s.target,
+                settled=True,
             )
         )
 
-    for s in states:
-        if segment and (s.workers, s.depth) != (segment[-1].workers, segment[-1].depth):
+    for x in states:
+        if segment and (x.workers, x.depth) != (segment[-1].workers, segment[-1].depth):
             close()
             segment = []
-        if s.batch_index > 0:
-            segment.append(s)
+        if x.batch_index > 0:
+            segment.append(x)
     close()
     return out
 
@@ -150,13 +148,15 @@ def drive(s: Scenario, tuner: Any, seed: int) -> tuple[dict[str, Any], list[Any]
     }, states
 
 
-def _tuner(s: Scenario, start: tuple[int, int] = (1, 1), fallback: Any = None) -> LearnedTuner:
+def _tuner(s: Scenario, warm: Any = None, fallback: Any = None) -> LearnedTuner:
+    """The tuner; `warm` its history's start, nothing fitted in it (the study plans)."""
     return LearnedTuner(
         target_utilization=s.target,
         memory_budget_bytes=s.budget,
         max_workers=MAX_WORKERS,
-        start=start,
+        warm=warm,
         fallback=fallback,
+        explore=None,
     )
 
 
@@ -188,14 +188,9 @@ def scenario(job: tuple[str, int, tuple[int, ...]]) -> dict[str, Any]:
     for base in bases:
         seeds = [base + k for k in range(1, RUNS + 1)]
         cold1, states = drive(s, _tuner(s), seeds[0])
-        first = records_of("run1", states)
-        result: dict[str, Any] = {
-            "base": base,
-            "run1": cold1,
-            "cold": [],
-            "torch": [],
-            "chooser": [],
-        }
+        first = records_of("run1", states, s, 1)
+        result: dict[str, Any] = {"base": base, "run1": cold1}
+        result.update(cold=[], torch=[], chooser=[])
         history = {d: list(first) for d in DESIGNS}
         for k, run_seed in enumerate(seeds[1:], start=2):
             result["cold"].append(drive(s, _tuner(s), run_seed)[0])
@@ -204,24 +199,39 @@ def scenario(job: tuple[str, int, tuple[int, ...]]) -> dict[str, Any]:
             result["chooser"].append({"utilization": util, "memory": pick["memory"]})
             for design in DESIGNS:
                 recs = history[design]
-                weight = None
+                warm = WarmStart.from_records(
+                    recs, s.target, memory_budget=s.budget, max_workers=MAX_WORKERS
+                )
                 if design in ("history", "probe"):
                     weight = Weight(0.0, 0, None, None, "no model")
                 elif design == "gp":
                     weight = Weight(1.0, 0, None, None, "forced")
                 else:
                     weight = earned_weight(recs, prior)
-                p = propose(recs, prior, grid, s.target, weight=weight, explore=design != "history")
-                tuner = _tuner(s, (p.workers, p.depth), p.fallback)
+                p = propose(
+                    recs,
+                    prior,
+                    grid,
+                    s.target,
+                    weight=weight,
+                    explore=design != "history" and warm.met,
+                    start=warm.start,
+                )
+                if p.probe:
+                    moved = replace(warm, start=(p.workers, p.depth), reference_ms=())
+                    tuner = _tuner(s, moved, warm.start)
+                else:
+                    tuner = _tuner(s, warm)
                 metrics, states = drive(s, tuner, run_seed)
                 metrics.update(
                     probe=p.probe,
                     predicted=p.predicted,
                     weight=p.weight.weight,
-                    fell_back=any("back to" in d.reason for _, d in tuner.history),
+                    fell_back=tuner.fell_back,
+                    set_aside=tuner.warm_set_aside,
                 )
                 result.setdefault(design, []).append(metrics)
-                history[design] = recs + records_of(f"run{k}", states)
+                history[design] = recs + records_of(f"run{k}", states, s, k)
         out["sets"].append(result)
     return out
 
@@ -281,7 +291,7 @@ def main() -> None:
     path.write_text(
         json.dumps({"command": command, "summary": summary, "rows": rows}, default=float)
     )
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1, default=float))
     print(f"{path} ({time.time() - t0:.0f} s, {os.times().children_user:.0f} s CPU)")
 
 

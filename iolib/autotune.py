@@ -266,4 +266,6 @@ class AutoPrefetch:
             "bottleneck": getattr(last, "bottleneck", None) if last else None,
             "reason": last.reason if last else "no batch yet",
             "states_dropped": self.states_dropped,
+            # The run history's model (predictors.explore): its plan, weight and why.
+            "history_model": getattr(self.tuner, "history_model", None),
         }

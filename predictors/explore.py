@@ -54,6 +54,8 @@ Prior = Callable[[Sequence[Any], Grid], tuple[np.ndarray, np.ndarray]]
 GP_SD = 0.1  # prior sd of a residual (the prior's measured utilization error is ~0.1)
 GP_LENGTH = 1.0  # in log2 of workers and of depth: one doubling
 SE_FLOOR = 0.01  # a record's standard error is at least this
+MET_BATCHES = 16  # a meet counts from a record this long (two blocks), a miss from any
+Z = 0.5  # the lower bound's z: the tuner's `confidence`
 ERROR_FLOOR = 0.005  # leave-one-out errors are at least this (no division by ~0)
 
 
@@ -270,6 +272,7 @@ class Proposal:
     model_sd: float
     weight: Weight
     why: str
+    contention: float = 1.0  # the prior's service at the choice over at the start
 
     @property
     def fallback(self) -> tuple[int, int] | None:
@@ -298,7 +301,7 @@ def propose(
     grid: Grid,
     target: float,
     *,
-    z: float = 1.0,
+    z: float = Z,
     weight: Weight | None = None,
     explore: bool = True,
     start: tuple[int, int] | None = None,
@@ -324,10 +327,11 @@ def propose(
         w = weight.weight
         point, lower = w * mp + (1 - w) * hp, w * ml + (1 - w) * hl
     pooled = _pooled(records)
-    met = [k for k in grid if k in pooled and pooled[k][0] >= target]
+    long = {(r.workers, r.depth) for r in records if getattr(r, "batches", 0) >= MET_BATCHES}
+    met = [k for k in grid if k in pooled and k in long and pooled[k][0] >= target]
     if start is not None:
         why = "the history's start"
-        met = [start] if start in pooled and pooled[start][0] >= target else []
+        met = [start] if start in met else []
     elif met:
         start = min(met, key=lambda k: (k[1], -pooled[k][0], k[0]))
         why = f"the least memory the history measured meeting {target:.2f}"
@@ -351,7 +355,13 @@ def propose(
             if k[1] == step and lower[i] >= target and not (k in pooled and pooled[k][0] < target)
         ]
         if candidates:
-            i = max(candidates, key=lambda i: (round(lower[i], 3), -grid[i][0]))
+            # The start's workers if they meet there (a change of one knob), else the best.
+            same = [i for i in candidates if grid[i][0] == start[0]]
+            i = (
+                same[0]
+                if same
+                else max(candidates, key=lambda i: (round(lower[i], 3), -grid[i][0]))
+            )
             choice, probe = grid[i], True
             why += f"; probing depth {step} (lower bound {lower[i]:.2f} meets {target:.2f})"
     i = grid.index(choice)
@@ -394,10 +404,14 @@ def plan_warm(
     if tuple(warm.start) not in grid:
         grid.append(tuple(warm.start))
     prior = PooledPrior(cpu_count, target=target, confidence=confidence, cores_share=cores_share)
-    proposal = propose(records, prior, grid, target, explore=explore, start=warm.start)
+    proposal = propose(
+        records, prior, grid, target, z=confidence, explore=explore, start=warm.start
+    )
     choice = (proposal.workers, proposal.depth)
     if not proposal.probe:
         return warm, None, proposal
+    ratio = prior.forecaster.service_ratio(prior.service(records), min(warm.start), min(choice))
+    proposal = dataclasses.replace(proposal, contention=float(ratio))
     # The history's service at its start is no reference for another configuration:
     # this run's own batches set the detector's.
     moved = dataclasses.replace(warm, start=choice, reference_ms=())

@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import fmean, median
@@ -132,7 +133,10 @@ class LearnedTuner:
     """Least memory whose lower confidence bound meets the target; see the module doc.
 
     Every number it uses is in `config` (`TunerConfig`); keyword arguments named like
-    its fields (`confidence=0.8`, `online=True`) replace them.
+    its fields (`confidence=0.8`, `online=True`) replace them. `warm`: the run history's
+    start (`predictors.history.WarmStart`); `explore`: let the history's model
+    (`predictors.explore`) probe one depth step cheaper (False: report its plan only;
+    None: fit nothing); `fallback`: where a probing start goes back to on a measured miss.
     """
 
     def __init__(
@@ -147,7 +151,7 @@ class LearnedTuner:
         fallback: tuple[int, int] | None = None,
         config: TunerConfig | None = None,
         warm: WarmStart | None = None,
-        explore: bool = True,
+        explore: bool | None = True,
         **overrides: Any,
     ) -> None:
         cfg = TunerConfig.with_overrides(config, **overrides)
@@ -161,6 +165,7 @@ class LearnedTuner:
         # A warm start that probes something cheaper than what its history measured
         # meeting: the configuration to go back to at once if this run measures a miss.
         self.fallback = fallback if fallback != start else None
+        self.fell_back = False  # a probe measured a miss and the run went back
         self.forecaster = Forecaster(
             model,
             target=self.target,
@@ -187,8 +192,18 @@ class LearnedTuner:
         self.warm = warm
         self.warm_set_aside: str | None = None  # why this run stopped using the history
         self.proposal: Proposal | None = None  # the learned model's plan for this run
-        if warm is not None and warm.met and warm.records:
-            warm = self._explore(warm, max_workers, explore)
+        self._fitting: threading.Thread | None = None
+        if warm is not None and warm.met and warm.records and explore is not None:
+            # Fitted on a thread from the start (importing scikit-learn takes seconds):
+            # the run begins at the history's start, and a probe, once planned, is
+            # taken before the first decision.
+            self._fitting = threading.Thread(
+                target=self._explore,
+                args=(warm, max_workers, explore),
+                name="iolib-history-model",
+                daemon=True,
+            )
+            self._fitting.start()
         if warm is not None:
             self.start = warm.start
             self._current = Decision(*warm.start, warm.describe())
@@ -213,14 +228,14 @@ class LearnedTuner:
                 self.detector.update(ms)
             self._settle_ms = cfg.settle_services * median(warm.reference_ms)
 
-    def _explore(self, warm: WarmStart, max_workers: int | None, explore: bool) -> WarmStart:
-        """The warm start with the learned model's choice (`predictors.explore`): perhaps
-        one grid step cheaper, with the history's start to fall back to. Fitted here,
-        before the first batch; a model that fails leaves the history's start."""
-        from predictors.explore import plan_warm
-
+    def _explore(self, warm: WarmStart, max_workers: int | None, explore: bool) -> None:
+        """The learned model's plan for this run (`predictors.explore.plan_warm`):
+        perhaps one grid step cheaper than the history's start, with that start to fall
+        back to. A model that fails leaves the history's start."""
         try:
-            moved, fallback, self.proposal = plan_warm(
+            from predictors.explore import plan_warm
+
+            _, _, proposal = plan_warm(
                 warm,
                 self.target,
                 budget=self.budget,
@@ -231,10 +246,38 @@ class LearnedTuner:
             )
         except Exception as exc:  # the model degrades tuning, never the run
             log.warning("predictors: the history's model failed (%s: %s)", type(exc).__name__, exc)
-            return warm
-        if fallback is not None:
-            self.fallback = fallback
-        return moved
+            return
+        self.proposal = proposal
+
+    def wait_for_model(self, timeout: float | None = None) -> Proposal | None:
+        """The model's plan once fitted (None: no history, a failed fit, or `timeout`
+        seconds passed); the run does not wait for it, a caller may."""
+        if self._fitting is not None:
+            self._fitting.join(timeout)
+        return self.proposal
+
+    def _take_probe(self, state: TunerState) -> Decision | None:
+        """The model's probe, if it is planned before this run decided anything: the
+        run moves there, with the history's start to fall back to."""
+        fitting = self._fitting
+        if fitting is None or fitting.is_alive():
+            return None
+        self._fitting = None
+        p = self.proposal
+        here = (self._current.workers, self._current.depth)
+        if p is None or not p.probe or self._last is not None or len(self.history) > 1:
+            return None
+        if self.warm_set_aside is not None or here != p.start:
+            return None
+        if not self.history:
+            self.history.append((state.batch_index, self._current))
+        self.fallback = p.start
+        predicted = {"utilization": p.predicted, "lower_bound": p.lower}
+        self._current = Decision(p.workers, p.depth, f"model's probe: {p.why}", predicted)
+        self._contention = {(p.workers, p.depth): p.contention}
+        self._in_effect = False
+        self.history.append((state.batch_index, self._current))
+        return self._current
 
     @property
     def history_model(self) -> dict[str, Any] | None:
@@ -245,7 +288,7 @@ class LearnedTuner:
         out = self.proposal.as_dict()
         record = self._records.get((self.proposal.workers, self.proposal.depth))
         out["measured_utilization"] = record.utilization if record and record.batches else None
-        out["fell_back"] = any("back to" in d.reason for _, d in self.history)
+        out["fell_back"] = self.fell_back
         return out
 
     def _new_record(self) -> Measured:
@@ -257,6 +300,8 @@ class LearnedTuner:
         check_budget(self.budget, state.one_batch_bytes)
         if not self.history:
             self.history.append((state.batch_index, self._current))
+        if self._fitting is not None and (probe := self._take_probe(state)) is not None:
+            return probe
         config = (self._current.workers, self._current.depth)
         if (state.workers, state.depth) != config:
             return self._current  # the change has not taken effect yet
@@ -313,6 +358,7 @@ class LearnedTuner:
         config = (self._current.workers, self._current.depth)
         record = self._records[config]
         fallback, self.fallback = self.fallback, None
+        self.fell_back = record.utilization < self.target
         if record.utilization >= self.target:
             return self._plan(state, "probe measured")
         est = summarize(self._regime, self._cores_share(), learned=True)

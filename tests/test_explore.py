@@ -34,6 +34,7 @@ class Record:
     cpu_ms: float = 0.0
     step_ms: float = 5.0
     settled: bool = True
+    batches: int = 64
 
 
 def flat_prior(level: float, width: float = 0.02):
@@ -196,3 +197,65 @@ def test_no_probe_without_a_measured_meet(explore: bool) -> None:
     records = [Record("r0", 2, 4, 0.6), Record("r1", 2, 4, 0.62), Record("r2", 2, 4, 0.61)]
     p = propose(records, by_depth({2: 0.5, 4: 0.8, 8: 0.95}), GRID, TARGET, explore=explore)
     assert not p.probe and p.depth == 8
+
+
+def _run_records(n: int, utilization: float = 0.97) -> list:
+    from predictors.history import RunRecord
+
+    return [
+        RunRecord(
+            workload="w",
+            run_id=f"run{i}",
+            rank=0,
+            started=1000.0 + i,
+            source="auto",
+            workers=4,
+            depth=8,
+            batch_size=64,
+            storage_ms=30.0,
+            decode_ms=1.0,
+            cpu_ms=1.0,
+            service_ms=[31.0] * 32,
+            utilization=utilization,
+            utilization_se=0.01,
+            memory_bytes=8 * 1_000_000,
+            step_ms=10.0,
+            batches=64,
+            target=TARGET,
+            met=utilization >= TARGET,
+            settled=True,
+        )
+        for i in range(n)
+    ]
+
+
+def test_a_warm_start_probes_and_its_guard_falls_back() -> None:
+    from predictors.history import WarmStart
+
+    # 31 ms a batch, a 10 ms step: 4 workers keep up, and depth 4 rides the (absent)
+    # lateness as well as 8 does, so the prior's lower bound meets one step cheaper.
+    warm = WarmStart.from_records(_run_records(3), TARGET, memory_budget=64e6)
+    tuner = LearnedTuner(target_utilization=TARGET, memory_budget_bytes=64e6, warm=warm)
+    assert tuner.start == (4, 8)  # the history's, until the model has planned
+    p = tuner.wait_for_model(120)
+    assert p is not None and p.probe and p.depth < 8, p
+    first = tuner.decide(next(_states(4, 8, 1, stall_ms=0.0)))
+    assert (first.workers, first.depth) == (p.workers, p.depth)
+    assert tuner.fallback == (4, 8)
+    decisions = [tuner.decide(s) for s in _states(p.workers, p.depth, 16, stall_ms=10.0, start=1)]
+    assert any((x.workers, x.depth) == (4, 8) and "back to" in x.reason for x in decisions)
+    report = tuner.history_model
+    assert report["fell_back"] and report["measured_utilization"] < TARGET
+
+
+def test_a_warm_start_without_explore_starts_where_the_history_met() -> None:
+    from predictors.history import WarmStart
+
+    warm = WarmStart.from_records(_run_records(3), TARGET, memory_budget=64e6)
+    tuner = LearnedTuner(
+        target_utilization=TARGET, memory_budget_bytes=64e6, warm=warm, explore=False
+    )
+    p = tuner.wait_for_model(120)
+    assert p is not None and not p.probe
+    first = tuner.decide(next(_states(4, 8, 1, stall_ms=0.0)))
+    assert (first.workers, first.depth) == (4, 8) and tuner.fallback is None
