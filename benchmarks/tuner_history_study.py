@@ -59,7 +59,9 @@ from predictors.forecast import Forecaster
 from predictors.history import RunRecord, WarmStart
 from predictors.tuner import LearnedTuner
 
-# The held-out range of this study, named before it was run (issue 41).
+# The held-out range of this study, named before it was run (issue 41): 410,000-410,006
+# per family first; then, with no change between, 410,007-410,009 (`--first 7
+# --per-family 3 --out heldout41b`), named before it ran, for 300 warm runs or more.
 STUDY_SEEDS = {**SEEDS, "heldout41": 410_000}
 DESIGNS = ("history", "probe", "model", "gp")
 RUNS = 5
