@@ -203,6 +203,7 @@ def one_run(
     result = run(
         lambda: DataLoader(
             make(seed, tag),
+            history=False,  # each design's history is kept here, not on disk
             persistent_workers=True,
             num_workers=workers,
             prefetch=prefetch,
@@ -279,15 +280,21 @@ def repeats(args: argparse.Namespace) -> None:
                     break  # more only costs memory
             meets = [r for r in sweep if r["utilization"] >= TARGET]
             oracle = min(meets, key=lambda r: (r["depth"], r["workers"])) if meets else None
-            history: dict[str, list[Any]] = {"history": [], "model": []}
+            kw = {"target_utilization": TARGET, "max_workers": case["max_workers"]}
+            first = Recording(LearnedTuner(**kw))
+            run1 = one_run(case, make, first, case["max_workers"], 1, "cold-0")
+            print(f"{name} run 1 cold     {run1['utilization']:.3f} util", flush=True)
+            start = run_records("run1", first.states, TARGET)
+            history: dict[str, list[Any]] = {"history": list(start), "model": list(start)}
             runs: dict[str, list[dict[str, Any]]] = {"cold": [], "history": [], "model": []}
-            for k in range(args.repeats):
+            for k in range(1, args.repeats):
                 seed = k + 1
                 for design in ("cold", "history", "model"):
-                    kw = {"target_utilization": TARGET, "max_workers": case["max_workers"]}
                     warm = None
-                    if design != "cold" and history[design]:
-                        warm = WarmStart.from_records(history[design], TARGET)
+                    if design != "cold":
+                        warm = WarmStart.from_records(
+                            history[design], TARGET, max_workers=case["max_workers"]
+                        )
                     tuner = LearnedTuner(**kw, warm=warm, explore=design == "model")
                     tuner.wait_for_model(120)  # the plan is fitted before the run begins
                     recording = Recording(tuner)
@@ -301,21 +308,24 @@ def repeats(args: argparse.Namespace) -> None:
                     )
                     runs[design].append(r)
                     if design != "cold":
-                        history[design] += run_records(f"run{k}", recording.states, TARGET)
+                        history[design] += run_records(f"run{k + 1}", recording.states, TARGET)
                     print(
                         f"{name} run {k + 1} {design:8s} {r['utilization']:.3f} util, "
                         f"{r['peak_mib']:.1f} MiB, start {r['start']}, final {r['final']}, "
-                        f"to target {r['batches_to_target']}"
+                        f"to target {r['batches_to_target']}, load {r['load']:.1f}"
                         + (
-                            f", weight {plan['weight']:.2f}, probe {plan['probe']}, "
-                            f"predicted {plan['predicted_utilization']:.2f} measured "
-                            f"{plan['measured_utilization']}"
+                            f", weight {plan['weight']:.2f} ({plan['weight_why']}), probe "
+                            f"{plan['probe']}, predicted {plan['predicted_utilization']:.2f} "
+                            f"measured {plan['measured_utilization']}"
                             if plan
                             else ""
                         ),
                         flush=True,
                     )
-            rows.append({"case": name, "oracle": oracle, "sweep": sweep, "runs": runs})
+            rows.append(
+                {"case": name, "oracle": oracle, "sweep": sweep, "run1": run1, "runs": runs}
+            )
+    args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"{args.name}-repeats.json"
     out.write_text(json.dumps(rows, default=float, indent=1))
     print(out)

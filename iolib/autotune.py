@@ -48,8 +48,12 @@ class AutoPrefetch:
         target: float | None,
         background: bool = True,
         cpus: int | None = None,
+        recorder: Any = None,
     ) -> None:
         self.tuner = tuner
+        # The run history (iolib.run_history.Recorder): what this run measured, recorded.
+        self.recorder = recorder
+        self._set_aside_said = False
         self.background = background
         self.batch_size = batch_size
         self.rows_per_read = max(1, rows_per_read)
@@ -79,16 +83,24 @@ class AutoPrefetch:
         batch_size: int,
         rows_per_read: int,
         cpus: int | None = None,
+        recorder: Any = None,
     ) -> AutoPrefetch:
-        """The learned tuner with the default model (the queueing model if none loads)."""
+        """The learned tuner with the default model (the queueing model if none loads);
+        with a `recorder` whose workload has history, a warm start from it."""
         try:
             from predictors.tuner import LearnedTuner, check_target
 
             check_target(target)
+            warm = None
+            if recorder is not None:
+                warm = recorder.warm_start(target, memory_budget, max_workers)
+                if warm is not None:
+                    log.info("tuner: %s", warm.describe())
             tuner = LearnedTuner(
                 target_utilization=target,
                 memory_budget_bytes=memory_budget,
                 max_workers=max_workers,
+                warm=warm,
             )
         except ValueError as exc:  # predictors' own errors are ValueErrors
             raise _predictor_error(exc) from exc
@@ -100,6 +112,7 @@ class AutoPrefetch:
             memory_budget=memory_budget,
             target=target,
             cpus=cpus,
+            recorder=recorder,
         )
 
     def start(self) -> tuple[int, int]:
@@ -192,8 +205,18 @@ class AutoPrefetch:
         return not self._states.unfinished_tasks
 
     def close(self, timeout: float = 5.0) -> None:
-        """Decide on what was handed over (stats then show every decision), then stop.
-        Never waits much longer than `timeout`."""
+        """Decide on what was handed over (stats then show every decision), then stop
+        and record the run in the history. Never waits much longer than `timeout`."""
+        self._close(timeout)
+        if self.recorder is not None:
+            self.recorder.flush(self._requested, wait=True)
+
+    def epoch_end(self) -> None:
+        """An epoch ended: record what the run measured so far (on a thread)."""
+        if self.recorder is not None:
+            self.recorder.flush(self._requested, wait=False)
+
+    def _close(self, timeout: float) -> None:
         thread, self._thread = self._thread, None
         if thread is not None and thread.is_alive():
             self.wait_idle(timeout)
@@ -217,11 +240,17 @@ class AutoPrefetch:
 
     def _decide(self, state: Any) -> tuple[int, int] | None:
         """The tuner's decision for `state`; the (workers, depth) to apply if it changed."""
+        if self.recorder is not None:
+            self.recorder.add(state)
         try:
             decision = self.tuner.decide(state)
         except ValueError as exc:
             raise _predictor_error(exc) from exc
         self.last = decision
+        aside = getattr(self.tuner, "warm_set_aside", None)
+        if aside and not self._set_aside_said:
+            self._set_aside_said = True
+            log.info("tuner: the run history is set aside for this run: %s", aside)
         wanted = (max(1, min(decision.workers, self.max_workers)), max(1, decision.depth))
         if wanted == self._requested:
             return None
@@ -268,4 +297,12 @@ class AutoPrefetch:
             "states_dropped": self.states_dropped,
             # The run history's model (predictors.explore): its plan, weight and why.
             "history_model": getattr(self.tuner, "history_model", None),
+            # How many earlier runs of this workload the history holds, where this run
+            # started from, and why it stopped using them (None: it did not).
+            "history": None
+            if self.recorder is None
+            else {
+                **self.recorder.report(),
+                "set_aside": getattr(self.tuner, "warm_set_aside", None),
+            },
         }

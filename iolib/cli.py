@@ -1,4 +1,4 @@
-"""`iolib bench | tune | convert | inspect`.
+"""`iolib bench | tune | convert | inspect | index | history`.
 
 Each subcommand lives in its own module and is imported only when it runs, so
 `iolib --help` is instant and a broken optional dependency affects one command only.
@@ -26,6 +26,7 @@ _COMMANDS = {
     "convert": ("iolib.convert:convert", "Convert an image folder to Parquet shards."),
     "inspect": ("iolib.inspect_data:inspect", "Show files, rows, row groups, schema, bytes."),
     "index": ("iolib.index_command:index", "Write _metadata and token indexes beside the data."),
+    "history": ("iolib.history_command:history", "List, show or clear the tuner's run history."),
 }
 
 

@@ -200,6 +200,7 @@ class _KeyedFeed(ABC):
             pin_memory=o.pin_memory,
             pin_memory_device=o.pin_memory_device,
             batch_size=o.batch_size or 1,
+            rank=self.rank,
         )
 
     # -- the protocol --------------------------------------------------------------------

@@ -54,7 +54,10 @@ class DataLoader(Generic[T_co]):
     torch.distributed or torchrun), ``shuffle="block"`` with ``shuffle_window`` row groups,
     ``transform(sample, rng)``, ``decode`` (e.g. ``iolib.images.ImagePipeline``),
     ``worker_mode`` ("auto", "thread", "process"), ``prefetch`` (batches in flight or
-    ready, or "auto"), ``on_error`` ("raise" or "skip").
+    ready, or "auto"), ``on_error`` ("raise" or "skip"), ``history`` (where a
+    ``prefetch="auto"`` run records what it measured and starts from earlier runs of the same
+    workload: a path or fsspec URL; default $IOLIB_HISTORY, else the cache directory;
+    False: none; docs/tuning.md).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class DataLoader(Generic[T_co]):
         target_utilization: float = 0.9,
         memory_budget: int | str | None = None,
         on_error: str = "raise",
+        history: Any = None,
     ) -> None:
         # Every parameter but `dataset`, by name, as given: LoaderOptions groups them
         # (this signature is torch's, and the one place their names are listed here).

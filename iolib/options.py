@@ -26,6 +26,7 @@ from iolib.decode.protocol import as_decoder
 from iolib.errors import ConfigError, OnError
 from iolib.plan import SHUFFLE_MODES
 from iolib.resources import cpu_count, parse_bytes
+from iolib.run_history import check_history
 
 WORKER_MODES = ("auto", "thread", "process")
 
@@ -95,12 +96,14 @@ class SampleOptions:
 class PaceOptions:
     """How batches are made: worker kind and read-ahead. They change pace and memory,
     never content. ``prefetch``: batches in flight or ready (an int), "auto" (the learned
-    tuner) or a tuner object; ``memory_budget`` (bytes or "2GiB") is parsed once here."""
+    tuner) or a tuner object; ``memory_budget`` (bytes or "2GiB") is parsed once here;
+    ``history``: where a tuned run records itself and warm-starts from (iolib.run_history)."""
 
     worker_mode: str = "auto"
     prefetch: int | str | Any = None
     target_utilization: float = 0.9
     memory_budget: int | str | None = None
+    history: Any = None
 
     def __post_init__(self) -> None:
         if self.worker_mode not in WORKER_MODES:
@@ -124,6 +127,7 @@ class PaceOptions:
                 f"of time the GPU should compute, e.g. 0.9). Found: {target!r}."
             )
         object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget))
+        check_history(self.history)
 
     @property
     def tuned(self) -> bool:
@@ -140,6 +144,7 @@ class TunerSpec:
     target: float
     memory_budget: int | None
     cpus: int
+    history: Any = None  # DataLoader(history=...): None is the default place, False none
 
 
 @dataclass(frozen=True)
@@ -249,7 +254,7 @@ class LoaderOptions:
         if not pace.tuned:
             return Readahead(depth)
         spec = TunerSpec(pace.prefetch, float(pace.target_utilization), pace.memory_budget,
-                         cpu_count())  # fmt: skip
+                         cpu_count(), pace.history)  # fmt: skip
         return Readahead(depth, spec)
 
     @property

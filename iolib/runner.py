@@ -21,6 +21,7 @@ from iolib.autotune import AutoPrefetch
 from iolib.engine import Engine
 from iolib.fetcher import BatchFetcher, Failure, Fetched, key_list
 from iolib.options import Readahead
+from iolib.run_history import Recorder
 from iolib.sampling import Cursor, EpochTasks
 from iolib.telemetry import Telemetry
 
@@ -55,8 +56,9 @@ class Runner:
         pin_memory: bool = False,
         pin_memory_device: str = "",
         batch_size: int = 1,
+        rank: int = 0,
     ) -> None:
-        self.batch_size = batch_size
+        self.batch_size, self.rank = batch_size, rank
         self.fetcher, self.workers, self.depth, self.mode = fetcher, workers, readahead.depth, mode
         self.persistent, self.engine_options = persistent, engine_options
         self.tuner_spec = readahead.tuner
@@ -121,7 +123,15 @@ class Runner:
             cpus=spec.cpus,
         )
         if spec.tuner == "auto":
-            self.autotune = AutoPrefetch.learned(**options)
+            recorder = Recorder.open(
+                spec.history,
+                source=self.fetcher.source,
+                batch_size=self.batch_size,
+                decode=self.fetcher.decode,
+                rank=self.rank,
+                target=spec.target,
+            )
+            self.autotune = AutoPrefetch.learned(**options, recorder=recorder)
         else:
             self.autotune = AutoPrefetch(spec.tuner, **options)
         self.workers, self.depth = self.autotune.start()
@@ -286,6 +296,8 @@ class LoaderIterator:
         """The pass reached the epoch's end: the cursor moves to the next epoch."""
         if self._live():
             self._cursor.epoch, self._cursor.position = self._epoch + 1, 0
+            if self._runner.autotune is not None:
+                self._runner.autotune.epoch_end()  # records the run so far, on a thread
         self._stop(force=False)
 
     def _stop(self, *, force: bool) -> None:

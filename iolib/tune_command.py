@@ -89,6 +89,7 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
 
     from iolib import tune_probe
     from iolib.loader import DataLoader
+    from iolib.run_history import HistoryAs, record_measured
     from predictors.report import write_report
 
     source = _source(request.data, request.storage_options, request.column)
@@ -105,6 +106,7 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
             num_workers=request.max_workers,
             target_utilization=request.target,
             memory_budget=request.memory_budget,
+            history=HistoryAs(None, "tune"),  # recorded, and warm from earlier runs
         )
         probe = tune_probe.run(loader, request.batches, request.step_ms)
         tuner, last = loader.autotune.tuner, loader.autotune.last
@@ -116,6 +118,12 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
         for workers, depth in tune_probe.checks(tuner, final, request, batch_bytes):
             fixed = DataLoader(source, **common, num_workers=workers, prefetch=depth)
             runs[(workers, depth)] = tune_probe.run(fixed, request.verify_batches, request.step_ms)
+            record_measured(
+                None, fixed, kind="tune", workers=workers, depth=depth,
+                utilization=runs[(workers, depth)]["utilization_in_epoch"],
+                batches=runs[(workers, depth)]["batches"], step_ms=request.step_ms,
+                target=request.target,
+            )  # fmt: skip
         bar.update(1)
     keys = list(runs)
     predicted, lower = tuner.forecaster.predict(keys, drivers["estimate"], drivers["cpu_count"])

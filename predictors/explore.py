@@ -393,7 +393,7 @@ def plan_warm(
 ) -> tuple[Any, tuple[int, int] | None, Proposal]:
     """A `predictors.history.WarmStart` with the proposal's start (the model's choice,
     perhaps a probe), the configuration to fall back to (None: no probe) and the
-    proposal. Fitted once, before the run's first batch."""
+    proposal. It probes only with an earned weight > 0. Fitted once, per run."""
     import os
 
     records = list(warm.records)
@@ -404,8 +404,18 @@ def plan_warm(
     if tuple(warm.start) not in grid:
         grid.append(tuple(warm.start))
     prior = PooledPrior(cpu_count, target=target, confidence=confidence, cores_share=cores_share)
+    # The model chooses what to try only where it earned weight: on the simulator,
+    # probing from the history alone met less often for no memory (tuner-history.md).
+    weight = earned_weight(records, prior)
     proposal = propose(
-        records, prior, grid, target, z=confidence, explore=explore, start=warm.start
+        records,
+        prior,
+        grid,
+        target,
+        z=confidence,
+        weight=weight,
+        explore=explore and weight.weight > 0,
+        start=warm.start,
     )
     choice = (proposal.workers, proposal.depth)
     if not proposal.probe:

@@ -34,6 +34,8 @@ FORMAT = "iolib.history/1"
 # How many samples of each per-batch list a record keeps: enough for the tails a warm
 # plan pools, small enough that a file stays a few kilobytes.
 MAX_SAMPLES = 256
+# A configuration measured on fewer batches says too little to start a run from.
+MIN_BATCHES = 8
 # The last K runs of a workload are kept and read; older files are removed on append.
 DEFAULT_MAX_RUNS = 32
 # A file larger than this, or with more rows, is no history iolib wrote.
@@ -43,6 +45,7 @@ _MAX_ROWS = 4096
 # every candidate against each, so more would slow a plan, not sharpen it.
 MAX_POOLED = 2048
 _SUFFIX = ".parquet"
+_BASES = "bases"  # bases/BASE/WORKLOAD: which workloads share all but the step
 _META_KEY = b"iolib.history"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -194,7 +197,7 @@ def _check(record: RunRecord) -> str | None:
         value = getattr(record, name)
         if not math.isfinite(value) or value < 0:
             return f"{name} is {value}"
-    if record.utilization > 2 or record.target > 1:
+    if record.utilization > 1 or record.target > 1:
         return f"utilization {record.utilization} / target {record.target} out of range"
     for name in _LIST:
         values = getattr(record, name)
@@ -236,13 +239,16 @@ class RunHistory:
         self._root = root.rstrip("/")
         self._local = "file" in _protocols(self._fs)
         self._written: dict[tuple[str, str, int], list[RunRecord]] = {}
+        self._skipped: set[str] = set()
         self._lock = threading.Lock()
 
     # ---- writing ----
 
-    def append(self, records: Iterable[RunRecord]) -> list[str]:
+    def append(self, records: Iterable[RunRecord], *, replace: bool = False) -> list[str]:
         """Write `records` (one file per workload, run and rank); returns the paths written.
-        Raises ValueError naming the first unsound record; storage errors propagate."""
+        `replace`: they replace what this object wrote for their run and rank before (a
+        run that records its measurement so far at each epoch's end). Raises ValueError
+        naming the first unsound record; storage errors propagate."""
         groups: dict[tuple[str, str, int], list[RunRecord]] = {}
         for record in records:
             record = dataclasses.replace(
@@ -257,7 +263,7 @@ class RunHistory:
         written = []
         for key, new in groups.items():
             with self._lock:
-                rows = self._written.get(key, []) + new
+                rows = new if replace else self._written.get(key, []) + new
                 self._written[key] = rows
             written.append(self._write(rows))
             self._prune(key[0])
@@ -283,7 +289,20 @@ class RunHistory:
         else:
             self._fs.makedirs(directory, exist_ok=True)
             self._fs.pipe_file(path, data)  # one PUT: an object appears whole or not at all
+        if first.base:
+            self._mark(first.base, first.workload)
         return path
+
+    def _mark(self, base: str, workload: str) -> None:
+        """An empty file `bases/BASE/WORKLOAD`: `find` lists one folder, not every file."""
+        marker = f"{self._root}/{_BASES}/{base}/{workload}"
+        if self._fs.exists(marker):
+            return
+        if self._local:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            Path(marker).touch()
+        else:
+            self._fs.pipe_file(marker, b"")
 
     def _prune(self, workload: str) -> None:
         """Remove the files of runs older than the last `max_runs` (best effort)."""
@@ -330,14 +349,18 @@ class RunHistory:
 
     def find(self, base: str) -> list[str]:
         """The workloads whose runs share `base` (`WorkloadKey.base_digest()`: all but the
-        step), the most recently run first. Reads the newest file of each workload."""
+        step) and still hold a run, the most recently run first."""
+        if not re.fullmatch(r"[0-9a-f]{16}", base):
+            raise ValueError(f"run history: {base!r} is no workload digest")
+        try:
+            markers = self._fs.ls(f"{self._root}/{_BASES}/{base}", detail=False)
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            return []
         found = []
-        for workload in self.workloads():
-            files = self._files(workload)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", HistoryWarning)  # runs() warns when read
-                records = self._read(files[-1], workload) if files else []
-            if records and records[-1].base == base:
+        for marker in markers:
+            workload = marker.rstrip("/").rsplit("/", 1)[-1]
+            files = self._files(workload) if re.fullmatch(r"[0-9a-f]{16}", workload) else []
+            if files:  # names start with the start time: the newest last
                 found.append((files[-1].rsplit("/", 1)[-1], workload))
         return [workload for _, workload in sorted(found, reverse=True)]
 
@@ -362,6 +385,9 @@ class RunHistory:
             # Not empty (a writer arrived) or the store has no directories: leave it.
             with contextlib.suppress(FileNotFoundError, OSError):
                 self._fs.rmdir(directory)
+        if workload is None:  # the index of workloads by base goes with them
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self._fs.rm(f"{self._root}/{_BASES}", recursive=True)
         with self._lock:
             self._written = {k: v for k, v in self._written.items() if workload not in (None, k[0])}
         return removed
@@ -382,8 +408,10 @@ class RunHistory:
         try:
             return _read_file(self._fs, path, workload)
         except Exception as exc:  # a broken file must never break a run: skip it, say which
-            shown = _unstrip(self._fs, path)
-            warnings.warn(f"run history: skipped {shown}: {exc}", HistoryWarning, stacklevel=3)
+            if path not in self._skipped:  # once per file and history object
+                self._skipped.add(path)
+                shown = _unstrip(self._fs, path)
+                warnings.warn(f"run history: skipped {shown}: {exc}", HistoryWarning, stacklevel=3)
             return []
 
 
@@ -393,10 +421,11 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 
 def _unstrip(fs: Any, path: str) -> str:
-    try:
-        return fs.unstrip_protocol(path)
-    except Exception:
-        return path
+    """The file's URL for a message, any user info (a credential) in it masked."""
+    with contextlib.suppress(Exception):
+        path = fs.unstrip_protocol(path)
+    path = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1***@", path)
+    return re.sub(r"(^|/)[^/@\s]+:[^/@\s]*@", r"\1***@", path)  # user:secret@ anywhere
 
 
 def _run_of(path: str) -> str:
@@ -497,7 +526,7 @@ class WarmStart:
         usable = [
             r
             for r in records
-            if r.batches > 0
+            if r.batches >= MIN_BATCHES
             and (memory_budget is None or r.memory_bytes <= memory_budget)
             and (max_workers is None or r.workers <= max_workers)
         ]

@@ -84,6 +84,9 @@ if TYPE_CHECKING:
     from predictors.history import WarmStart
 
 log = logging.getLogger(__name__)
+# How long the first decision waits for the history's model (importing scikit-learn
+# took 6-8 s on a loaded 2-core machine); a plan later than this is not taken.
+MODEL_WAIT_S = 60.0
 
 __all__ = ["Decision", "LearnedTuner", "PerformanceModel", "Tuner", "TunerConfig", "TunerState"]
 
@@ -195,8 +198,8 @@ class LearnedTuner:
         self._fitting: threading.Thread | None = None
         if warm is not None and warm.met and warm.records and explore is not None:
             # Fitted on a thread from the start (importing scikit-learn takes seconds):
-            # the run begins at the history's start, and a probe, once planned, is
-            # taken before the first decision.
+            # the run begins at the history's start; a probe is taken at the first
+            # decision.
             self._fitting = threading.Thread(
                 target=self._explore,
                 args=(warm, max_workers, explore),
@@ -204,6 +207,7 @@ class LearnedTuner:
                 daemon=True,
             )
             self._fitting.start()
+        self._warm_batches = 0  # settled batches seen while the history stood
         if warm is not None:
             self.start = warm.start
             self._current = Decision(*warm.start, warm.describe())
@@ -257,12 +261,14 @@ class LearnedTuner:
         return self.proposal
 
     def _take_probe(self, state: TunerState) -> Decision | None:
-        """The model's probe, if it is planned before this run decided anything: the
-        run moves there, with the history's start to fall back to."""
-        fitting = self._fitting
-        if fitting is None or fitting.is_alive():
+        """The model's probe, at the first decision: the fit started with the run is
+        waited for here (decisions run off the batches' path, and the same history
+        always gives the same plan), and a probe moves the run there, with the
+        history's start to fall back to."""
+        fitting, self._fitting = self._fitting, None
+        if fitting is None:
             return None
-        self._fitting = None
+        fitting.join(MODEL_WAIT_S)
         p = self.proposal
         here = (self._current.workers, self._current.depth)
         if p is None or not p.probe or self._last is not None or len(self.history) > 1:
@@ -375,16 +381,21 @@ class LearnedTuner:
 
     def _check_warm(self, shift: str | None) -> None:
         """Set the history aside for the rest of the run when this run is another
-        workload: the detector alarmed (the service moved from what the history measured)
-        or the step differs from the history's by more than the key's factor."""
+        workload: in its first twice `detector_reference` settled batches, the detector
+        (its reference the history's service at the start) alarmed, or the step differs
+        from the history's by more than its factor. A later shift is this run's own,
+        which the plan answers."""
         warm = self.warm
         if warm is None or self.warm_set_aside is not None:
+            return
+        self._warm_batches += 1
+        if self._warm_batches > 2 * self.config.detector_reference:
             return
         why = None
         if shift is not None:
             why = f"regime shift ({shift}) against the history's service"
-        elif warm.step_ms > 0 and len(self._samples) >= self.config.warmup_batches:
-            step = median(s.step_ms for s in self._samples)
+        elif warm.step_ms > 0 and self._warm_batches == self.config.warmup_batches:
+            step = median(s.step_ms for s in self._evidence)
             if not warm.step_ms / warm.step_factor <= step <= warm.step_ms * warm.step_factor:
                 why = f"step {step:.1f} ms against {warm.step_ms:.1f} ms in the history"
         if why is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+
+# Every prefetch="auto" run records itself in the run history: never in the user's cache,
+# and (below) in a history of each test's own, so no test warm-starts from another.
+os.environ["IOLIB_HISTORY"] = tempfile.mkdtemp(prefix="iolib-history-")
+
+
+@pytest.fixture(autouse=True)
+def _own_history(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("IOLIB_HISTORY", str(tmp_path_factory.mktemp("history")))
 
 
 def run_cli(capture: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:

@@ -38,6 +38,8 @@ LAYERS: dict[str, str] = {
     "iolib.testing": "loader",
     "iolib.distributed": "loader",
     "iolib.autotune": "tuning",
+    "iolib.run_history": "tuning",
+    "iolib.history_command": "cli",
     "iolib.engine": "engine",
     "iolib.workers": "engine",
     "iolib.pool": "engine",

@@ -199,9 +199,10 @@ def test_no_probe_without_a_measured_meet(explore: bool) -> None:
     assert not p.probe and p.depth == 8
 
 
-def _run_records(n: int, utilization: float = 0.97) -> list:
+def _run_records(n: int, utilization: float = 0.97, configs=None) -> list:
     from predictors.history import RunRecord
 
+    configs = configs or [(4, 8)] * n
     return [
         RunRecord(
             workload="w",
@@ -209,8 +210,8 @@ def _run_records(n: int, utilization: float = 0.97) -> list:
             rank=0,
             started=1000.0 + i,
             source="auto",
-            workers=4,
-            depth=8,
+            workers=configs[i][0],
+            depth=configs[i][1],
             batch_size=64,
             storage_ms=30.0,
             decode_ms=1.0,
@@ -218,7 +219,7 @@ def _run_records(n: int, utilization: float = 0.97) -> list:
             service_ms=[31.0] * 32,
             utilization=utilization,
             utilization_se=0.01,
-            memory_bytes=8 * 1_000_000,
+            memory_bytes=configs[i][1] * 1_000_000,
             step_ms=10.0,
             batches=64,
             target=TARGET,
@@ -232,20 +233,34 @@ def _run_records(n: int, utilization: float = 0.97) -> list:
 def test_a_warm_start_probes_and_its_guard_falls_back() -> None:
     from predictors.history import WarmStart
 
-    # 31 ms a batch, a 10 ms step: 4 workers keep up, and depth 4 rides the (absent)
-    # lateness as well as 8 does, so the prior's lower bound meets one step cheaper.
-    warm = WarmStart.from_records(_run_records(3), TARGET, memory_budget=64e6)
+    # 31 ms a batch and a 10 ms step: the prior expects 0.65 of 2 workers, every run
+    # measured them saturated. Leaving a run out, the history alone predicts the prior
+    # there, the GP the others' residual: it earns its weight, and probes depth 3.
+    configs = [(2, 4), (2, 6), (2, 8)]
+    warm = WarmStart.from_records(_run_records(3, 1.0, configs), TARGET, memory_budget=64e6)
     tuner = LearnedTuner(target_utilization=TARGET, memory_budget_bytes=64e6, warm=warm)
-    assert tuner.start == (4, 8)  # the history's, until the model has planned
-    p = tuner.wait_for_model(120)
-    assert p is not None and p.probe and p.depth < 8, p
-    first = tuner.decide(next(_states(4, 8, 1, stall_ms=0.0)))
-    assert (first.workers, first.depth) == (p.workers, p.depth)
-    assert tuner.fallback == (4, 8)
+    assert tuner.start == (2, 4)  # the history's, until the first decision
+    first = tuner.decide(next(_states(2, 4, 1, stall_ms=0.0)))
+    p = tuner.proposal
+    assert p is not None and p.weight.weight > 0 and p.probe, p
+    assert (first.workers, first.depth) == (p.workers, p.depth) and p.depth < 4
+    assert tuner.fallback == (2, 4)
     decisions = [tuner.decide(s) for s in _states(p.workers, p.depth, 16, stall_ms=10.0, start=1)]
-    assert any((x.workers, x.depth) == (4, 8) and "back to" in x.reason for x in decisions)
+    assert any((x.workers, x.depth) == (2, 4) and "back to" in x.reason for x in decisions)
     report = tuner.history_model
     assert report["fell_back"] and report["measured_utilization"] < TARGET
+
+
+def test_no_probe_where_the_model_earned_no_weight() -> None:
+    from predictors.history import WarmStart
+
+    # Every run measured the same configuration: the GP predicts it no better than
+    # the pooled measurement, so it earns no weight and the run starts where they met.
+    warm = WarmStart.from_records(_run_records(3), TARGET, memory_budget=64e6)
+    tuner = LearnedTuner(target_utilization=TARGET, memory_budget_bytes=64e6, warm=warm)
+    first = tuner.decide(next(_states(4, 8, 1, stall_ms=0.0)))
+    assert (first.workers, first.depth) == (4, 8)
+    assert tuner.proposal.weight.weight == 0 and not tuner.proposal.probe
 
 
 def test_a_warm_start_without_explore_starts_where_the_history_met() -> None:
@@ -255,7 +270,6 @@ def test_a_warm_start_without_explore_starts_where_the_history_met() -> None:
     tuner = LearnedTuner(
         target_utilization=TARGET, memory_budget_bytes=64e6, warm=warm, explore=False
     )
-    p = tuner.wait_for_model(120)
-    assert p is not None and not p.probe
     first = tuner.decide(next(_states(4, 8, 1, stall_ms=0.0)))
     assert (first.workers, first.depth) == (4, 8) and tuner.fallback is None
+    assert tuner.proposal is not None and not tuner.proposal.probe

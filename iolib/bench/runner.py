@@ -208,6 +208,15 @@ def run_one(cfg: Config, prep: _Prepared, spec: BenchSpec, on_batch=None) -> dic
             "--latency-ms or --jitter, or raise --max-seconds."
         )
     depth, shuffle = effective(cfg)
+    if cfg.loader == "iolib" and not m.interrupted:
+        from iolib.run_history import record_measured
+
+        outcomes = m.outcomes(0.0, depth)
+        record_measured(
+            None, loader, kind="bench", workers=cfg.workers, depth=depth,
+            utilization=outcomes["utilization"], batches=int(outcomes["batches"]),
+            step_ms=cfg.step_ms, lateness_ms=m.stalls[1:],
+        )  # fmt: skip
     features = prep.features[cfg.loader]
     row = {
         **features, "batch_size": cfg.batch_size, "step_ms": cfg.step_ms,
