@@ -259,7 +259,7 @@ def repeats(args: argparse.Namespace) -> None:
             "source": s3_source,
             "loader": {"batch_size": 64},
             "step_ms": 20.0,
-            "batches": 150,
+            "batches": 90,
             "max_workers": 16,
         }
         cases[REPEAT_CASES[0]]["source"] = lambda seed, tag: source_for(tokens, "nas", tag, seed)
