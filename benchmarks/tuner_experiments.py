@@ -16,7 +16,7 @@ sleeps the step (a GPU step frees the CPU). Every loader has persistent workers 
 read the next epoch's first batches while one ends); utilization is step time over wall
 time, weighted by time, over the last third of each run. Tuners:
 
-- learned: ``prefetch="auto"`` (predictors.tuner.LearnedTuner with the shipped model);
+- learned: ``prefetch="auto"`` (predictors.tuner.QueueingTuner with the shipped model);
 - hill-climb: a tf.data-style autotuner (predictors.baselines.HillClimbTuner);
 - torch-default: 2 workers, 2 batches per worker (predictors.baselines.StaticDefaultTuner);
 - oracle: the static configuration with the least memory that met the target in a sweep

@@ -7,6 +7,16 @@
 - JPEG images in Parquet decoded by DALI on the CPU (`ImagePipeline(device="cpu")`).
 
     python benchmarks/tuner_real.py            # about 5 minutes on 2 cores
+    python benchmarks/tuner_real.py --repeats 5   # runs in a row with a run history
+
+`--repeats N` (issue 41): four workloads (Parquet tokens on the throttled `nas`
+profile, JPEGs decoded by DALI on the CPU, a map-style Dataset with process workers,
+Parquet tokens on moto S3 behind the `object-store` throttle), each run N times in a
+row by three designs on the same storage seeds: the cold tuner, the run history
+alone (`QueueingTuner(warm=..., explore=False)`) and the history's model
+(`explore=True`, its plan fitted before the run starts), each design keeping its own
+history; an oracle from a measured static grid sweep of the same workload. Results:
+benchmarks/results/tuner-real-repeats.md and .json.
 
 Utilization is time-weighted over the last third of each run (the first batch left
 out); memory is the peak held in batches in flight or ready. Results:
@@ -37,6 +47,7 @@ from benchmarks.tuner_experiments import (
 )
 from iolib import DataLoader
 from predictors.baselines import HillClimbTuner, StaticDefaultTuner
+from predictors.tuner import QueueingTuner
 
 TARGET = 0.9
 
@@ -110,12 +121,223 @@ def _cases(tmp: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+class Recording:
+    """A tuner that keeps every state it decides on (the run's history is made from them)."""
+
+    def __init__(self, tuner: QueueingTuner) -> None:
+        self.tuner, self.states = tuner, []
+
+    def decide(self, state: Any) -> Any:
+        self.states.append(state)
+        return self.tuner.decide(state)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tuner, name)
+
+
+def run_records(run_id: str, states: list[Any], target: float) -> list[Any]:
+    """The run's configurations held for 4 settled batches or more, as RunRecords."""
+    import statistics
+
+    import numpy as np
+
+    from predictors.history import RunRecord
+
+    out, segment = [], []
+
+    def close() -> None:
+        part = [s for s in segment[2:] if not s.epoch_start]
+        if len(part) < 4:
+            return
+        step = np.array([s.step_ms for s in part])
+        stall = np.array([s.stall_ms for s in part])
+        blocks = [
+            step[i : i + 8].sum() / (step[i : i + 8].sum() + stall[i : i + 8].sum())
+            for i in range(0, len(part) - 7, 8)
+        ]
+        se = statistics.stdev(blocks) / len(blocks) ** 0.5 if len(blocks) >= 2 else 0.1
+        util = float(step.sum() / (step.sum() + stall.sum()))
+        one = part[0].batch_memory_bytes or part[0].bytes_per_batch
+        out.append(
+            RunRecord(
+                workload="bench",
+                run_id=run_id,
+                rank=0,
+                started=time.time(),
+                source="bench",
+                workers=part[0].workers,
+                depth=part[0].depth,
+                batch_size=part[0].batch_size,
+                storage_ms=float(np.median([s.read_ms for s in part])),
+                decode_ms=float(np.median([s.decode_ms for s in part])),
+                cpu_ms=float(np.median([s.cpu_ms or 0.0 for s in part])),
+                service_ms=[s.service_ms for s in part],
+                utilization=util,
+                utilization_se=float(se),
+                memory_bytes=int(part[0].depth * one),
+                step_ms=float(np.median(step)),
+                batches=len(part),
+                target=target,
+                met=util >= target,
+                settled=True,
+            )
+        )
+
+    for s in states:
+        if segment and (s.workers, s.depth) != (segment[-1].workers, segment[-1].depth):
+            close()
+            segment = []
+        if s.batch_index > 0:
+            segment.append(s)
+    close()
+    return out
+
+
+def one_run(
+    case: dict[str, Any], make: Any, prefetch: Any, workers: int, seed: int, tag: str
+) -> dict[str, Any]:
+    """One run of a case: utilization over its last third, peak memory, batches to target."""
+    result = run(
+        lambda: DataLoader(
+            make(seed, tag),
+            history=False,  # each design's history is kept here, not on disk
+            persistent_workers=True,
+            num_workers=workers,
+            prefetch=prefetch,
+            **case["loader"],
+        ),
+        case["batches"],
+        case["step_ms"],
+    )
+    return {
+        "utilization": utilization(result, -(case["batches"] // 3)),
+        "peak_mib": result["peak_bytes"] / 2**20,
+        "batches_to_target": batches_to_target(result, TARGET),
+        "final": [result["workers"][-1], result["depth"][-1]],
+    }
+
+
+REPEAT_CASES = (
+    "Parquet tokens on nas, threads (4 ms step)",
+    "images in Parquet, DALI on the CPU (60 ms step)",
+    "map-style Dataset, process workers (32 x 1 ms reads, 6 ms step)",
+    "Parquet tokens on moto S3 behind the object-store throttle (20 ms step)",
+)
+ORACLE_GRID = ((1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
+
+
+def repeats(args: argparse.Namespace) -> None:
+    """Each case run `args.repeats` times in a row by the cold tuner, the history alone
+    and the history's model, paired on storage seeds; an oracle from a static sweep."""
+    import json
+    import os
+
+    from iolib.cli.bench.s3server import moto_s3
+    from predictors.history import WarmStart
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, moto_s3("iolib-history") as s3:
+        import s3fs
+
+        cases = _cases(Path(tmp))
+        tokens = Path(tmp) / "tokens.parquet"
+        s3fs.S3FileSystem(**s3).put_file(str(tokens), "iolib-history/tokens.parquet")
+
+        def s3_source(seed: int, tag: str) -> Any:
+            from iolib.sources import ParquetSource
+
+            throttle = {"profile": "object-store", "seed": seed, "tag": tag}
+            options = {"throttled": throttle, "s3": {k: v for k, v in s3.items()}}
+            url = "throttled::s3://iolib-history/tokens.parquet"
+            return ParquetSource(url, storage_options=options, cache_bytes=1)
+
+        cases[REPEAT_CASES[3]] = {
+            "make": None,
+            "source": s3_source,
+            "loader": {"batch_size": 64},
+            "step_ms": 20.0,
+            "batches": 90,
+            "max_workers": 16,
+        }
+        cases[REPEAT_CASES[0]]["source"] = lambda seed, tag: source_for(tokens, "nas", tag, seed)
+        for name in REPEAT_CASES:
+            if args.only not in name:
+                continue
+            case = cases[name]
+            make = case.get("source") or (lambda seed, tag, c=case: c["make"]())
+
+            sweep = []
+            for w, d in ORACLE_GRID:
+                if w > case["max_workers"]:
+                    continue
+                r = one_run(case, make, d, w, 0, f"oracle-{w}-{d}")
+                sweep.append({"workers": w, "depth": d, **r})
+                print(f"{name} oracle sweep {w}/{d}: {r['utilization']:.3f}", flush=True)
+                if r["utilization"] >= TARGET + 0.03:
+                    break  # more only costs memory
+            meets = [r for r in sweep if r["utilization"] >= TARGET]
+            oracle = min(meets, key=lambda r: (r["depth"], r["workers"])) if meets else None
+            kw = {"target_utilization": TARGET, "max_workers": case["max_workers"]}
+            first = Recording(QueueingTuner(**kw))
+            run1 = one_run(case, make, first, case["max_workers"], 1, "cold-0")
+            print(f"{name} run 1 cold     {run1['utilization']:.3f} util", flush=True)
+            start = run_records("run1", first.states, TARGET)
+            history: dict[str, list[Any]] = {"history": list(start), "model": list(start)}
+            runs: dict[str, list[dict[str, Any]]] = {"cold": [], "history": [], "model": []}
+            for k in range(1, args.repeats):
+                seed = k + 1
+                for design in ("cold", "history", "model"):
+                    warm = None
+                    if design != "cold":
+                        warm = WarmStart.from_records(
+                            history[design], TARGET, max_workers=case["max_workers"]
+                        )
+                    tuner = QueueingTuner(**kw, warm=warm, explore=design == "model")
+                    tuner.wait_for_model(120)  # the plan is fitted before the run begins
+                    recording = Recording(tuner)
+                    r = one_run(case, make, recording, case["max_workers"], seed, f"{design}-{k}")
+                    plan = tuner.history_model
+                    r.update(
+                        start=list(tuner.start),
+                        model=plan,
+                        set_aside=tuner.warm_set_aside,
+                        load=os.getloadavg()[0],
+                    )
+                    runs[design].append(r)
+                    if design != "cold":
+                        history[design] += run_records(f"run{k + 1}", recording.states, TARGET)
+                    print(
+                        f"{name} run {k + 1} {design:8s} {r['utilization']:.3f} util, "
+                        f"{r['peak_mib']:.1f} MiB, start {r['start']}, final {r['final']}, "
+                        f"to target {r['batches_to_target']}, load {r['load']:.1f}"
+                        + (
+                            f", weight {plan['weight']:.2f} ({plan['weight_why']}), probe "
+                            f"{plan['probe']}, predicted {plan['predicted_utilization']:.2f} "
+                            f"measured {plan['measured_utilization']}"
+                            if plan
+                            else ""
+                        ),
+                        flush=True,
+                    )
+            rows.append(
+                {"case": name, "oracle": oracle, "sweep": sweep, "run1": run1, "runs": runs}
+            )
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"{args.name}-repeats.json"
+    out.write_text(json.dumps(rows, default=float, indent=1))
+    print(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--only", default="", help="Run the cases whose name holds this.")
     parser.add_argument("--name", default="tuner-real", help="Results file name (no suffix).")
+    parser.add_argument("--repeats", type=int, default=0, help="Runs in a row with a history.")
     args = parser.parse_args()
+    if args.repeats:
+        repeats(args)
+        return
     lines = [
         "# The tuner on real loaders (2-core machine, shared with other jobs)",
         "",

@@ -1,7 +1,7 @@
 """Adapts the loader's telemetry to a tuner and applies its decisions to the engine.
 
 ``DataLoader(prefetch="auto", target_utilization=0.9, memory_budget="2GiB")`` runs the
-learned tuner (predictors.tuner.LearnedTuner); ``prefetch=<any object with decide()>``
+learned tuner (predictors.tuner.QueueingTuner); ``prefetch=<any object with decide()>``
 runs that tuner instead (the baselines in predictors.baselines, for comparisons).
 A decision changes the worker count and the prefetch depth only: pace and memory,
 never which samples come in which order.
@@ -91,7 +91,7 @@ class AutoPrefetch:
         """The learned tuner with the default model (the queueing model if none loads);
         with a `recorder` whose workload has history, a warm start from it."""
         try:
-            from predictors.tuner import LearnedTuner, check_target
+            from predictors.tuner import QueueingTuner, check_target
 
             check_target(target)
             warm = None
@@ -99,7 +99,7 @@ class AutoPrefetch:
                 warm = recorder.warm_start(target, memory_budget, max_workers)
                 if warm is not None:
                     log.info("tuner: %s", warm.describe())
-            tuner = LearnedTuner(
+            tuner = QueueingTuner(
                 target_utilization=target,
                 memory_budget_bytes=memory_budget,
                 max_workers=max_workers,
@@ -323,6 +323,8 @@ class AutoPrefetch:
             "reason": last.reason if last else "no batch yet",
             **measured,
             "states_dropped": self.states_dropped,
+            # The run history's model (predictors.explore): its plan, weight and why.
+            "history_model": getattr(self.tuner, "history_model", None),
             # How many earlier runs of this workload the history holds, where this run
             # started from, and why it stopped using them (None: it did not).
             "history": None

@@ -17,7 +17,7 @@ Predictors (same `fit` / `predict` as `benchmarks.tuner_lab.model.Predictor`):
   when the mean rate suffices, which is what depth buys and what it cannot see.
 - `ConstantModel`: the training means. Anything worth shipping must beat both.
 
-Tuners (same `decide(state) -> Decision` as `predictors.tuner.LearnedTuner`):
+Tuners (same `decide(state) -> Decision` as `predictors.tuner.QueueingTuner`):
 
 - `StaticDefaultTuner`: PyTorch's default, 2 batches per worker, never changes.
 - `HillClimbTuner`: tf.data-style autotuning: from 1 worker, try one more worker (or one

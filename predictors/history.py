@@ -490,7 +490,7 @@ def new_run_id() -> str:
 
 @dataclass(frozen=True)
 class WarmStart:
-    """What a run of a workload with history starts from (`LearnedTuner(warm=...)`).
+    """What a run of a workload with history starts from (`QueueingTuner(warm=...)`).
 
     `start`: the configuration whose pooled measurement met the target with the least
     memory (else the one the last run settled on); `relative`: every earlier batch's

@@ -46,7 +46,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import fmean, median
@@ -74,7 +76,13 @@ from predictors.state import (
 )
 
 if TYPE_CHECKING:
+    from predictors.explore import Proposal
     from predictors.history import WarmStart
+
+log = logging.getLogger(__name__)
+# How long the first decision waits for the history's model (importing scikit-learn
+# took 6-8 s on a loaded 2-core machine); a plan later than this is not taken.
+MODEL_WAIT_S = 60.0
 
 __all__ = [
     "Decision",
@@ -138,6 +146,10 @@ class QueueingTuner:
     far its predictions may be off. The user settings are `config` (`TunerConfig`);
     keyword arguments named like its fields (`confidence=0.8`) replace them. Every other
     number is in `constants` (`TunerConstants`).
+    `warm`: the run history's start (`predictors.history.WarmStart`); `explore`: let the
+    history's model (`predictors.explore`) probe one depth step cheaper (False: report
+    its plan only; None: fit nothing); `fallback`: where a probing start goes back to on
+    a measured miss.
     """
 
     def __init__(
@@ -149,9 +161,11 @@ class QueueingTuner:
         max_workers: int | None = None,
         max_depth: int = 64,
         start: tuple[int, int] = (1, 1),
+        fallback: tuple[int, int] | None = None,
         config: TunerConfig | None = None,
         constants: TunerConstants = CONSTANTS,
         warm: WarmStart | None = None,
+        explore: bool | None = True,
         **overrides: Any,
     ) -> None:
         cfg = TunerConfig.with_overrides(config, **overrides)
@@ -163,6 +177,10 @@ class QueueingTuner:
         self.target = check_target(target_utilization)
         self.budget = memory_budget_bytes
         self.start = start
+        # A warm start that probes something cheaper than what its history measured
+        # meeting: the configuration to go back to at once if this run measures a miss.
+        self.fallback = fallback if fallback != start else None
+        self.fell_back = False  # a probe measured a miss and the run went back
         self.forecaster = Forecaster(
             target=self.target,
             budget=memory_budget_bytes,
@@ -179,6 +197,19 @@ class QueueingTuner:
         # plans with their pooled service, until this run measures another regime.
         self.warm = warm
         self.warm_set_aside: str | None = None  # why this run stopped using the history
+        self.proposal: Proposal | None = None  # the learned model's plan for this run
+        self._fitting: threading.Thread | None = None
+        if warm is not None and warm.met and warm.records and explore is not None:
+            # Fitted on a thread from the start (importing scikit-learn takes seconds):
+            # the run begins at the history's start; a probe is taken at the first
+            # decision.
+            self._fitting = threading.Thread(
+                target=self._explore,
+                args=(warm, max_workers, explore),
+                name="iolib-history-model",
+                daemon=True,
+            )
+            self._fitting.start()
         self._warm_batches = 0  # settled batches seen while the history stood
         if warm is not None:
             self.start = warm.start
@@ -204,6 +235,71 @@ class QueueingTuner:
                 self.detector.update(ms)
             self._settle_ms = cfg.settle_services * median(warm.reference_ms)
 
+    def _explore(self, warm: WarmStart, max_workers: int | None, explore: bool) -> None:
+        """The learned model's plan for this run (`predictors.explore.plan_warm`):
+        perhaps one grid step cheaper than the history's start, with that start to fall
+        back to. A model that fails leaves the history's start."""
+        try:
+            from predictors.explore import plan_warm
+
+            _, _, proposal = plan_warm(
+                warm,
+                self.target,
+                budget=self.budget,
+                max_workers=max_workers,
+                confidence=self.config.confidence,
+                cores_share=self.config.cores_share,
+                explore=explore,
+            )
+        except Exception as exc:  # the model degrades tuning, never the run
+            log.warning("predictors: the history's model failed (%s: %s)", type(exc).__name__, exc)
+            return
+        self.proposal = proposal
+
+    def wait_for_model(self, timeout: float | None = None) -> Proposal | None:
+        """The model's plan once fitted (None: no history, a failed fit, or `timeout`
+        seconds passed); the run does not wait for it, a caller may."""
+        if self._fitting is not None:
+            self._fitting.join(timeout)
+        return self.proposal
+
+    def _take_probe(self, state: TunerState) -> Decision | None:
+        """The model's probe, at the first decision: the fit started with the run is
+        waited for here (decisions run off the batches' path, and the same history
+        always gives the same plan), and a probe moves the run there, with the
+        history's start to fall back to."""
+        fitting, self._fitting = self._fitting, None
+        if fitting is None:
+            return None
+        fitting.join(MODEL_WAIT_S)
+        p = self.proposal
+        here = (self._current.workers, self._current.depth)
+        if p is None or not p.probe or self._last is not None or len(self.history) > 1:
+            return None
+        if self.warm_set_aside is not None or here != p.start:
+            return None
+        if not self.history:
+            self.history.append((state.batch_index, self._current))
+        self.fallback = p.start
+        predicted = {"utilization": p.predicted, "lower_bound": p.lower}
+        self._current = Decision(p.workers, p.depth, f"model's probe: {p.why}", predicted)
+        self._contention = {(p.workers, p.depth): p.contention}
+        self._in_effect = False
+        self.history.append((state.batch_index, self._current))
+        return self._current
+
+    @property
+    def history_model(self) -> dict[str, Any] | None:
+        """What the learned model planned for this run (None: no history, or no model):
+        its choice, prediction, weight and why, and what the run measured there."""
+        if self.proposal is None:
+            return None
+        out = self.proposal.as_dict()
+        record = self._records.get((self.proposal.workers, self.proposal.depth))
+        out["measured_utilization"] = record.utilization if record and record.batches else None
+        out["fell_back"] = self.fell_back
+        return out
+
     def _new_record(self) -> Measured:
         k = self.constants
         return Measured(block=k.record_block, keep=k.record_keep, unknown=k.record_unknown_error)
@@ -213,6 +309,8 @@ class QueueingTuner:
         check_budget(self.budget, state.one_batch_bytes)
         if not self.history:
             self.history.append((state.batch_index, self._current))
+        if self._fitting is not None and (probe := self._take_probe(state)) is not None:
+            return probe
         config = (self._current.workers, self._current.depth)
         if (state.workers, state.depth) != config:
             return self._current  # the change has not taken effect yet
@@ -254,9 +352,34 @@ class QueueingTuner:
             jump = after / before if after > before else 1.0  # nan compares False
             return self._plan(state, why, shifted=True, headroom=headroom, jump=jump)
         if self._due():
+            if self.fallback is not None and self.warm_set_aside is None:
+                return self._fall_back(state)
             if self._faster_than_unreachable():
                 return self._replan_unreachable(state)
             return self._plan(state, "measured")
+        return self._current
+
+    def _fall_back(self, state: TunerState) -> Decision:
+        """The guard of a probing start, at its first due decision: a measured miss
+        (the record's interval excludes the goal from below) goes back to `fallback`,
+        where the history measured the target met; a measured meet drops the fallback
+        and plans as usual."""
+        config = (self._current.workers, self._current.depth)
+        record = self._records[config]
+        fallback, self.fallback = self.fallback, None
+        self.fell_back = record.utilization < self.target
+        if record.utilization >= self.target:
+            return self._plan(state, "probe measured")
+        est = summarize(self._regime, self._cores_share(), learned=True)
+        why = (
+            f"probe {config[0]}/{config[1]} measured {record.utilization:.2f} < "
+            f"{self.target:.2f}: back to {fallback[0]}/{fallback[1]}, met in the history"
+        )
+        self._current = Decision(*fallback, why)
+        ratio = self.forecaster.service_ratio(est, min(config), min(fallback))
+        self._contention = {fallback: ratio}
+        self._in_effect = False
+        self.history.append((state.batch_index, self._current))
         return self._current
 
     def _check_warm(self, shift: str | None) -> None:
