@@ -173,7 +173,7 @@ def scenario(job: tuple[str, int, tuple[int, ...]]) -> dict[str, Any]:
     family, seed, bases = job
     s = draw(family, seed)
     one = s.workload.memory_factor * s.workload.batch_bytes
-    grid = Forecaster(None, target=s.target, budget=s.budget, max_workers=MAX_WORKERS).grid(
+    grid = Forecaster(target=s.target, budget=s.budget, max_workers=MAX_WORKERS).grid(
         one, s.workload.cpu_count
     )
     o = oracle(s)

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from predictors.config import CONSTANTS, TunerConfig
 from predictors.forecast import Forecaster
 from predictors.measure import Service, service_spread
 
@@ -85,13 +86,12 @@ class PooledPrior:
     ) -> None:
         self.cpu_count = cpu_count
         self.forecaster = Forecaster(
-            None,
             target=target,
             budget=None,
             max_workers=None,
-            confidence=confidence,
+            config=TunerConfig(confidence=confidence),
+            constants=dataclasses.replace(CONSTANTS, cores_share=cores_share),
             prior_error=prior_error,
-            cores_share=cores_share,
         )
 
     def service(self, records: Sequence[Any]) -> Service:
@@ -399,7 +399,7 @@ def plan_warm(
     records = list(warm.records)
     cpu_count = cpu_count or os.cpu_count() or 1
     per_batch = [r.memory_bytes / r.depth for r in records if r.memory_bytes > 0 and r.depth > 0]
-    forecaster = Forecaster(None, target=target, budget=budget, max_workers=max_workers)
+    forecaster = Forecaster(target=target, budget=budget, max_workers=max_workers)
     grid = forecaster.grid(median(per_batch) if per_batch else 1.0, cpu_count)
     if tuple(warm.start) not in grid:
         grid.append(tuple(warm.start))

@@ -248,7 +248,7 @@ class QueueingTuner:
                 budget=self.budget,
                 max_workers=max_workers,
                 confidence=self.config.confidence,
-                cores_share=self.config.cores_share,
+                cores_share=self.constants.cores_share,
                 explore=explore,
             )
         except Exception as exc:  # the model degrades tuning, never the run
