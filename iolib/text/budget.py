@@ -143,7 +143,7 @@ class TokenBudgetBatches(SeededSource):
         batches are the same at any `cache_bytes` that runs. It must hold two chunks and
         three row groups (the whole data and three row groups, where it fits the window),
         else it is refused when `len()` is first asked, with both sizes.
-    lanes: for data larger than the cache, how many contiguous shares of the epoch's
+    lanes: for data larger than `shuffle_window`, how many contiguous shares of the epoch's
         batches are dealt to ranks ("auto": the loader's world size, so rank r reads only
         share r's chunks). To resume at another world size, pass the first run's.
     """
@@ -264,7 +264,7 @@ class TokenBudgetBatches(SeededSource):
                 del self._epochs[old]
         return rows, cuts
 
-    # -- windowed order for data larger than the cache ------------------------------------
+    # -- windowed order for data larger than shuffle_window ----------------------------
     def _chunks(self) -> int | None:
         """How many chunks of row groups an epoch is cut into; None when the data fits
         `shuffle_window` (then the permutation is global). A cache too small for what the
@@ -304,7 +304,7 @@ class TokenBudgetBatches(SeededSource):
         return chunks
 
     def blocks(self) -> np.ndarray | tuple[int, ...]:
-        """Budget batches in chunk-sized blocks where the data is larger than the cache
+        """Budget batches in chunk-sized blocks where the data is larger than the window
         (the loader shuffles within a block, blocks in a random order); else none."""
         chunks = self._chunks()
         if chunks is None:
