@@ -39,6 +39,7 @@ from iolib.plan import Layout, default_blocks, window_groups
 from iolib.redact import Redactor
 from iolib.resources import parse_bytes
 from iolib.sources.parquet import ParquetSource
+from iolib.sources.parquet_description import checked_cache_bytes
 from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD
 from iolib.text.seeded import SeededSource, check_lanes
 
@@ -163,10 +164,8 @@ class TokenBudgetBatches(SeededSource):
         lanes: int | str = "auto",
         shuffle_window: int | str = DEFAULT_BUDGET_WINDOW,
     ) -> None:
-        budget = 1 if cache_bytes is None else cache_bytes
-        checked = (("max_tokens", max_tokens), ("bucket_batches", bucket_batches),
-                   ("cache_bytes", budget))  # fmt: skip
-        for name, value in checked:
+        cache_bytes = checked_cache_bytes(cache_bytes)  # as ParquetSource reads it
+        for name, value in (("max_tokens", max_tokens), ("bucket_batches", bucket_batches)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"`{name}` must be an integer >= 1. Found: {value!r}.")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
