@@ -184,10 +184,10 @@ class AutoPrefetch:
     def _measure(self, state: Any) -> None:
         """Count the batch toward its configuration's measured utilization (the run's
         first batch aside: no configuration shortens a cold start)."""
-        from predictors.measure import Measured
-
         key = (state.workers, state.depth)
         if self._measured is None or self._measured[0] != key:
+            from predictors.measure import Measured  # here, not per batch
+
             self._measured = (key, Measured(), Measured())
         if state.batch_index > 0:
             self._measured[1].add(state)

@@ -19,17 +19,32 @@ def docs(tmp_path_factory) -> str:
     return write_documents(tmp_path_factory.mktemp("args"), doc_lengths(40), shards=1)
 
 
+# Every source that takes `cache_bytes` reads it alike (checked_cache_bytes).
+WITH_CACHE = {
+    "ParquetSource": lambda url, **kw: ParquetSource(url, **kw),
+    "PackedTokens": lambda url, **kw: PackedTokens(url, column="tokens", seq_len=8, eos_id=0,
+                                                   **kw),
+    "TokenBudgetBatches": lambda url, **kw: TokenBudgetBatches(url, column="tokens",
+                                                               max_tokens=64, **kw),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(WITH_CACHE))
 @pytest.mark.parametrize("value", [-1, 0, 1.5, True, 10**30, "x", "-1GB", [1]], ids=repr)
-def test_parquet_source_refuses_a_bad_cache_bytes_when_built(docs, value) -> None:
+def test_a_bad_cache_bytes_is_refused_when_built(docs, kind, value) -> None:
     with pytest.raises(ConfigError, match="`cache_bytes`"):
-        ParquetSource(docs, cache_bytes=value)
+        WITH_CACHE[kind](docs, cache_bytes=value)
 
 
+@pytest.mark.parametrize("kind", list(WITH_CACHE))
 @pytest.mark.parametrize(("value", "expected"), [("1GB", 10**9), ("64MiB", 2**26), (4096, 4096)])
-def test_parquet_source_reads_a_size_as_cache_bytes(docs, value, expected) -> None:
-    source = ParquetSource(docs, cache_bytes=value)
-    assert source.cache_bytes == expected
-    assert sum(len(b["id"]) for b in DataLoader(source, batch_size=8)) == 40  # an epoch runs
+def test_a_size_is_read_as_cache_bytes(docs, kind, value, expected) -> None:
+    assert WITH_CACHE[kind](docs, cache_bytes=value).cache_bytes == expected
+
+
+def test_parquet_source_runs_an_epoch_under_a_size_as_cache_bytes(docs) -> None:
+    source = ParquetSource(docs, cache_bytes="64MiB")
+    assert sum(len(b["id"]) for b in DataLoader(source, batch_size=8)) == 40
 
 
 @pytest.mark.parametrize("value", [2**63, "x", None, 1.7, True], ids=repr)

@@ -121,3 +121,30 @@ def test_backoff_doubles_to_its_cap_with_full_jitter() -> None:
     capped = [backoff_delay(9, policy, jitter) for _ in range(200)]
     assert max(capped) <= 0.1 and min(capped) < 0.01 and max(capped) > 0.09
     assert len(set(capped)) == 200
+
+
+class NoCredentialsError(Exception):
+    """Named as botocore's: a credentials error is known by its type's name."""
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [FileNotFoundError("gone"), IsADirectoryError("dir"), NotADirectoryError("not a dir"),
+     PermissionError("denied"), ValueError("bad bytes"), TypeError("bad type"),
+     NoCredentialsError("Unable to locate credentials")],
+    ids=lambda e: type(e).__name__,
+)  # fmt: skip
+def test_each_permanent_error_is_called_once_and_never_retried(exc) -> None:
+    """The family of PERMANENT_ERRORS (and credential errors known by name): one call, no
+    retry, the error says it failed on attempt 1."""
+    calls, retried = [], []
+
+    def fn() -> None:
+        calls.append(1)
+        raise exc
+
+    policy = RetryPolicy(attempts=5, base_delay_s=0.0001, max_delay_s=0.0001, timeout_s=None)
+    with pytest.raises(Exception, match="failed on attempt 1") as info:
+        call_with_retries(fn, what="x", policy=policy, on_retry=retried.append)
+    assert len(calls) == 1 and not retried
+    assert isinstance(info.value, (type(exc), PermissionError))

@@ -211,8 +211,8 @@ def _command(name: str, url: str, out: Path) -> list[str]:
         "inspect-json": ["inspect", url, "--json"],
         "bench": ["bench", "--data", url, "-w", "tokens", "--samples", "64", "--batches", "2",
                   "--workers", "0", "--repeats", "1", "--no-progress", "--out", str(out)],
-        "tune": ["tune", url, "--step-ms", "5", "--batches", "4", "--max-workers", "1",
-                 "--out", str(out)],
+        "tune": ["tune", url, "--step-ms", "5", "--batches", "10", "--verify-batches", "5",
+                 "--repeats", "1", "--max-workers", "1", "--out", str(out)],
         "index": ["index", url, "--tokens", "tokens"],
         "convert": ["convert", url, str(out / "shards")],
     }[name]  # fmt: skip
@@ -220,15 +220,22 @@ def _command(name: str, url: str, out: Path) -> list[str]:
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("command", COMMANDS)
-def test_no_secret_of_any_shape_in_any_output_or_file(capfd, tmp_path, command, shape) -> None:
+def test_no_secret_of_any_shape_in_any_output_or_file(
+    capfd, tmp_path, monkeypatch, command, shape
+) -> None:
     """Each command run with the secret in a bearer header, in key/secret/token options or
     in a URL password holding ' " @ or ': nothing printed and no file written (the output
-    folder, the dataset's own folder: _metadata, token indexes) holds the secret."""
+    folder, the run history, the dataset's own folder: _metadata, token indexes) holds
+    the secret."""
+    monkeypatch.setenv("IOLIB_HISTORY", str(tmp_path / "history"))  # scanned below
     url, extra, secrets = _shape_data(shape)
     out = tmp_path / "out"
     args = _command(command, url, out) + extra
     code, output = _run(args, capfd)
     written = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    if command == "tune":  # it ran, and recorded what it measured in the history
+        assert code == 0, output
+        assert any(p.startswith(str(tmp_path / "history")) for p in written), sorted(written)
     memory = fsspec.filesystem("memory")
     root = url.split("://")[1].rsplit("/", 1)[0]
     for path in memory.find(root):

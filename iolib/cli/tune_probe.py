@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iolib.errors import ConfigError
+from iolib.resources import cpu_count
 
 __all__ = [
     "TuneRequest",
@@ -342,10 +343,3 @@ def step_note(probe: dict[str, Any], step_ms: float) -> str | None:
         "asked for the next (the loop's own work and any copy to the device besides the "
         "step). The predictions use the step as measured."
     )
-
-
-def cpu_count() -> int:
-    """The CPUs the probe plans for (`iolib.resources.cpu_count`, imported when asked)."""
-    from iolib.resources import cpu_count as count
-
-    return count()

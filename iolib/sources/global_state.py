@@ -7,13 +7,20 @@ batch in all, which a Dataset of cheap samples pays five times over torch's whol
 Here the states are read and written as the bytes they are held in (numpy's MT19937
 key and position with its legacy Gaussian cache; `random`'s Mersenne Twister words
 and index): ~1 µs each. The layout is found, and checked, on private generators when
-this module loads: where it does not match (another numpy or Python), the public
-functions are used instead, exactly as before.
+this module loads, reading no byte past an object's own size: where it does not match
+(another numpy or Python), or with ``IOLIB_RNG_SNAPSHOT=public`` in the environment, the
+public functions are used instead.
+
+Safety: only objects this module holds a reference to are read or written (they cannot be
+freed or move), always under the GIL (no `ctypes.memmove`, which releases it) and, for
+numpy, under the generator's own lock, as `set_state` does; a numpy generator whose bit
+generator was replaced is read through the public functions.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -25,23 +32,27 @@ _MT_WORDS = 624
 
 
 class _Memory:
-    """Spans of an object's memory, read and written whole (it must stay alive: the
-    module-level generators these are made for do)."""
+    """Spans of `owner`'s memory, read and written whole, under the GIL. The reference to
+    `owner` keeps the spans alive: they must lie within it."""
 
-    def __init__(self, spans: list[tuple[int, int]]) -> None:
-        self._buffers = [(ctypes.c_char * size).from_address(address) for address, size in spans]
+    def __init__(self, owner: Any, spans: list[tuple[int, int]]) -> None:
+        self._owner = owner
+        self._views = [
+            memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+            for address, size in spans
+        ]
 
     def get(self) -> tuple[bytes, ...]:
-        return tuple(buffer.raw for buffer in self._buffers)
+        return tuple(bytes(view) for view in self._views)
 
     def put(self, saved: tuple[bytes, ...]) -> None:
-        for buffer, data in zip(self._buffers, saved, strict=True):
-            ctypes.memmove(buffer, data, len(data))
+        for view, data in zip(self._views, saved, strict=True):
+            view[:] = data
 
 
-def _find(obj: Any, pattern: bytes, limit: int = 512) -> int | None:
-    """The offset of `pattern` in the first `limit` bytes of `obj`'s memory, if once."""
-    head = ctypes.string_at(id(obj), limit)
+def _find(obj: Any, pattern: bytes) -> int | None:
+    """The offset of `pattern` within `obj`'s own memory (its type's basic size), if once."""
+    head = ctypes.string_at(id(obj), type(obj).__basicsize__)
     at = head.find(pattern)
     return at if at >= 0 and head.find(pattern, at + 1) < 0 else None
 
@@ -55,6 +66,8 @@ def _numpy_layout() -> int | None:
     gauss = _find(probe, np.float64(1234.5678125).tobytes())
     if gauss is None or gauss < 8 or ctypes.c_int.from_address(id(probe) + gauss - 8).value != 1:
         return None
+    if gauss + 8 > type(probe).__basicsize__:
+        return None
     return gauss - 8
 
 
@@ -64,7 +77,9 @@ def _numpy_memory(state: np.random.RandomState, aug: int) -> _Memory | None:
     bitgen = state._bit_generator
     if type(bitgen) is not np.random.MT19937:
         return None
-    return _Memory([(bitgen.ctypes.state_address, 4 * _MT_WORDS + 4), (id(state) + aug, 16)])
+    return _Memory(
+        (state, bitgen), [(bitgen.ctypes.state_address, 4 * _MT_WORDS + 4), (id(state) + aug, 16)]
+    )
 
 
 def _random_layout() -> int | None:
@@ -72,7 +87,7 @@ def _random_layout() -> int | None:
     generator by its words; None if not found."""
     probe = random.Random(6789)
     words = probe.getstate()[1]
-    found = _find(probe, np.asarray(words[:_MT_WORDS], dtype=np.uint32).tobytes(), 4096)
+    found = _find(probe, np.asarray(words[:_MT_WORDS], dtype=np.uint32).tobytes())
     if found is None or found < 4:
         return None
     if ctypes.c_int.from_address(id(probe) + found - 4).value != words[-1]:
@@ -106,6 +121,10 @@ class GlobalGenerator:
         self.get, self.put, self.seed = get, put, seed
 
 
+def _public_only() -> bool:
+    return os.environ.get("IOLIB_RNG_SNAPSHOT", "").lower() == "public"
+
+
 def _torch() -> GlobalGenerator:
     generator = torch.default_generator
 
@@ -118,8 +137,23 @@ def _torch() -> GlobalGenerator:
     return GlobalGenerator(get, put, generator.manual_seed)
 
 
+def _numpy_public_get() -> tuple[Any, ...]:
+    """numpy's public state with its key as bytes, so that states compare with ==."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    return (name, key.tobytes(), pos, has_gauss, gauss)
+
+
+def _numpy_public_put(state: tuple[Any, ...]) -> None:
+    name, key, pos, has_gauss, gauss = state
+    np.random.set_state((name, np.frombuffer(key, dtype=np.uint32), pos, has_gauss, gauss))
+
+
 def _numpy() -> GlobalGenerator:
     seed = lambda value: np.random.seed(value & 0xFFFFFFFF)  # noqa: E731
+    public = GlobalGenerator(_numpy_public_get, _numpy_public_put, seed)
+    if _public_only():
+        return public
+    generator = np.random.mtrand._rand
     memory = None
     try:
         aug = _numpy_layout()
@@ -127,26 +161,45 @@ def _numpy() -> GlobalGenerator:
         if aug is not None and _restores(
             _numpy_memory(probe, aug), probe.get_state, lambda: probe.standard_normal(3)
         ):
-            memory = _numpy_memory(np.random.mtrand._rand, aug)
+            memory = _numpy_memory(generator, aug)
     except Exception:  # another numpy: its layout is not this one
         memory = None
-    if memory is not None:
-        return GlobalGenerator(memory.get, memory.put, seed)
-    return GlobalGenerator(np.random.get_state, np.random.set_state, seed)
+    if memory is None:
+        return public
+    bitgen = generator._bit_generator
+    lock = bitgen.lock  # the lock the RandomState draws under
+
+    # A bit generator replaced since (`_bit_generator` is writable) is read and written
+    # through the public functions; the old one, still referenced, is never written.
+    def get() -> Any:
+        if generator._bit_generator is not bitgen:
+            return _numpy_public_get()
+        with lock:
+            return memory.get()
+
+    def put(state: Any) -> None:
+        if len(state) == 5:
+            _numpy_public_put(state)
+        elif generator._bit_generator is bitgen:
+            with lock:
+                memory.put(state)
+
+    return GlobalGenerator(get, put, seed)
 
 
 def _random() -> GlobalGenerator:
     generator = random._inst  # type: ignore[attr-defined]
     memory = None
-    try:
-        at = _random_layout()
-        probe = random.Random(11)
-        if at is not None and _restores(
-            _Memory([(id(probe) + at, 4 + 4 * _MT_WORDS)]), probe.getstate, probe.random
-        ):
-            memory = _Memory([(id(generator) + at, 4 + 4 * _MT_WORDS)])
-    except Exception:  # another Python: its layout is not this one
-        memory = None
+    if not _public_only():
+        try:
+            at = _random_layout()
+            probe = random.Random(11)
+            if at is not None and _restores(
+                _Memory(probe, [(id(probe) + at, 4 + 4 * _MT_WORDS)]), probe.getstate, probe.random
+            ):
+                memory = _Memory(generator, [(id(generator) + at, 4 + 4 * _MT_WORDS)])
+        except Exception:  # another Python: its layout is not this one
+            memory = None
     if memory is None:
         return GlobalGenerator(random.getstate, random.setstate, random.seed)
     words = memory

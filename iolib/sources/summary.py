@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import posixpath
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,8 @@ def write_atomic(fs: Any, path: str, data: bytes) -> None:
         fs.pipe_file(path, data)
         return
     folder, name = posixpath.split(path)
-    partial = posixpath.join(folder, f".{name}.{os.getpid()}.tmp")
+    # Unique per call: two threads of one process may write the same file at once.
+    partial = posixpath.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(partial, "wb") as handle:
             handle.write(data)

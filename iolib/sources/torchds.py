@@ -26,7 +26,6 @@ read with one ``__getitems__(keys)`` call per batch, as torch's fetcher does.
 from __future__ import annotations
 
 import hashlib
-import random
 import threading
 import zlib
 from collections.abc import Iterator
@@ -101,18 +100,6 @@ def watch_initial_seed(notes: set[str]) -> Iterator[None]:
 def _seed_globals(seed: int, names: Any = GENERATORS) -> None:
     for name in names:
         GENERATORS[name].seed(seed)
-
-
-@contextmanager
-def saved_globals() -> Iterator[None]:
-    """Restore torch's, numpy's and random's global state on exit."""
-    saved = (torch.default_generator.get_state(), np.random.get_state(), random.getstate())
-    try:
-        yield
-    finally:
-        torch.default_generator.set_state(saved[0])
-        np.random.set_state(saved[1])
-        random.setstate(saved[2])
 
 
 class TorchDatasetSource(Source):

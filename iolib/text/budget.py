@@ -39,6 +39,7 @@ from iolib.plan import Layout, default_blocks, window_groups
 from iolib.redact import Redactor
 from iolib.resources import parse_bytes
 from iolib.sources.parquet import ParquetSource
+from iolib.sources.parquet_description import checked_cache_bytes
 from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD
 from iolib.text.seeded import SeededSource, check_lanes
 
@@ -143,7 +144,7 @@ class TokenBudgetBatches(SeededSource):
         batches are the same at any `cache_bytes` that runs. It must hold two chunks and
         three row groups (the whole data and three row groups, where it fits the window),
         else it is refused when `len()` is first asked, with both sizes.
-    lanes: for data larger than the cache, how many contiguous shares of the epoch's
+    lanes: for data larger than `shuffle_window`, how many contiguous shares of the epoch's
         batches are dealt to ranks ("auto": the loader's world size, so rank r reads only
         share r's chunks). To resume at another world size, pass the first run's.
     """
@@ -163,10 +164,8 @@ class TokenBudgetBatches(SeededSource):
         lanes: int | str = "auto",
         shuffle_window: int | str = DEFAULT_BUDGET_WINDOW,
     ) -> None:
-        budget = 1 if cache_bytes is None else cache_bytes
-        checked = (("max_tokens", max_tokens), ("bucket_batches", bucket_batches),
-                   ("cache_bytes", budget))  # fmt: skip
-        for name, value in checked:
+        cache_bytes = checked_cache_bytes(cache_bytes)  # as ParquetSource reads it
+        for name, value in (("max_tokens", max_tokens), ("bucket_batches", bucket_batches)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"`{name}` must be an integer >= 1. Found: {value!r}.")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -264,7 +263,7 @@ class TokenBudgetBatches(SeededSource):
                 del self._epochs[old]
         return rows, cuts
 
-    # -- windowed order for data larger than the cache ------------------------------------
+    # -- windowed order for data larger than shuffle_window ----------------------------
     def _chunks(self) -> int | None:
         """How many chunks of row groups an epoch is cut into; None when the data fits
         `shuffle_window` (then the permutation is global). A cache too small for what the
@@ -304,7 +303,7 @@ class TokenBudgetBatches(SeededSource):
         return chunks
 
     def blocks(self) -> np.ndarray | tuple[int, ...]:
-        """Budget batches in chunk-sized blocks where the data is larger than the cache
+        """Budget batches in chunk-sized blocks where the data is larger than the window
         (the loader shuffles within a block, blocks in a random order); else none."""
         chunks = self._chunks()
         if chunks is None:

@@ -50,6 +50,7 @@ from iolib.redact import Redactor
 from iolib.resources import parse_bytes
 from iolib.sources.base import Source
 from iolib.sources.parquet import ParquetSource
+from iolib.sources.parquet_description import checked_cache_bytes
 from iolib.text import tokenindex
 from iolib.text.packed_reader import FETCH_THREADS, Segment, TokenReader
 from iolib.text.seeded import check_lanes
@@ -155,10 +156,7 @@ class PackedTokens(Source):
             raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
         if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
             raise ConfigError(f"`eos_id` must be an integer token id. Found: {eos_id!r}.")
-        if cache_bytes is not None and (
-            isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 1
-        ):
-            raise ConfigError(f"`cache_bytes` must be a positive integer. Found: {cache_bytes!r}.")
+        cache_bytes = checked_cache_bytes(cache_bytes)  # as ParquetSource reads it
         check_ignore_index_and_seed(ignore_index, seed)
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options)

@@ -295,9 +295,8 @@ def load_or_compute(source: ParquetSource, column: str) -> TokenIndex:
     index = compute(source, column)
     try:
         local.parent.mkdir(parents=True, exist_ok=True)
-        partial = local.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_bytes(index.to_bytes())
-        partial.replace(local)  # atomic: a concurrent reader sees all or nothing
+        fs, path = open_filesystem(str(local), {})
+        write_atomic(fs, path, index.to_bytes())  # a concurrent reader sees all or nothing
     except OSError as exc:
         log.warning("Could not keep the token index in %s: %s", local, exc)
     return index
