@@ -13,7 +13,9 @@ from typing import Any
 
 from iolib.errors import StateError
 
-STATE_VERSION = 1
+# 2: a state's `shuffle` is the order that ran and its fingerprint holds the lanes; a
+# version-1 state is refused as another iolib's, not as another dataset.
+STATE_VERSION = 2
 # Keys whose values must match between the saved state and the loader restoring it.
 _MUST_MATCH = (
     "dataset",

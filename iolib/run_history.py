@@ -33,6 +33,7 @@ log = logging.getLogger("iolib.tuning")
 OFF = ("0", "off", "false", "no", "none")
 _SAMPLES = 256  # per-batch samples kept per configuration (predictors.history.MAX_SAMPLES)
 _SKIP = 2  # batches after a change took effect that still drain the old configuration
+CLOSE_WAIT_S = 10.0  # the longest a closing loader waits for its history write
 _MIN_BATCHES = 8  # a configuration measured on fewer says too little to record
 _BLOCK = 8  # batches per block of the utilization's standard error (stalls come in runs)
 
@@ -331,9 +332,21 @@ class Recorder:
         if not records:
             return
         if wait:
+            # Closing waits for the write, but no longer than CLOSE_WAIT_S in all: a slow
+            # remote history must not hold up the end of training.
+            deadline = time.monotonic() + CLOSE_WAIT_S
             if self._writer is not None:
-                self._writer.join(timeout=10.0)
-            self._write(records)
+                self._writer.join(timeout=CLOSE_WAIT_S)
+            final = threading.Thread(
+                target=self._write, args=(records,), name="iolib-history", daemon=True
+            )
+            final.start()
+            final.join(timeout=max(deadline - time.monotonic(), 0.0))
+            if final.is_alive():
+                log.warning(
+                    "the run history's write took over %.0f s; it goes on in the background",
+                    CLOSE_WAIT_S,
+                )
             return
         if self._writer is not None and self._writer.is_alive():
             return  # the last epoch's write is still going: the next flush carries this

@@ -196,7 +196,8 @@ def binding_stage(drivers: dict[str, Any]) -> tuple[str, float]:
     """The stage that takes most of a batch's measured service: storage (the read),
     decode or transform, with its time (ms a batch)."""
     key = max(STAGES, key=lambda k: float(drivers.get(k) or 0.0))
-    return STAGES[key], float(drivers.get(key) or 0.0)
+    ms = float(drivers.get(key) or 0.0)
+    return (STAGES[key], ms) if ms > 0 else ("no stage", 0.0)
 
 
 def why_missed(drivers: dict[str, Any], request: TuneRequest, last: Any) -> str:
@@ -210,7 +211,11 @@ def why_missed(drivers: dict[str, Any], request: TuneRequest, last: Any) -> str:
     few = drivers["workers_needed"] > request.max_workers
     reach = request.max_workers * drivers["step_ms"] / max(drivers["service_ms"], 1e-9)
     stage, ms = binding_stage(drivers)
-    share = f"{stage} takes {ms:.0f} ms of the {drivers['service_ms']:.0f} ms a batch's service"
+    share = (
+        f"{stage} takes {ms:.0f} ms of the {drivers['service_ms']:.0f} ms a batch's service"
+        if ms > 0
+        else "no stage measured any time (storage, decode and transform took 0 ms)"
+    )
     cores = (
         None
         if cpu is None
@@ -228,7 +233,7 @@ def why_missed(drivers: dict[str, Any], request: TuneRequest, last: Any) -> str:
         )
         if cores is not None:
             text += f", and beyond that {cores}"
-        return f"{text}. Fix: {FIXES[stage]}"
+        return f"{text}. Fix: {FIXES.get(stage, 'more workers (--max-workers)')}"
     if last is not None and not last.feasible:
         return f"{share}; the tuner: {last.reason}"
     return f"{share}, and the configurations measured fell short of their predictions"
