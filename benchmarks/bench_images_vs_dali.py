@@ -77,6 +77,64 @@ def prepare(data: Path, n: int, side: int) -> tuple[Path, Path]:
 # --- the legs, each run in its own process (``--leg``) ---------------------------------
 
 
+def tree_counts() -> tuple[float, int]:
+    """CPU seconds (user + system) and minor page faults of this process and its live
+    children so far: work counted, which a loaded machine changes far less than time."""
+    import psutil
+
+    me = psutil.Process()
+    cpu, faults = 0.0, 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            stat = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (psutil.NoSuchProcess, FileNotFoundError):
+            continue
+        cpu += t.user + t.system
+        faults += int(stat[7])  # minflt, field 10 of proc(5)
+    return cpu, faults
+
+
+class PeakRss:
+    """Peak resident set of this process and its children, summed, sampled every 50 ms
+    (RSS counts shared pages once per process: a ceiling, compared like for like)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.wait(0.05):
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    continue
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 1e6
+
+
+def figures(n: int, start: float, first: float, end: float, c0: tuple, c1: tuple) -> dict:
+    return {
+        "rate": n / (end - first),
+        "first_s": first - start,
+        "images": n,
+        "cpu_ms_per_image": 1e3 * (c1[0] - c0[0]) / n,
+        "faults_per_image": (c1[1] - c0[1]) / n,
+    }
+
+
 def iolib_leg(shards: Path, size: int, batch: int, workers: int, warmup: int) -> dict:
     import iolib
     from iolib.images import ImagePipeline
@@ -105,20 +163,21 @@ def iolib_leg(shards: Path, size: int, batch: int, workers: int, warmup: int) ->
             break
     del warm, _
 
+    peak = PeakRss()
     start = time.perf_counter()
-    first = None
+    first = c0 = None
     n = 0
-    for b in loader():
+    measured = loader()
+    for b in measured:
         if first is None:
-            first = time.perf_counter()
+            first, c0 = time.perf_counter(), tree_counts()
         else:
             n += len(b["label"])
-    end = time.perf_counter()
+    end, c1 = time.perf_counter(), tree_counts()  # persistent workers still alive
     return {
         "iolib": iolib.__file__,
-        "rate": n / (end - first),
-        "first_s": first - start,
-        "images": n,
+        **figures(n, start, first, end, c0, c1),
+        "peak_rss_mb": peak.stop(),
     }
 
 
@@ -140,19 +199,20 @@ def dali_leg(jpegs: Path, size: int, batch: int, threads: int, warmup: int) -> d
     pipe = graph(batch_size=batch, num_threads=threads, device_id=None, seed=0, exec_dynamic=True)
     pipe.build()
     epoch = pipe.epoch_size("r")
+    peak = PeakRss()
     for _ in range(warmup):
         pipe.run()
     start = time.perf_counter()
     images, _ = pipe.run()
     np.asarray(images.as_tensor())
-    first = time.perf_counter()
+    first, c0 = time.perf_counter(), tree_counts()
     n = 0
     while n + batch < epoch:
         images, _ = pipe.run()
         np.asarray(images.as_tensor())  # the batch as one array, no copy
         n += len(images)
-    end = time.perf_counter()
-    return {"rate": n / (end - first), "first_s": first - start, "images": n}
+    end, c1 = time.perf_counter(), tree_counts()
+    return {**figures(n, start, first, end, c0, c1), "peak_rss_mb": peak.stop()}
 
 
 def run_leg(leg: str, root: Path, args: SimpleNamespace, jpegs: Path, shards: Path) -> dict:
