@@ -286,6 +286,12 @@ def commit_of(root: Path) -> str:
 )
 @click.option("--leg", type=click.Choice(["iolib", "dali"]), default=None, hidden=True)
 @click.option(
+    "--render",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="write the tables again from an earlier run's .json, measuring nothing",
+)
+@click.option(
     "--out",
     type=click.Path(path_type=Path),
     default=ROOT / "benchmarks/results/images-vs-dali.md",
@@ -293,6 +299,15 @@ def commit_of(root: Path) -> str:
 )
 def main(**options: object) -> None:
     args = SimpleNamespace(**options)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        for key in ("images", "side", "size", "batch", "workers", "threads", "pairs"):
+            setattr(args, key, int(saved["options"][key]))
+        roots = [Path(r) for r in saved["results"]]
+        args.roots = tuple(roots)
+        runs = {r: row["pairs"] for r, row in saved["results"].items()}
+        write(args, roots, runs, saved["when"])
+        return
     if args.leg:  # one leg, in this process: print its figures as one JSON line
         jpegs, shards = args.data / "jpeg", args.data / "parquet"
         if args.leg == "iolib":
@@ -309,7 +324,7 @@ def main(**options: object) -> None:
         runs = {str(r): [] for r in roots}
         for p in range(args.pairs):
             for i, r in enumerate(roots):
-                pair = {"load": load()}
+                pair = {"load": load(), "commit": commit_of(r)}
                 legs = ["iolib", "dali"] if (p + i) % 2 == 0 else ["dali", "iolib"]
                 for leg in legs:
                     pair[leg] = run_leg(leg, r, args, jpegs, shards)
@@ -324,8 +339,10 @@ def main(**options: object) -> None:
     write(args, roots, runs)
 
 
-def write(args: SimpleNamespace, roots: list[Path], runs: dict[str, list[dict]]) -> None:
-    when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+def write(
+    args: SimpleNamespace, roots: list[Path], runs: dict[str, list[dict]], when: str = ""
+) -> None:
+    when = when or f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     summary = {}
     lines = [
         "# iolib images vs DALI's own reader",
@@ -338,30 +355,42 @@ def write(args: SimpleNamespace, roots: list[Path], runs: dict[str, list[dict]])
         + " ".join(f"--root {r}" for r in args.roots)
         + f" --pairs {args.pairs}`.",
         "",
-        "| iolib from | ratio median | min-max | pairs (ratio, load 1/5/15 min) | "
-        "iolib images/s | DALI images/s | first batch iolib / DALI, s |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: |",
+        "Timed ratio: iolib / DALI images/s within a pair. Counted (steadier on a loaded "
+        "machine): CPU ms and minor page faults per image of each leg's process tree, and "
+        "the CPU ratio, DALI's CPU per image / iolib's (images per CPU second, iolib over "
+        "DALI); peak RSS of the tree (sampled, shared pages once per process).",
+        "",
+        "| iolib from | timed ratio median | min-max | pairs (ratio, load 1/5/15 min) | "
+        "iolib / DALI images/s | CPU ratio median (min-max) | CPU ms/image iolib / DALI | "
+        "faults/image iolib / DALI | peak RSS MB iolib / DALI | first batch s iolib / DALI |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    med = statistics.median
     for r in roots:
         pairs = runs[str(r)]
         ratios = [p["ratio"] for p in pairs]
-        med = statistics.median
         row = {
-            "commit": commit_of(r),
+            "commit": pairs[0].get("commit") or commit_of(r),
             "ratio_median": med(ratios),
             "ratio_min": min(ratios),
             "ratio_max": max(ratios),
             "pairs": pairs,
         }
+        cpu = [p["dali"]["cpu_ms_per_image"] / p["iolib"]["cpu_ms_per_image"] for p in pairs]
+        row["cpu_ratio_median"] = med(cpu)
         summary[str(r)] = row
         each = "; ".join(f"{p['ratio']:.2f} ({p['load']})" for p in pairs)
+
+        def both(key: str, fmt: str, pairs: list[dict] = pairs) -> str:
+            a, b = (med(p[leg].get(key, float("nan")) for p in pairs) for leg in ("iolib", "dali"))
+            return f"{a:{fmt}} / {b:{fmt}}"
+
         lines.append(
             f"| {row['commit'][:60]} | {row['ratio_median']:.2f}x | "
-            f"{row['ratio_min']:.2f}-{row['ratio_max']:.2f} | {each} | "
-            f"{med(p['iolib']['rate'] for p in pairs):,.0f} | "
-            f"{med(p['dali']['rate'] for p in pairs):,.0f} | "
-            f"{med(p['iolib']['first_s'] for p in pairs):.2f} / "
-            f"{med(p['dali']['first_s'] for p in pairs):.2f} |"
+            f"{row['ratio_min']:.2f}-{row['ratio_max']:.2f} | {each} | {both('rate', ',.0f')} | "
+            f"{med(cpu):.2f}x ({min(cpu):.2f}-{max(cpu):.2f}) | "
+            f"{both('cpu_ms_per_image', '.2f')} | {both('faults_per_image', '.0f')} | "
+            f"{both('peak_rss_mb', ',.0f')} | {both('first_s', '.2f')} |"
         )
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
