@@ -130,3 +130,32 @@ def test_a_prepared_pipeline_decodes_as_one_that_was_not(tmp_path: Path) -> None
         loader = DataLoader(ParquetSource(url), batch_size=4, shuffle=True, seed=1, decode=pipe)
         runs.append([b["image"] for b in loader])
     assert all((a == b).all() for a, b in zip(*runs, strict=True))
+
+
+def test_the_heap_is_trimmed_once_it_grew_not_after_every_batch(monkeypatch) -> None:
+    import ctypes
+    import platform
+
+    from iolib.decode import heap
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        assert trim_heap() is False
+        return
+    monkeypatch.setattr(heap, "_floor", None)
+    assert trim_heap() is True  # the first call sets where growth counts from
+    assert trim_heap() is False  # nothing piled up: the working set stays for reuse
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(64 << 10) for _ in range(2 * heap.TRIM_GROWTH // (64 << 10))]
+    for b in blocks:  # touched, so resident; below the mmap threshold, so on the heap
+        ctypes.memset(b, 1, 64 << 10)
+    fence = libc.malloc(64 << 10)  # held above them: free() alone cannot shrink the heap
+    grown = heap.resident_bytes()
+    for b in blocks:
+        libc.free(b)
+    assert heap.resident_bytes() > grown - heap.TRIM_GROWTH  # freed, still resident
+    assert trim_heap() is True  # 2x TRIM_GROWTH freed on the heap goes back
+    assert heap.resident_bytes() < grown - heap.TRIM_GROWTH
+    assert trim_heap(growth=0) is True  # 0: every call
+    libc.free(fence)
