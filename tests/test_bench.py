@@ -160,10 +160,11 @@ def test_ctrl_c_in_cli_writes_observations(tmp_path, capsys, monkeypatch):
     assert len(read_observations(str(tmp_path / "observations.parquet"))) == 1
 
 
-def _row(loader, sps, util, repeat=0, profile="local"):
+def _row(loader, sps, util, repeat=0, profile="local", rss_mib=100, first_s=1.0):
     return {"workload": "images-256", "storage_profile": profile, "step_ms": 40.0,
             "workers": 1, "batch_size": 32, "loader": loader, "throughput_sps": sps,
-            "utilization": util, "depth": 4, "repeat": repeat}  # fmt: skip
+            "utilization": util, "depth": 4, "repeat": repeat,
+            "peak_rss_bytes": rss_mib * 2**20, "first_batch_s": first_s}  # fmt: skip
 
 
 def test_verdict_says_ratio_busy_share_and_when_noise_decides():
@@ -175,6 +176,11 @@ def test_verdict_says_ratio_busy_share_and_when_noise_decides():
     assert "iolib delivered 2.1x torch's images/s" in said and "1 worker," in said
     assert "busy 99% of the time fed by iolib vs 50% by torch" in said
     assert "unreliable" not in said and "Only" not in said
+    costly = [_row("iolib", 900, 0.99, i, rss_mib=677, first_s=0.5) for i in range(3)]
+    costly += [_row("torch", 900, 0.99, i, rss_mib=2643, first_s=2.25) for i in range(3)]
+    said = verdict(costly)
+    assert "Peak memory 677 MiB for iolib against 2,643 MiB for torch" in said
+    assert "first batch after 0.50 s against 2.25 s" in said
     noisy = [_row("iolib", v, 0.9, i) for i, v in enumerate((500, 800, 1200))]
     noisy += [_row("torch", v, 0.9, i) for i, v in enumerate((600, 700, 1000))]
     assert "unreliable" in verdict(noisy)

@@ -90,6 +90,21 @@ def _num(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def _costs(iolib: list[dict[str, Any]], torch: list[dict[str, Any]]) -> str:
+    """What the throughput does not say: peak memory of the process tree and the time to
+    the first batch, iolib's against torch's (medians of the repeats)."""
+
+    def med(rows: list[dict[str, Any]], name: str) -> float:
+        return float(np.median([r[name] for r in rows]))
+
+    mem = [med(rows, "peak_rss_bytes") / 2**20 for rows in (iolib, torch)]
+    first = [med(rows, "first_batch_s") for rows in (iolib, torch)]
+    return (
+        f" Peak memory {mem[0]:,.0f} MiB for iolib against {mem[1]:,.0f} MiB for torch; "
+        f"first batch after {first[0]:.2f} s against {first[1]:.2f} s."
+    )
+
+
 def verdict(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
     """A paragraph a first-time reader can act on: per workload and storage, iolib's
     throughput against torch's with the spread over repeats, what a GPU step would see,
@@ -125,7 +140,7 @@ def verdict(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
                 text += " (both keep up: the step, not the loader, sets the pace here)"
         else:
             text += "; with no training step (--step-ms 0) this is the loaders flat out"
-        text += "."
+        text += "." + _costs(by["iolib"], by["torch"])
         repeats = min(len(by["iolib"]), len(by["torch"]))
         if repeats < MIN_REPEATS_FOR_SPREAD:
             text += (
