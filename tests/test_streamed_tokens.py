@@ -147,7 +147,8 @@ def test_local_reads_run_on_as_many_threads_as_decode_at_once(corpus, form) -> N
     are capped at the decode slots (each more thread's allocator kept what its reads
     freed); from a store behind a wrapper, even one over local files, FETCH_THREADS run at
     once (a store's rate per connection is far below its total)."""
-    assert 1 <= _read_threads_seen(form.format(corpus)) <= decode_slots()
+    seen = _read_threads_seen(form.format(corpus))
+    assert seen >= 1 and seen <= decode_slots()
     fast = {"throttled": {"latency_ms": 0, "skip_instance_cache": True}}
     remote = _read_threads_seen(f"throttled::file://{corpus}", storage_options=fast)
     assert remote == FETCH_THREADS  # 25 row groups asked for at once
