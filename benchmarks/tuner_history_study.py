@@ -71,23 +71,43 @@ MIN_BATCHES = 4  # a configuration held fewer settled batches is not recorded
 SETTLE = 2  # batches after a change before its record starts
 
 
+def held_configurations(states: list[Any], settle: int, min_batches: int) -> list[list[Any]]:
+    """The run's settled batches per configuration it held, in order: each hold's
+    batches after its first `settle` (a change still draining), when `min_batches` or
+    more are left; batch 0 (the epoch's first) never counts."""
+    out: list[list[Any]] = []
+    segment: list[Any] = []
+    for x in [*states, None]:
+        if x is None or (
+            segment and (x.workers, x.depth) != (segment[-1].workers, segment[-1].depth)
+        ):
+            if len(segment[settle:]) >= min_batches:
+                out.append(segment[settle:])
+            segment = []
+        if x is not None and x.batch_index > 0:
+            segment.append(x)
+    return out
+
+
+def block_utilization(part: list[Any], block: int = 8) -> tuple[float, float]:
+    """(utilization, its standard error over blocks of `block` batches; 0.1 where
+    fewer than two blocks say nothing of the spread)."""
+    step = np.array([x.step_ms for x in part])
+    stall = np.array([x.stall_ms for x in part])
+    blocks = [
+        step[i : i + block].sum() / (step[i : i + block].sum() + stall[i : i + block].sum())
+        for i in range(0, len(part) - block + 1, block)
+    ]
+    se = statistics.stdev(blocks) / math.sqrt(len(blocks)) if len(blocks) >= 2 else 0.1
+    return float(step.sum() / (step.sum() + stall.sum())), float(se)
+
+
 def records_of(run_id: str, states: list[Any], s: Scenario, k: int) -> list[RunRecord]:
     """Every configuration run `k` held for `MIN_BATCHES` settled batches or more."""
     one = s.workload.memory_factor * s.workload.batch_bytes
-    out, segment = [], []
-
-    def close() -> None:
-        part = segment[SETTLE:]
-        if len(part) < MIN_BATCHES:
-            return
-        step = np.array([s.step_ms for s in part])
-        stall = np.array([s.stall_ms for s in part])
-        blocks = [
-            step[i : i + 8].sum() / (step[i : i + 8].sum() + stall[i : i + 8].sum())
-            for i in range(0, len(part) - 7, 8)
-        ]
-        se = statistics.stdev(blocks) / math.sqrt(len(blocks)) if len(blocks) >= 2 else 0.1
-        util = float(step.sum() / (step.sum() + stall.sum()))
+    out = []
+    for part in held_configurations(states, SETTLE, MIN_BATCHES):
+        util, se = block_utilization(part)
         out.append(
             RunRecord(
                 workload=s.workload.workload,
@@ -105,21 +125,13 @@ def records_of(run_id: str, states: list[Any], s: Scenario, k: int) -> list[RunR
                 utilization=util,
                 utilization_se=float(se),
                 memory_bytes=int(part[0].depth * one),
-                step_ms=float(statistics.median(step)),
+                step_ms=float(statistics.median(x.step_ms for x in part)),
                 batches=len(part),
                 target=s.target,
                 met=util >= s.target,
                 settled=True,
             )
         )
-
-    for x in states:
-        if segment and (x.workers, x.depth) != (segment[-1].workers, segment[-1].depth):
-            close()
-            segment = []
-        if x.batch_index > 0:
-            segment.append(x)
-    close()
     return out
 
 

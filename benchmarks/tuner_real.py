@@ -45,6 +45,7 @@ from benchmarks.tuner_experiments import (
     source_for,
     utilization,
 )
+from benchmarks.tuner_history_study import block_utilization, held_configurations
 from iolib import DataLoader
 from predictors.baselines import HillClimbTuner, StaticDefaultTuner
 from predictors.tuner import QueueingTuner
@@ -136,27 +137,18 @@ class Recording:
 
 
 def run_records(run_id: str, states: list[Any], target: float) -> list[Any]:
-    """The run's configurations held for 4 settled batches or more, as RunRecords."""
-    import statistics
-
+    """The run's configurations held for 4 settled batches or more (epoch starts left
+    out), as RunRecords."""
     import numpy as np
 
     from predictors.history import RunRecord
 
-    out, segment = [], []
-
-    def close() -> None:
-        part = [s for s in segment[2:] if not s.epoch_start]
+    out = []
+    for held in held_configurations(states, settle=2, min_batches=0):
+        part = [s for s in held if not s.epoch_start]
         if len(part) < 4:
-            return
-        step = np.array([s.step_ms for s in part])
-        stall = np.array([s.stall_ms for s in part])
-        blocks = [
-            step[i : i + 8].sum() / (step[i : i + 8].sum() + stall[i : i + 8].sum())
-            for i in range(0, len(part) - 7, 8)
-        ]
-        se = statistics.stdev(blocks) / len(blocks) ** 0.5 if len(blocks) >= 2 else 0.1
-        util = float(step.sum() / (step.sum() + stall.sum()))
+            continue
+        util, se = block_utilization(part)
         one = part[0].batch_memory_bytes or part[0].bytes_per_batch
         out.append(
             RunRecord(
@@ -175,21 +167,13 @@ def run_records(run_id: str, states: list[Any], target: float) -> list[Any]:
                 utilization=util,
                 utilization_se=float(se),
                 memory_bytes=int(part[0].depth * one),
-                step_ms=float(np.median(step)),
+                step_ms=float(np.median([s.step_ms for s in part])),
                 batches=len(part),
                 target=target,
                 met=util >= target,
                 settled=True,
             )
         )
-
-    for s in states:
-        if segment and (s.workers, s.depth) != (segment[-1].workers, segment[-1].depth):
-            close()
-            segment = []
-        if s.batch_index > 0:
-            segment.append(s)
-    close()
     return out
 
 
