@@ -212,19 +212,29 @@ class Engine:
 
     def next(self) -> tuple[Any, float]:
         """The next result in order and the seconds the consumer waited for it."""
-        if self._next >= self._base + len(self._tasks):
+        begin = time.perf_counter()
+        result = self.take()
+        return result, time.perf_counter() - begin
+
+    def take(self) -> Any:
+        """The next result in order; StopIteration after the sequence's last."""
+        k = self._next - self._base
+        tasks = self._tasks
+        if not self._target_workers:
+            # Inline: the task runs here, in order, and nothing is read ahead (no follow).
+            if k >= len(tasks):
+                raise StopIteration
+            result = self.fn(tasks[k])
+            self._next += 1
+            return result
+        if k >= len(tasks):
             self._check_inits()
             raise StopIteration
-        begin = time.perf_counter()
-        if not self._target_workers:
-            result = self.fn(self._task(self._next))
-        else:
-            self._top_up()
-            result = self._wait_for(self._next)
+        self._top_up()
+        result = self._wait_for(self._next)
         self._next += 1
-        if self._target_workers:
-            self._top_up()
-        return result, time.perf_counter() - begin
+        self._top_up()
+        return result
 
     def _check_inits(self) -> None:
         """A worker_init_fn that failed while the other threads did all the work still

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -229,6 +229,12 @@ class RankSchedule:
     world_size: int = 1
     rank: int = 0
     drop_last: bool = False
+    # Derived in __post_init__: samples one global step takes across all ranks, full steps
+    # from the cursor, samples left after them for a last batch (0 under drop_last).
+    step: int = field(init=False, repr=False, compare=False)
+    _full_steps: int = field(init=False, repr=False, compare=False)
+    _tail: int = field(init=False, repr=False, compare=False)
+    _len: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         require_positive_int("batch_size", self.batch_size)
@@ -240,22 +246,16 @@ class RankSchedule:
             )
         if not 0 <= self.start <= self.total:
             raise ConfigError(f"Cursor {self.start} lies outside the epoch (0..{self.total}).")
-
-    @property
-    def step(self) -> int:
-        """Samples one global step takes across all ranks."""
-        return self.batch_size * self.world_size
-
-    @property
-    def _full_steps(self) -> int:
-        return (self.total - self.start) // self.step
-
-    @property
-    def _tail(self) -> int:
-        return 0 if self.drop_last else (self.total - self.start) % self.step
+        # Derived once: the loader asks for them every batch.
+        step = self.batch_size * self.world_size
+        full, rest = divmod(self.total - self.start, step)
+        tail = 0 if self.drop_last else rest
+        for name, value in (("step", step), ("_full_steps", full), ("_tail", tail),
+                            ("_len", full + (1 if tail else 0))):  # fmt: skip
+            object.__setattr__(self, name, value)
 
     def __len__(self) -> int:
-        return self._full_steps + (1 if self._tail else 0)
+        return self._len
 
     @property
     def padded(self) -> int:

@@ -137,15 +137,15 @@ class Runner:
         self.workers, self.depth = self.autotune.start()
 
     # -- per batch -----------------------------------------------------------------------
-    def tune(self, engine: Engine, meta: Any, waited: float, *, epoch_start: bool) -> None:
+    def tune(self, engine: Engine, meta: Any, requested: float, *, epoch_start: bool) -> None:
+        """Tell the tuner about a batch asked for at `requested`; apply what it decides."""
         if self.autotune is None:
             return
-        steps = self.telemetry.steps
         change = self.autotune.observe(
             meta,
             epoch_start=epoch_start,
-            waited_s=waited,
-            step_s=steps[-1] if steps else 0.0,
+            waited_s=time.perf_counter() - requested,
+            step_s=self.telemetry.step_before(requested),
             workers=engine.workers,
             depth=engine.depth,
             bytes_in_flight=engine.bytes_in_flight(),
@@ -266,30 +266,33 @@ class LoaderIterator:
         """(the next batch, None), or (None, the error its worker reported)."""
         runner, engine = self._runner, self._engine
         requested = time.perf_counter()
-        runner.telemetry.on_request(requested)
         try:
-            result, _ = engine.next()
+            result = engine.take()
         except StopIteration:
+            runner.telemetry.on_request(requested)
             self._finish()
             raise
         except BaseException:
             self._stop(force=True)  # a dead worker or a timeout: this pass cannot go on
             raise
         k = self._delivered
-        self._delivered += 1
-        self._cursor.position = self._tasks.position_after(self._delivered)  # type: ignore[attr-defined]
+        self._delivered = delivered = k + 1
+        self._cursor.position = self._tasks.position_after(delivered)  # type: ignore[attr-defined]
         if isinstance(result, Failure):
             task = self._tasks[k]
             if not result.samples:  # a batch its worker could not send names none
                 result.samples = key_list(task.indices)
             return None, result.to_exception(task.number, task.epoch)
-        if result.meta.notes:
-            runner.note(result.meta.notes)
-        runner.telemetry.on_memory(engine.bytes_in_flight() + result.nbytes)
-        runner.tune(engine, result.meta, time.perf_counter() - requested, epoch_start=k == 0)
-        batch = runner.pin(result.batch)
+        meta = result.meta
+        if meta.notes:
+            runner.note(meta.notes)
+        # Inline, nothing waits in the reorder buffer: this batch is all that is held.
+        memory = result.nbytes + (engine.bytes_in_flight() if engine.workers else 0)
+        if runner.autotune is not None:
+            runner.tune(engine, meta, requested, epoch_start=k == 0)
+        batch = runner.pin(result.batch) if runner.pin_memory else result.batch
         # The consumer waited for all of __next__ (unwrapping, tuning, pinning too).
-        runner.telemetry.on_batch(time.perf_counter() - requested, result.meta)
+        runner.telemetry.record(requested, time.perf_counter(), meta, memory)
         return batch, None
 
     def _finish(self) -> None:

@@ -157,8 +157,9 @@ class EpochTasks:
         return len(self.schedule)
 
     def __getitem__(self, k: int) -> BatchTask:
-        positions = self.schedule.positions(k)
-        return BatchTask(k, self.indices(k), self.epoch, self._reserve(positions))
+        indices = self.indices(k)  # raises IndexError outside 0..len - 1
+        reserve = self._reserve(self.schedule.positions(k)) if self.reserve_batches else None
+        return BatchTask(k, indices, self.epoch, reserve)
 
     def indices(self, k: int) -> np.ndarray:
         """Batch k's sample indices (read-only), looked up with the batches after it and

@@ -146,10 +146,13 @@ class _StreamIterator:
             self._pull()
         self._skip = 0
         requested = time.perf_counter()
-        self._telemetry.on_request(requested)
-        batch = self._pull()
+        try:
+            batch = self._pull()
+        except StopIteration:
+            self._telemetry.on_request(requested)  # the last batch's step
+            raise
         self._cursor.position += 1
-        self._telemetry.on_batch(time.perf_counter() - requested, BatchMeta(samples=1))
+        self._telemetry.record(requested, time.perf_counter(), BatchMeta(samples=1), 0)
         return batch
 
     def _pull(self) -> Any:

@@ -3,6 +3,11 @@
 Utilization = step / (step + stall): the share of the consumer's time spent computing
 (on the GPU) rather than waiting for data. The tuner reads these windows; `stats()`
 reports them.
+
+Why recorded in blocks: a batch of cheap samples costs torch's DataLoader ~40 µs, and
+folding each batch into a dozen windows and counters as it arrives cost ~10 µs of that
+again. A batch appends one tuple; the tuples are folded a window at a time, or when a
+figure is read (`steps`, `waits`, `snapshot()`).
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ class Telemetry:
 
     def __init__(self, window: int = 64) -> None:
         self.window = window
-        self.waits: deque[float] = deque(maxlen=window)  # seconds blocked in __next__
-        self.steps: deque[float] = deque(maxlen=window)  # seconds between hand-over and request
+        self._waits: deque[float] = deque(maxlen=window)  # seconds blocked in __next__
+        self._steps: deque[float] = deque(maxlen=window)  # seconds between hand-over and request
         self.sizes: deque[int] = deque(maxlen=window)  # samples per batch
         self.stages: dict[str, deque[float]] = {}
         self.stage_cpu: dict[str, deque[float]] = {}  # the workers' CPU ms of each stage
@@ -30,42 +35,90 @@ class Telemetry:
         self.skipped: list[int] = []
         self.refilled = 0  # samples read from a reserve for batches that lost every sample
         self.peak_bytes_in_flight = 0
-        self._handed_over: float | None = None
+        # Batches not folded yet: (requested, handed over, meta, bytes in flight).
+        self._pending: list[tuple[float, float, BatchMeta, int]] = []
+        self._handed_over: float | None = None  # the last folded batch's hand-over
         self.first_batch_s: float | None = None
         self._started = time.perf_counter()
 
     def start_epoch(self) -> None:
         """A new iteration: the gap since the last batch is not a training step."""
+        self._fold()
         self._handed_over = None
         self._started = time.perf_counter()
 
+    def record(self, requested: float, handed_over: float, meta: BatchMeta, memory: int) -> None:
+        """A batch asked for at `requested` and handed over at `handed_over`
+        (`time.perf_counter()`), with `memory` bytes in flight counting it."""
+        pending = self._pending
+        pending.append((requested, handed_over, meta, memory))
+        if len(pending) >= self.window:
+            self._fold()
+
     def on_request(self, now: float) -> None:
-        """The consumer asked for the next batch: close the step of the previous one."""
+        """The consumer asked for a batch that did not come (the epoch ended): the step
+        of the last one still counts."""
+        self._fold()
         if self._handed_over is not None:
-            self.steps.append(now - self._handed_over)
+            self._steps.append(now - self._handed_over)
+            self._handed_over = None
 
-    def on_batch(self, wait_s: float, meta: BatchMeta) -> None:
-        """A batch was handed over after the consumer waited `wait_s`."""
-        now = time.perf_counter()
+    def _fold(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
         if self.first_batch_s is None:
-            self.first_batch_s = now - self._started
-        self._handed_over = now
-        self.waits.append(wait_s)
-        self.sizes.append(meta.samples)
-        self.batch_bytes.append(meta.nbytes)
-        for stage, ms in meta.stage_ms.items():
-            self.stages.setdefault(stage, deque(maxlen=self.window)).append(ms)
-        for stage, ms in meta.cpu_ms.items():
-            self.stage_cpu.setdefault(stage, deque(maxlen=self.window)).append(ms)
-        self.batches += 1
-        self.samples += meta.samples
-        self.bytes_read += meta.bytes_read
-        self.retries += meta.retries
-        self.skipped.extend(meta.skipped)
-        self.refilled += meta.refilled
+            self.first_batch_s = pending[0][1] - self._started
+        window, handed_over = self.window, self._handed_over
+        waits, steps, sizes, batch_bytes = self._waits, self._steps, self.sizes, self.batch_bytes
+        stages, stage_cpu, peak = self.stages, self.stage_cpu, self.peak_bytes_in_flight
+        for requested, handed, meta, memory in pending:
+            if handed_over is not None:
+                steps.append(requested - handed_over)
+            handed_over = handed
+            waits.append(handed - requested)
+            sizes.append(meta.samples)
+            batch_bytes.append(meta.nbytes)
+            for stage, ms in meta.stage_ms.items():
+                found = stages.get(stage)
+                if found is None:
+                    found = stages[stage] = deque(maxlen=window)
+                found.append(ms)
+            for stage, ms in meta.cpu_ms.items():
+                found = stage_cpu.get(stage)
+                if found is None:
+                    found = stage_cpu[stage] = deque(maxlen=window)
+                found.append(ms)
+            self.samples += meta.samples
+            self.bytes_read += meta.bytes_read
+            self.retries += meta.retries
+            if meta.skipped:
+                self.skipped.extend(meta.skipped)
+            self.refilled += meta.refilled
+            if memory > peak:
+                peak = memory
+        self.batches += len(pending)
+        self.peak_bytes_in_flight, self._handed_over = peak, handed_over
 
-    def on_memory(self, bytes_in_flight: int) -> None:
-        self.peak_bytes_in_flight = max(self.peak_bytes_in_flight, bytes_in_flight)
+    def step_before(self, requested: float) -> float:
+        """The step that ended with a request at `requested`: since the last batch's
+        hand-over (this epoch's), else the last step measured (0 when none)."""
+        last = self._pending[-1][1] if self._pending else self._handed_over
+        if last is not None:
+            return requested - last
+        return self._steps[-1] if self._steps else 0.0
+
+    @property
+    def waits(self) -> deque[float]:
+        """Seconds the consumer was blocked in `__next__`, of the last `window` batches."""
+        self._fold()
+        return self._waits
+
+    @property
+    def steps(self) -> deque[float]:
+        """Seconds between a batch's hand-over and the next request (the training step)."""
+        self._fold()
+        return self._steps
 
     def stall_fraction(self) -> float:
         """Share of the consumer's recent time spent waiting for data (0 when none measured)."""
@@ -74,8 +127,10 @@ class Telemetry:
 
     def snapshot(self) -> dict[str, Any]:
         """The figures `DataLoader.stats()` reports (without the engine's live counts)."""
-        wall = sum(self.waits) + sum(self.steps)
-        recent = sum(list(self.sizes)[-len(self.steps) - 1 :]) if self.steps else 0
+        self._fold()
+        waits, steps = self._waits, self._steps
+        wall = sum(waits) + sum(steps)
+        recent = sum(list(self.sizes)[-len(steps) - 1 :]) if steps else 0
         stall = self.stall_fraction()
         return {
             "batches": self.batches,
@@ -83,8 +138,8 @@ class Telemetry:
             "samples_per_s": recent / wall if wall > 0 else 0.0,
             "stall_fraction": stall,
             "utilization": 1.0 - stall,
-            "wait_ms": 1e3 * median(self.waits) if self.waits else 0.0,
-            "step_ms": 1e3 * median(self.steps) if self.steps else 0.0,
+            "wait_ms": 1e3 * median(waits) if waits else 0.0,
+            "step_ms": 1e3 * median(steps) if steps else 0.0,
             "stage_ms": {k: median(v) for k, v in self.stages.items() if v},
             # Of that, CPU: a stage far above its CPU waits (storage, or a busy core).
             "stage_cpu_ms": {k: median(v) for k, v in self.stage_cpu.items() if v},

@@ -43,7 +43,7 @@ class _Memory:
         ]
 
     def get(self) -> tuple[bytes, ...]:
-        return tuple(bytes(view) for view in self._views)
+        return tuple(map(bytes, self._views))  # no Python frame per span: read per batch
 
     def put(self, saved: tuple[bytes, ...]) -> None:
         for view, data in zip(self._views, saved, strict=True):
