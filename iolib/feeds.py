@@ -236,20 +236,20 @@ class _KeyedFeed(ABC):
             return len(self.source.blocks()) or 1
         if shuffle == "block":
             # A source's own windowed shuffle reads the next window ahead: two of them.
-            ahead = 0 if (shuffle, window) == self.order_mode_asked() else window
+            ahead = window if self._source_windowed() else 0
             return window + ahead + workers + 1
         return workers + 2
+
+    def _source_windowed(self) -> bool:
+        """Does the source run its own windowed shuffle (its layout's, not the loader's)?"""
+        return False
 
     @property
     def num_samples(self) -> int:
         return len(self.source)
 
-    def order_mode_asked(self) -> tuple[str, int]:
-        """The shuffle mode and window the loader was given."""
-        return self.options.shuffle, self.options.order.shuffle_window
-
     def order_mode(self) -> tuple[str, int]:
-        return self.order_mode_asked()
+        return self.options.shuffle, self.options.order.shuffle_window
 
     def fingerprint(self) -> str:
         return self.source.fingerprint()
@@ -307,6 +307,9 @@ class PlanFeed(_KeyedFeed):
     def order_mode(self) -> tuple[str, int]:
         choice = self.plan.choice
         return choice.shuffle, choice.window
+
+    def _source_windowed(self) -> bool:
+        return self.plan.choice.source_windowed
 
     def fingerprint(self) -> str:
         """The source's, and the lanes the plan resolved where the source has lanes: a

@@ -419,12 +419,16 @@ class Layout:
 @dataclass(frozen=True)
 class OrderChoice:
     """The order a loader runs over a source: a mode, its window and the lanes, resolved
-    once from the source's `Layout` and the loader's options (`choose_order`)."""
+    once from the source's `Layout` and the loader's options (`choose_order`).
+
+    source_windowed: the source's layout turned the loader's shuffle into a windowed one
+    (`Layout.modes`): the source shuffles by windows, and reads the next one ahead."""
 
     shuffle: str
     window: int
     lanes: int
     granule: int
+    source_windowed: bool = False
 
 
 def choose_order(
@@ -439,6 +443,7 @@ def choose_order(
     """The mode, window, lanes and granule a loader's plan runs over a source: the
     loader's own, unless the source's layout says a shuffled loader runs windowed
     (`Layout.modes`); "auto" lanes become the world size."""
+    source_windowed = False
     if windowed_ok and shuffle != "none":
         windowed = shuffle == "global" or any(asked == shuffle for asked, _, _ in layout.modes)
         if layout.refusal is not None and windowed:
@@ -446,10 +451,11 @@ def choose_order(
         for asked, run, run_window in layout.modes:
             if asked == shuffle:
                 shuffle, window = run, run_window or window  # 0: the loader's window
+                source_windowed = run == "block"
                 break
     lanes = int(world_size) if layout.lanes == "auto" else int(layout.lanes)
     granule = int(batch_size) if layout.granule is None else int(layout.granule)
-    return OrderChoice(shuffle, int(window), lanes, granule)
+    return OrderChoice(shuffle, int(window), lanes, granule, source_windowed)
 
 
 def plan_order(
