@@ -190,7 +190,8 @@ SHAPES = {
     **{f"url-{name}": ([password], [], [password, *_pieces(password)])
        for name, password in PASSWORDS.items()},
 }  # fmt: skip
-COMMANDS = ["inspect", "inspect-json", "bench", "tune", "index", "convert"]
+COMMANDS = ["inspect", "inspect-json", "bench", "tune", "index", "convert",
+            "history-list", "history-show", "history-clear"]  # fmt: skip
 
 
 def _shape_data(shape: str) -> tuple[str, list[str], list[str]]:
@@ -205,7 +206,18 @@ def _shape_data(shape: str) -> tuple[str, list[str], list[str]]:
     return f"{base}/train", extra, secrets
 
 
-def _command(name: str, url: str, out: Path) -> list[str]:
+def _command(name: str, url: str, out: Path, extra: list[str]) -> list[str]:
+    """The command line of `name` on `url`, with `extra` options where they go (a
+    group's options before its subcommand)."""
+    if name.startswith("history"):
+        # The history's own location holds the secret; the group takes the options.
+        at = ["history", "--at", f"{url}-history", *extra]
+        return at + {"history-list": ["list"], "history-show": ["show", "0123456789abcdef"],
+                     "history-clear": ["clear", "--yes"]}[name]  # fmt: skip
+    return _plain_command(name, url, out) + extra
+
+
+def _plain_command(name: str, url: str, out: Path) -> list[str]:
     return {
         "inspect": ["inspect", url],
         "inspect-json": ["inspect", url, "--json"],
@@ -224,13 +236,14 @@ def test_no_secret_of_any_shape_in_any_output_or_file(
     capfd, tmp_path, monkeypatch, command, shape
 ) -> None:
     """Each command run with the secret in a bearer header, in key/secret/token options or
-    in a URL password holding ' " @ or ': nothing printed and no file written (the output
+    in a URL password holding ' " @ or : (`iolib history`: in its location's URL and
+    options): nothing printed and no file written (the output
     folder, the run history, the dataset's own folder: _metadata, token indexes) holds
     the secret."""
     monkeypatch.setenv("IOLIB_HISTORY", str(tmp_path / "history"))  # scanned below
     url, extra, secrets = _shape_data(shape)
     out = tmp_path / "out"
-    args = _command(command, url, out) + extra
+    args = _command(command, url, out, extra)
     code, output = _run(args, capfd)
     written = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     if command == "tune":  # it ran, and recorded what it measured in the history
@@ -244,6 +257,9 @@ def test_no_secret_of_any_shape_in_any_output_or_file(
     assert not leaked, (args, leaked, output)
     for path, data in written.items():
         assert not [s for s in secrets if s.encode() in data], (path, args)
+    if command == "history-list":  # it opened the history and named where, masked
+        assert code == 0 and "No runs recorded at memory://" in output, output
+        assert "***@" in output or not shape.startswith("url"), output
     if command == "bench":  # the run ran and its record says what was asked, masked
         assert code == 0, output
         recorded = json.loads((out / "run.json").read_text())["command"]
