@@ -94,7 +94,7 @@ def test_total_rate_is_shared_by_concurrent_connections(store):
 
         def read() -> None:
             fs = _fs(p, store)
-            barrier.wait()
+            barrier.wait(timeout=60)
             got.append(fs.cat_file("iolib-bench/p/blob.bin", start=0, end=len(BLOB)))
 
         start = time.perf_counter()
@@ -102,7 +102,8 @@ def test_total_rate_is_shared_by_concurrent_connections(store):
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a read did not finish in 120 s"
         assert time.perf_counter() - start >= 3 * len(BLOB) / 6e6
         assert got == [BLOB] * 3
         stats = p.stats()

@@ -119,7 +119,8 @@ def test_each_row_group_is_read_once_by_racing_threads(tmp_path) -> None:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a reader did not finish in 120 s"
         assert source.reader.dense_row_groups().all()
         # Every read from storage is counted: each row group read once, none again.
         stats = source.cache_stats()

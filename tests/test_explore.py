@@ -152,7 +152,12 @@ def _loaded(code: str, tmp_path: Path) -> list[str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
     env["IOLIB_HISTORY"] = str(tmp_path / "history")
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=240,
     )
     assert out.returncode == 0, out.stderr
     return eval(out.stdout.strip().splitlines()[-1])

@@ -33,6 +33,7 @@ def test_the_lab_runs_as_a_module_and_iolib_tune_no_longer_trains() -> None:
         text=True,
         check=True,
         cwd=ROOT,
+        timeout=240,
     ).stdout
     assert "evaluate" in help_text and "retrain" in help_text
     from iolib.cli import cli as iolib_cli

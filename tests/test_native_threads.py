@@ -31,7 +31,7 @@ def test_threads_started_in_the_block_are_found_and_their_cpu_read() -> None:
         _assert_cpu_counted(pool, worker, stop)
     finally:
         stop.set()
-        worker.join()
+        worker.join(timeout=10)
 
 
 def _assert_cpu_counted(pool, worker: threading.Thread, stop: threading.Event) -> None:
@@ -45,15 +45,15 @@ def test_threads_of_another_name_are_left_out() -> None:
     # A loader's own thread that starts while a pipeline is built counts itself.
     stop = threading.Event()
     with started_threads("[DALI]") as pool:
-        worker = threading.Thread(target=stop.wait)
+        worker = threading.Thread(target=stop.wait, args=(10,))
         worker.start()
     stop.set()
-    worker.join()
+    worker.join(timeout=10)
     assert worker.native_id not in pool.ids
 
 
 def _named_later(named: threading.Event, stop: threading.Event) -> None:
-    named.wait()
+    named.wait(10)
     with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
         comm.write("[DALI]late")
     _spin_until(stop)
@@ -76,7 +76,7 @@ def test_a_thread_that_names_itself_after_the_block_still_counts() -> None:
     finally:
         named.set()
         stop.set()
-        worker.join()
+        worker.join(timeout=10)
 
 
 def test_names_are_read_only_while_a_pool_may_still_be_naming_itself(monkeypatch) -> None:
@@ -96,4 +96,4 @@ def test_names_are_read_only_while_a_pool_may_still_be_naming_itself(monkeypatch
     finally:
         named.set()
         stop.set()
-        worker.join()
+        worker.join(timeout=10)

@@ -20,7 +20,12 @@ def test_the_tuner_plans_without_scikit_learn_or_the_lab() -> None:
         "print(loaded)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        timeout=240,
     )
     assert out.stdout.strip() == "[]"
 

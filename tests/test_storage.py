@@ -329,7 +329,9 @@ assert timeouts.call_with_timeout(lambda: 2, 5.0, "x") == 2  # after the hook: i
 assert not timeouts.live_helper_threads()
 print("ok")
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
@@ -357,14 +359,16 @@ def tiny_disk(tmp_path):
     mount = tmp_path / "tiny"
     mount.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+        capture_output=True,
+        timeout=60,
     )
     if done.returncode:
         pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
     try:
         yield mount
     finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=60)
 
 
 def test_a_full_cache_disk_is_a_storage_error_at_once_not_bad_data(tmp_path, tiny_disk, caplog):

@@ -192,7 +192,7 @@ def run_script(which: str, root: Path, workdir: Path) -> dict:
             code = proc.wait(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.wait(timeout=30)
             pytest.fail(
                 f"{which}: the training script did not finish in {TIMEOUT_S} s "
                 f"(deadlock?); its output:\n{log.read_text()[-2000:]}"

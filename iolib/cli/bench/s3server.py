@@ -7,8 +7,10 @@ it would compete with the loader being measured for the GIL.
 from __future__ import annotations
 
 import contextlib
+import queue
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +25,23 @@ print(server.get_host_and_port()[1], flush=True)
 sys.stdin.read()  # runs until the parent closes our stdin (or dies)
 server.stop()
 """
+
+
+_START_S = 120.0  # moto's imports take seconds; on a loaded machine, tens of them
+
+
+def _first_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The child's first line of output, or "" when none came within `timeout` seconds
+    (a child stuck before printing would otherwise hold the caller forever)."""
+    lines: queue.Queue[str] = queue.Queue()
+    stdout = proc.stdout
+    if stdout is None:
+        return ""
+    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return ""
 
 
 @contextlib.contextmanager
@@ -48,9 +67,12 @@ def moto_s3(bucket: str = "iolib-bench") -> Iterator[dict[str, Any]]:
         text=True,
     )
     try:
-        line = proc.stdout.readline() if proc.stdout else ""
+        line = _first_line(proc, _START_S)
         if not line.strip().isdigit():
-            raise ConfigError("moto's S3 server did not start. Fix: pip install 'moto[server]'.")
+            raise ConfigError(
+                f"moto's S3 server did not start (no port within {_START_S:g} s). "
+                "Fix: pip install 'moto[server]'."
+            )
         options = {
             "endpoint_url": f"http://127.0.0.1:{int(line)}",
             "key": "testing",
@@ -66,4 +88,4 @@ def moto_s3(bucket: str = "iolib-bench") -> Iterator[dict[str, Any]]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            proc.wait(timeout=10)
