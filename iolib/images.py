@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("iolib.images")
 _notice_logged = False
+_RESOLVING = threading.Lock()  # one backend per ImagePipeline, however many threads ask
 _LAYOUT_DTYPES = {"NCHW": "float32", "NHWC": "uint8"}
 _DTYPES = ("float16", "float32", "uint8")
 
@@ -170,19 +171,25 @@ class ImagePipeline:
         return geo.CropSpec(self.size, self.train, self.scale, self.ratio, self.crop_fraction)
 
     def _resolved(self) -> tuple[BatchSettings, Backend]:
-        """What decoding a batch needs, built on first use (a racing thread builds an
-        equal pair): the settings, and the backend with its DALI pipelines."""
+        """What decoding a batch needs, built once on first use (threads that race wait
+        for it: one backend, so one DALI pipeline, per process): the settings, and the
+        backend with its DALI pipeline."""
         resolved = self._runtime.get("resolved")
-        if resolved is None:
-            from iolib.decode import make_backend
-            from iolib.decode.batch import BatchSettings
+        if resolved is not None:
+            return resolved
+        with _RESOLVING:
+            return self._runtime.get("resolved") or self._build_resolved()
 
-            spec = self.output_spec()
-            backend = make_backend(self.resolved_backend(), spec)
-            settings = BatchSettings(
-                self.image_column, self.max_image_pixels, self.on_error, self.crop_spec(), spec
-            )
-            resolved = self._runtime["resolved"] = (settings, backend)
+    def _build_resolved(self) -> tuple[BatchSettings, Backend]:
+        from iolib.decode import make_backend
+        from iolib.decode.batch import BatchSettings
+
+        spec = self.output_spec()
+        backend = make_backend(self.resolved_backend(), spec)
+        settings = BatchSettings(
+            self.image_column, self.max_image_pixels, self.on_error, self.crop_spec(), spec
+        )
+        resolved = self._runtime["resolved"] = (settings, backend)
         return resolved
 
     def prepare(self) -> None:
