@@ -66,9 +66,8 @@ class ImagePipeline:
     max_image_pixels: images with more pixels (from the header) are bad input.
     scale, ratio: RandomResizedCrop's area-fraction and aspect-ratio ranges.
     crop_fraction: eval crop size / resize size (0.875: 224 of 256).
-    threads: decode threads per DALI pipeline (one pipeline per loader worker);
-        default: all cores. With W loader workers, about cores / W: raising it past the
-        free cores only adds contention.
+    threads: decode threads of the DALI pipeline, one per process (loader worker threads
+        take turns on it; each worker process has its own); default: all cores.
     """
 
     size: int = 224
