@@ -1,11 +1,12 @@
 """Training-ready image batches: decode, random-resized crop, flip, normalize, layout.
 
 ``ImagePipeline`` is what a training script passes to ``iolib.DataLoader(decode=...)``.
-It is a frozen, picklable description; the decoders it drives (DALI pipelines, one per
-loader thread) are built on first use. Each sample's crop window and flip come from
-``iolib.rng.sample_rng(seed, epoch, index)``, so a batch is a pure function of its
-bytes and indices: the same for any worker count, prefetch depth or resume, and the
-same crop windows on every backend (pixels may differ by rounding between backends).
+It is a frozen, picklable description; the decoder it drives (a DALI pipeline, one per
+process, which loader threads take turns on) is built on first use. Each sample's crop
+window and flip come from ``iolib.rng.sample_rng(seed, epoch, index)``, so a batch is
+a pure function of its bytes and indices: the same for any worker count, prefetch depth
+or resume, and the same crop windows on every backend (pixels may differ by rounding
+between backends).
 
 Example::
 
