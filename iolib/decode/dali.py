@@ -8,7 +8,7 @@ same for any worker count, batch split or resume.
 The graph, per sample: ``decoders.image_slice`` decodes only the window (region-of-
 interest decoding; ``device="mixed"`` on a GPU, ``"cpu"`` otherwise) -> ``resize`` to
 ``size x size`` (bilinear, antialiased) -> ``crop_mirror_normalize`` (flip, normalize,
-layout, dtype).
+layout, dtype), or ``flip`` alone for uint8 NHWC.
 
 One pipeline per backend (so per process), built lazily (about 10 ms), run by one
 loader thread at a time, and dropped when a run fails (DALI marks it invalid). Why not
