@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # for GPU users. Override for another CUDA: make install TORCH_SPEC="torch==2.13.0 --index-url ..."
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-no-extension lint format bench clean
+.PHONY: install demo test test-no-extension lint format bench bench-premerge clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ $(VENV)/.installed: pyproject.toml setup.py iolib/text/loops.c Makefile
 
 demo: install
 	$(VENV)/bin/iolib bench
+
+# Rerun before each merge: iolib's image path against DALI's own reader (< 2 min).
+bench-premerge: install
+	$(VENV)/bin/python benchmarks/bench_images_vs_dali.py --quick
 
 lint: install
 	$(VENV)/bin/ruff check conftest.py setup.py iolib predictors benchmarks tests docs/examples

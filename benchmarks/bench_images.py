@@ -9,8 +9,8 @@ the median over repeats.
 Fairness: DALI's reader does its crop the fastest way DALI offers
 (``decoders.image_random_crop``: only the window is decoded, as iolib's
 ``decoders.image_slice`` does), and both DALI legs decode with the same number of DALI
-threads in all (``--threads``: the reader's pool; iolib: ``--iolib-workers`` loader
-workers x ``--threads / --iolib-workers`` threads each). Both hand torch their float32
+threads in all (``--threads``: the reader's pool, and the pool of iolib's one pipeline,
+which its ``--iolib-workers`` loader workers take turns on). Both hand torch their float32
 output buffers without a copy (DALI's dynamic executor).
 
     python benchmarks/bench_images.py                 # 4000 256x256 JPEGs -> 224, batch 64
@@ -287,8 +287,8 @@ def measure(legs: dict[str, Callable[[], int]], repeats: int) -> dict[str, list[
     "--iolib-threads",
     type=int,
     default=0,
-    help="DALI threads per iolib worker (default: --threads / --iolib-workers, so the "
-    "iolib loader decodes with as many DALI threads in all as DALI's reader)",
+    help="DALI threads of iolib's pipeline, one per process (default: --threads, as many "
+    "DALI threads in all as DALI's reader)",
 )
 @click.option(
     "--out",
@@ -303,7 +303,7 @@ def main(**options: object) -> None:
         folder = Path(tmp) / "folder"
         paths = make_images(folder, args.images, args.side)
         urls = write_parquet(paths, Path(tmp) / "parquet")
-        iolib_threads = args.iolib_threads or max(1, args.threads // args.iolib_workers)
+        iolib_threads = args.iolib_threads or args.threads
         legs: dict[str, Callable[[], int] | str] = {
             f"torch DataLoader + Pillow ({args.workers} workers)": torch_leg(
                 paths, args.size, args.batch, args.workers
@@ -316,8 +316,8 @@ def main(**options: object) -> None:
             urls, args.size, args.batch, args.iolib_workers, iolib_threads
         )
         name = (
-            f"iolib DataLoader on Parquet, DALI CPU decode ({args.iolib_workers} workers x "
-            f"{iolib_threads} DALI thread{'s' if iolib_threads > 1 else ''})"
+            f"iolib DataLoader on Parquet, DALI CPU decode ({args.iolib_workers} workers, "
+            f"one pipeline of {iolib_threads} DALI thread{'s' if iolib_threads > 1 else ''})"
         )
         legs[name] = loader_epoch or why
         legs[f"iolib ImagePipeline alone (1 feeding thread, {args.threads} DALI threads)"] = (

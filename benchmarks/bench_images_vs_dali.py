@@ -23,6 +23,11 @@ are left out on both sides); the first-batch time is reported beside it.
 
     python benchmarks/bench_images_vs_dali.py                  # 3,000 JPEGs, 5 pairs
     python benchmarks/bench_images_vs_dali.py --pairs 3 --root /tmp/a --root /tmp/b
+    python benchmarks/bench_images_vs_dali.py --quick          # before a merge, < 2 min
+
+``--quick`` (``make bench-premerge``): 1,200 JPEGs, 2 pairs, this checkout; prints the
+table and a one-line verdict against the targets and writes no results file unless
+``--out`` is given.
 
 Writes benchmarks/results/images-vs-dali.md and .json (median, min-max and every pair,
 with ``uptime``'s load at each pair).
@@ -77,13 +82,14 @@ def prepare(data: Path, n: int, side: int) -> tuple[Path, Path]:
 # --- the legs, each run in its own process (``--leg``) ---------------------------------
 
 
-def tree_counts() -> tuple[float, int]:
+def tree_counts(sampler: PeakRss | None = None) -> tuple[float, int]:
     """CPU seconds (user + system) and minor page faults of this process and its live
-    children so far: work counted, which a loaded machine changes far less than time."""
+    children so far: work counted, which a loaded machine changes far less than time.
+    The memory sampler's own CPU (`sampler`, reading /proc every 50 ms) is left out."""
     import psutil
 
     me = psutil.Process()
-    cpu, faults = 0.0, 0
+    cpu, faults = -(sampler.cpu if sampler else 0.0), 0
     for p in [me, *me.children(recursive=True)]:
         try:
             t = p.cpu_times()
@@ -102,7 +108,7 @@ class PeakRss:
     def __init__(self) -> None:
         import threading
 
-        self.peak, self._stop = 0, threading.Event()
+        self.peak, self.cpu, self._stop = 0, 0.0, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -118,6 +124,7 @@ class PeakRss:
                 except psutil.NoSuchProcess:
                     continue
             self.peak = max(self.peak, total)
+            self.cpu = time.thread_time()  # this thread's CPU so far, left out of the counts
 
     def stop(self) -> float:
         self._stop.set()
@@ -170,10 +177,10 @@ def iolib_leg(shards: Path, size: int, batch: int, workers: int, warmup: int) ->
     measured = loader()
     for b in measured:
         if first is None:
-            first, c0 = time.perf_counter(), tree_counts()
+            first, c0 = time.perf_counter(), tree_counts(peak)
         else:
             n += len(b["label"])
-    end, c1 = time.perf_counter(), tree_counts()  # persistent workers still alive
+    end, c1 = time.perf_counter(), tree_counts(peak)  # persistent workers still alive
     return {
         "iolib": iolib.__file__,
         **figures(n, start, first, end, c0, c1),
@@ -205,13 +212,13 @@ def dali_leg(jpegs: Path, size: int, batch: int, threads: int, warmup: int) -> d
     start = time.perf_counter()
     images, _ = pipe.run()
     np.asarray(images.as_tensor())
-    first, c0 = time.perf_counter(), tree_counts()
+    first, c0 = time.perf_counter(), tree_counts(peak)
     n = 0
     while n + batch < epoch:
         images, _ = pipe.run()
         np.asarray(images.as_tensor())  # the batch as one array, no copy
         n += len(images)
-    end, c1 = time.perf_counter(), tree_counts()
+    end, c1 = time.perf_counter(), tree_counts(peak)
     return {**figures(n, start, first, end, c0, c1), "peak_rss_mb": peak.stop()}
 
 
@@ -234,6 +241,7 @@ def run_leg(leg: str, root: Path, args: SimpleNamespace, jpegs: Path, shards: Pa
         str(args.threads),
         "--warmup",
         str(args.warmup),
+        *(["--dali-imports-torch"] if args.dali_imports_torch else []),
     ]
     env = dict(os.environ, PYTHONPATH=str(root))
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
@@ -284,6 +292,14 @@ def commit_of(root: Path) -> str:
     default=None,
     help="keep the JPEGs and shards here and reuse them (default: a temporary folder)",
 )
+@click.option(
+    "--quick", is_flag=True, help="1,200 JPEGs, 2 pairs, print only (the pre-merge check)"
+)
+@click.option(
+    "--dali-imports-torch",
+    is_flag=True,
+    help="the DALI leg imports torch first, as a PyTorch script feeding from DALI does",
+)
 @click.option("--leg", type=click.Choice(["iolib", "dali"]), default=None, hidden=True)
 @click.option(
     "--render",
@@ -294,15 +310,20 @@ def commit_of(root: Path) -> str:
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
-    default=ROOT / "benchmarks/results/images-vs-dali.md",
-    show_default=True,
+    default=None,
+    help="[default: benchmarks/results/images-vs-dali.md; none with --quick]",
 )
 def main(**options: object) -> None:
     args = SimpleNamespace(**options)
+    if args.quick:
+        args.images, args.pairs = 1200, 2
+    elif args.out is None:
+        args.out = ROOT / "benchmarks/results/images-vs-dali.md"
     if args.render:
         saved = json.loads(args.render.read_text())
         for key in ("images", "side", "size", "batch", "workers", "threads", "pairs"):
             setattr(args, key, int(saved["options"][key]))
+        args.dali_imports_torch = saved["options"].get("dali_imports_torch") == "True"
         roots = [Path(r) for r in saved["results"]]
         args.roots = tuple(roots)
         runs = {r: row["pairs"] for r, row in saved["results"].items()}
@@ -313,6 +334,8 @@ def main(**options: object) -> None:
         if args.leg == "iolib":
             result = iolib_leg(shards, args.size, args.batch, args.workers, args.warmup)
         else:
+            if args.dali_imports_torch:
+                import torch  # noqa: F401
             result = dali_leg(jpegs, args.size, args.batch, args.threads, args.warmup)
         print(json.dumps(result), flush=True)
         return
@@ -351,14 +374,19 @@ def write(
         f"{args.size}, batch {args.batch}, uint8 NHWC on the CPU; iolib: {args.workers} "
         f"persistent workers on `iolib convert` default shards; DALI: {args.threads} threads. "
         f"{args.pairs} pairs, each leg a fresh process, legs alternating; rate from the first "
-        "batch to the last. Command: `python benchmarks/bench_images_vs_dali.py "
+        "batch to the last"
+        + ("; the DALI leg imports torch first" if args.dali_imports_torch else "")
+        + ". Command: `python benchmarks/bench_images_vs_dali.py "
         + " ".join(f"--root {r}" for r in args.roots)
-        + f" --pairs {args.pairs}`.",
+        + (" --quick" if args.quick else f" --images {args.images} --pairs {args.pairs}")
+        + (" --dali-imports-torch" if args.dali_imports_torch else "")
+        + "`.",
         "",
         "Timed ratio: iolib / DALI images/s within a pair. Counted (steadier on a loaded "
         "machine): CPU ms and minor page faults per image of each leg's process tree, and "
         "the CPU ratio, DALI's CPU per image / iolib's (images per CPU second, iolib over "
-        "DALI); peak RSS of the tree (sampled, shared pages once per process).",
+        "DALI); peak RSS of the tree (sampled, shared pages once per process). The "
+        "memory sampler's own CPU is left out of both legs' counts.",
         "",
         "| iolib from | timed ratio median | min-max | pairs (ratio, load 1/5/15 min) | "
         "iolib / DALI images/s | CPU ratio median (min-max) | CPU ms/image iolib / DALI | "
@@ -393,13 +421,34 @@ def write(
             f"{both('peak_rss_mb', ',.0f')} | {both('first_s', '.2f')} |"
         )
     text = "\n".join(lines) + "\n"
+    print(text)
+    for r in roots:
+        print(verdict(summary[str(r)]))
+    if args.out is None:
+        return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     meta = {k: str(v) for k, v in vars(args).items() if k not in ("roots", "out")}
     args.out.with_suffix(".json").write_text(
         json.dumps({"when": when, "options": meta, "results": summary}, indent=1) + "\n"
     )
-    print(text)
+
+
+def verdict(row: dict) -> str:
+    """One line against the targets: images/s >= 1.0x DALI's reader, peak memory within
+    1.5x its (docs/benchmarks.md says how to read it on a loaded machine)."""
+    pairs, med = row["pairs"], statistics.median
+    cpu, faults, rss = (
+        [med(p[leg][key] for p in pairs) for leg in ("iolib", "dali")]
+        for key in ("cpu_ms_per_image", "faults_per_image", "peak_rss_mb")
+    )
+    return (
+        f"images vs DALI's reader ({row['commit'][:12]}): timed {row['ratio_median']:.2f}x "
+        f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f}, target >= 1.0), per CPU "
+        f"{row['cpu_ratio_median']:.2f}x ({cpu[0]:.2f} / {cpu[1]:.2f} ms an image), faults "
+        f"{faults[0]:.0f} / {faults[1]:.0f} an image, peak RSS {rss[0]:,.0f} / {rss[1]:,.0f} "
+        f"MB = {rss[0] / rss[1]:.2f}x (target <= 1.5), load {pairs[-1]['load']}"
+    )
 
 
 if __name__ == "__main__":

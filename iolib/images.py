@@ -1,11 +1,12 @@
 """Training-ready image batches: decode, random-resized crop, flip, normalize, layout.
 
 ``ImagePipeline`` is what a training script passes to ``iolib.DataLoader(decode=...)``.
-It is a frozen, picklable description; the decoders it drives (DALI pipelines, one per
-loader thread) are built on first use. Each sample's crop window and flip come from
-``iolib.rng.sample_rng(seed, epoch, index)``, so a batch is a pure function of its
-bytes and indices: the same for any worker count, prefetch depth or resume, and the
-same crop windows on every backend (pixels may differ by rounding between backends).
+It is a frozen, picklable description; the decoder it drives (a DALI pipeline, one per
+process, which loader threads take turns on) is built on first use. Each sample's crop
+window and flip come from ``iolib.rng.sample_rng(seed, epoch, index)``, so a batch is
+a pure function of its bytes and indices: the same for any worker count, prefetch depth
+or resume, and the same crop windows on every backend (pixels may differ by rounding
+between backends).
 
 Example::
 
@@ -33,6 +34,7 @@ import numpy as np
 
 from iolib.decode import BACKENDS, Backend, OutputSpec, dali_available, dali_package
 from iolib.decode import geometry as geo
+from iolib.decode.heap import limit_arenas
 from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS
 from iolib.errors import ConfigError, OnError, refuse_loader_arguments, require_positive_int
 from iolib.resources import cpu_count
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("iolib.images")
 _notice_logged = False
+_RESOLVING = threading.Lock()  # one backend per ImagePipeline, however many threads ask
 _LAYOUT_DTYPES = {"NCHW": "float32", "NHWC": "uint8"}
 _DTYPES = ("float16", "float32", "uint8")
 
@@ -64,9 +67,8 @@ class ImagePipeline:
     max_image_pixels: images with more pixels (from the header) are bad input.
     scale, ratio: RandomResizedCrop's area-fraction and aspect-ratio ranges.
     crop_fraction: eval crop size / resize size (0.875: 224 of 256).
-    threads: decode threads per DALI pipeline (one pipeline per loader worker);
-        default: all cores. With W loader workers, about cores / W: raising it past the
-        free cores only adds contention.
+    threads: decode threads of the DALI pipeline, one per process (loader worker threads
+        take turns on it; each worker process has its own); default: all cores.
     """
 
     size: int = 224
@@ -124,6 +126,7 @@ class ImagePipeline:
             )
         if self.device is not None and self.device.startswith("cuda"):
             _require_cuda(self.device)
+        limit_arenas()  # before the loader's threads make arenas: see decode/heap.py
 
     # Pickling: the description travels; decoders (DALI pipelines) are rebuilt where used.
     def __getstate__(self) -> dict[str, Any]:
@@ -133,6 +136,7 @@ class ImagePipeline:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        limit_arenas()  # a worker process unpickles this before it decodes
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -167,19 +171,25 @@ class ImagePipeline:
         return geo.CropSpec(self.size, self.train, self.scale, self.ratio, self.crop_fraction)
 
     def _resolved(self) -> tuple[BatchSettings, Backend]:
-        """What decoding a batch needs, built on first use (a racing thread builds an
-        equal pair): the settings, and the backend with its DALI pipelines."""
+        """What decoding a batch needs, built once on first use (threads that race wait
+        for it: one backend, so one DALI pipeline, per process): the settings, and the
+        backend with its DALI pipeline."""
         resolved = self._runtime.get("resolved")
-        if resolved is None:
-            from iolib.decode import make_backend
-            from iolib.decode.batch import BatchSettings
+        if resolved is not None:
+            return resolved
+        with _RESOLVING:
+            return self._runtime.get("resolved") or self._build_resolved()
 
-            spec = self.output_spec()
-            backend = make_backend(self.resolved_backend(), spec)
-            settings = BatchSettings(
-                self.image_column, self.max_image_pixels, self.on_error, self.crop_spec(), spec
-            )
-            resolved = self._runtime["resolved"] = (settings, backend)
+    def _build_resolved(self) -> tuple[BatchSettings, Backend]:
+        from iolib.decode import make_backend
+        from iolib.decode.batch import BatchSettings
+
+        spec = self.output_spec()
+        backend = make_backend(self.resolved_backend(), spec)
+        settings = BatchSettings(
+            self.image_column, self.max_image_pixels, self.on_error, self.crop_spec(), spec
+        )
+        resolved = self._runtime["resolved"] = (settings, backend)
         return resolved
 
     def prepare(self) -> None:

@@ -5,6 +5,7 @@ Real DALI pipelines (CPU) on real JPEG/PNG bytes made here with Pillow; no mocks
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import pickle
@@ -242,6 +243,42 @@ def test_dali_deterministic_across_threads(blobs):
     with ThreadPoolExecutor(max_workers=2) as pool:
         outs = list(pool.map(lambda c: _run(pipe, blobs[c[0] : c[1]], idx[c[0] : c[1]], 9), chunks))
     assert torch.equal(torch.cat([o["image"] for o, _ in outs]), serial["image"])
+
+
+def test_dali_uint8_nhwc_flip_gives_crop_mirror_normalizes_bits(blobs):
+    """uint8 NHWC is flipped by fn.flip; NCHW still goes through crop_mirror_normalize
+    (a transpose): the same pixels, bit for bit, flipped or not."""
+    idx = np.arange(100, 100 + N)
+    nhwc, _ = _run(_dali(layout="NHWC", dtype="uint8"), blobs, idx, seed=3)
+    nchw, _ = _run(_dali(layout="NCHW", dtype="uint8"), blobs, idx, seed=3)
+    assert torch.equal(nhwc["image"], nchw["image"].permute(0, 2, 3, 1))
+
+
+def test_dali_threads_share_one_pipeline_and_its_decode_threads(blobs):
+    """Loader threads take turns on one pipeline: one pool of `threads` decode threads
+    per process, not one per loader thread (each kept its own working set)."""
+    import os
+
+    def dali_threads() -> int:
+        names = []
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read())
+        return sum(name.startswith("[DALI][TP") for name in names)
+
+    idx = np.arange(N)
+    pipe = ImagePipeline(size=SIZE, backend="dali", threads=2, device="cpu")
+    before = dali_threads()
+    chunks = [(lo, lo + 8) for lo in range(0, N, 8)]
+
+    def run(chunk: tuple[int, int]) -> int:
+        _run(pipe, blobs[chunk[0] : chunk[1]], idx[chunk[0] : chunk[1]])
+        return dali_threads()  # while every loader thread, and what it holds, is alive
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        seen = max(pool.map(run, chunks))
+    if sys.platform.startswith("linux"):
+        assert seen - before == 2
 
 
 def test_dali_cpu_batches_outlive_later_runs_and_their_pipeline(blobs):

@@ -132,7 +132,7 @@ def test_a_prepared_pipeline_decodes_as_one_that_was_not(tmp_path: Path) -> None
     assert all((a == b).all() for a, b in zip(*runs, strict=True))
 
 
-def test_the_heap_is_trimmed_once_it_grew_not_after_every_batch(monkeypatch) -> None:
+def test_the_heap_is_trimmed_once_free_pages_piled_up_not_after_every_batch(monkeypatch) -> None:
     import ctypes
     import platform
 
@@ -141,21 +141,72 @@ def test_the_heap_is_trimmed_once_it_grew_not_after_every_batch(monkeypatch) -> 
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         assert trim_heap() is False
         return
+    growth = 32 << 20
     monkeypatch.setattr(heap, "_floor", None)
-    assert trim_heap() is True  # the first call sets where growth counts from
-    assert trim_heap() is False  # nothing piled up: the working set stays for reuse
+    assert trim_heap(growth) is True  # the first call sets where growth counts from
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    blocks = [libc.malloc(64 << 10) for _ in range(2 * heap.TRIM_GROWTH // (64 << 10))]
+    blocks = [libc.malloc(64 << 10) for _ in range(2 * growth // (64 << 10))]
     for b in blocks:  # touched, so resident; below the mmap threshold, so on the heap
         ctypes.memset(b, 1, 64 << 10)
     fence = libc.malloc(64 << 10)  # held above them: free() alone cannot shrink the heap
+    # In use, however much resident: a working set reused batch after batch stays.
+    assert trim_heap(growth) is False
     grown = heap.resident_bytes()
     for b in blocks:
         libc.free(b)
-    assert heap.resident_bytes() > grown - heap.TRIM_GROWTH  # freed, still resident
-    assert trim_heap() is True  # 2x TRIM_GROWTH freed on the heap goes back
-    assert heap.resident_bytes() < grown - heap.TRIM_GROWTH
+    assert heap.resident_bytes() > grown - growth  # freed, still resident
+    assert trim_heap(growth) is True  # 2x growth freed on the heap goes back
+    assert heap.resident_bytes() < grown - growth
+    assert trim_heap(growth) is False  # nothing piled up since
     assert trim_heap(growth=0) is True  # 0: every call
     libc.free(fence)
+
+
+def test_an_image_pipeline_caps_the_malloc_arenas_unless_the_user_chose() -> None:
+    """Threads that start after an ImagePipeline is made share at most one arena per
+    core (at least 2); a MALLOC_ARENA_MAX in the environment is left to glibc."""
+    import platform
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return
+    from iolib.resources import cpu_count
+
+    cap = max(2, cpu_count())
+    threads = cap + 6  # more than the cap, each alive at once with an arena of its own
+    code = textwrap.dedent(f"""
+        import ctypes, os, tempfile, threading
+        from iolib.images import ImagePipeline
+        ImagePipeline(size=32, device="cpu", backend="pil")
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype = ctypes.c_void_p
+        started, done = threading.Barrier({threads} + 1), threading.Event()
+        def work():
+            libc.malloc(1000)  # a thread's first malloc picks its arena
+            started.wait()
+            done.wait()
+        threads = [threading.Thread(target=work) for _ in range({threads})]
+        for t in threads:
+            t.start()
+        started.wait()  # all alive at once, so none reuses an ended thread's arena
+        with tempfile.TemporaryFile("w+") as f:
+            libc.fdopen.restype = ctypes.c_void_p
+            out = libc.fdopen(os.dup(f.fileno()), b"w")
+            libc.malloc_info(0, ctypes.c_void_p(out))
+            libc.fclose(ctypes.c_void_p(out))
+            f.seek(0)
+            print(f.read().count("<heap nr="))
+        done.set()
+    """)
+    clean = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    counts = {}
+    for chosen in ("", str(threads + 1)):
+        env = {**clean, "PYTHONPATH": str(ROOT)} | ({"MALLOC_ARENA_MAX": chosen} if chosen else {})
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+            timeout=120,
+        )  # fmt: skip
+        counts[chosen] = int(done.stdout.split()[-1])
+    assert counts[""] <= cap
+    assert counts[str(threads + 1)] > cap  # the user's cap, not iolib's

@@ -16,7 +16,7 @@ Module map:
   batch.py     one batch through a backend: header checks, crops, bad-sample handling
   geometry.py  crop windows (RandomResizedCrop, eval center crop) and flips: pure numpy
   probe.py     header read (size, format) and early rejection of bad values
-  dali.py      DALI pipelines fed by ``external_source``, one per thread
+  dali.py      a DALI pipeline fed by ``external_source``, one per process
   pil.py       Pillow + numpy
   nvjpeg.py    ``torchvision.io.decode_jpeg(device="cuda")``
 

@@ -8,11 +8,16 @@ same for any worker count, batch split or resume.
 The graph, per sample: ``decoders.image_slice`` decodes only the window (region-of-
 interest decoding; ``device="mixed"`` on a GPU, ``"cpu"`` otherwise) -> ``resize`` to
 ``size x size`` (bilinear, antialiased) -> ``crop_mirror_normalize`` (flip, normalize,
-layout, dtype).
+layout, dtype), or ``flip`` alone for uint8 NHWC.
 
-A DALI pipeline is not thread-safe and is invalid after any error, so each thread
-builds its own lazily (about 10 ms) and drops it when a run fails. On the CPU the
-output tensor is DALI's own buffer, handed over without a copy (see ``_EXEC_CPU``).
+One pipeline per backend (so per process), built lazily (about 10 ms), run by one
+loader thread at a time, and dropped when a run fails (DALI marks it invalid). Why not
+one per loader thread: each pipeline brings a pool of `threads` decode threads and its
+own per-run buffers, so W loader threads ran W x cores decode threads on the cores and
+kept W working sets (~35 MB each at 224 px, batch 64) that the C heap holds between
+batches; DALI's own reader runs one. While one thread's batch decodes, the others read
+and collate theirs. On the CPU the output tensor is DALI's own buffer, handed over
+without a copy (see ``_EXEC_CPU``).
 """
 
 from __future__ import annotations
@@ -122,6 +127,10 @@ def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
         img = fn.resize(
             img, size=[spec.size, spec.size], interp_type=types.INTERP_LINEAR, antialias=True
         )
+        if not spec.normalize and spec.layout == "NHWC":
+            # Nothing to normalize or transpose: a flip alone, the same bits as
+            # crop_mirror_normalize's, which took ~2.5x the CPU of this step.
+            return fn.flip(img, horizontal=flip)
         return fn.crop_mirror_normalize(
             img,
             mirror=flip,
@@ -144,11 +153,15 @@ def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
 
 
 class DaliBackend:
-    """One DALI pipeline per calling thread, rebuilt for a larger batch or after an error."""
+    """One DALI pipeline, run by one calling thread at a time, rebuilt for a larger batch
+    or after an error."""
 
     def __init__(self, spec: OutputSpec) -> None:
         self.spec = spec
-        self._local = threading.local()
+        self._lock = threading.Lock()  # held for a run: a pipeline is not thread-safe
+        self._pipe: Any = None
+        self._threads: Any = None
+        self._capacity = 0
         self._device_id: int | None = None
         if spec.on_gpu:
             device = torch.device(spec.device)
@@ -162,20 +175,20 @@ class DaliBackend:
         self.__init__(state["spec"])  # type: ignore[misc]
 
     def _pipeline(self, n: int) -> Any:
-        pipe = getattr(self._local, "pipe", None)
-        if pipe is None or self._local.capacity < n:
-            self._local.pipe, self._local.threads = _build(self.spec, n, self._device_id)
-            self._local.capacity = n
-        return self._local.pipe
+        """The pipeline, built for at least `n` samples; the caller holds the lock."""
+        if self._pipe is None or self._capacity < n:
+            self._pipe = None  # the old one goes before the new one is built
+            self._pipe, self._threads = _build(self.spec, n, self._device_id)
+            self._capacity = n
+        return self._pipe
 
     def decode(self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray) -> torch.Tensor:
-        """Run one batch through this thread's pipeline; drop the pipeline on failure.
-        Images DALI decodes otherwise than Pillow, or not at all, go to Pillow."""
+        """Run one batch through the pipeline (one caller at a time); drop the pipeline
+        on failure. Images DALI decodes otherwise than Pillow, or not at all, go to Pillow."""
         windows = np.asarray(windows, dtype=np.int32).reshape(-1, 4)
         foreign = [i for i, blob in enumerate(blobs) if pillow_only(as_buffer(blob))]
         if foreign:
             return self._decode_mixed(blobs, windows, flips, foreign)
-        pipe = self._pipeline(len(blobs))
         # Per-sample arguments go in as one dense array each (a batch of N samples):
         # three numpy arrays per batch instead of 3 x N small ones.
         inputs = {
@@ -184,17 +197,22 @@ class DaliBackend:
             "shape": np.ascontiguousarray(windows[:, 2:]),
             "flip": np.asarray(flips, dtype=np.int32).reshape(-1),
         }
-        pool = self._local.threads.ids  # read once: names are read from /proc
-        pool_cpu = cpu_seconds(pool)
-        try:
-            (out,) = pipe.run(**inputs)
-            return self._to_torch(out)
-        except Exception:
-            self._local.pipe = None  # DALI marks a pipeline invalid after an error
-            raise
-        finally:
-            # DALI decodes on its own thread pool: count that CPU as this batch's.
-            count_helper_cpu(cpu_seconds(pool) - pool_cpu)
+        with self._lock:
+            pipe = self._pipeline(len(blobs))
+            pool = self._threads.ids  # read once: names are read from /proc
+            pool_cpu = cpu_seconds(pool)
+            try:
+                (out,) = pipe.run(**inputs)
+                pixels = self._to_torch(out)
+            except Exception:
+                self._pipe = None  # DALI marks a pipeline invalid after an error
+                raise
+            finally:
+                # DALI decodes on its own thread pool, for this batch alone while the
+                # lock is held: count that CPU as this batch's.
+                count_helper_cpu(cpu_seconds(pool) - pool_cpu)
+        # A uint8 batch becomes float32 outside the lock, beside the next one's decode.
+        return _normalize(pixels, self.spec) if normalizes_after(self.spec) else pixels
 
     def _decode_mixed(
         self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray, foreign: list[int]
@@ -219,10 +237,9 @@ class DaliBackend:
         if not self.spec.on_gpu:
             # Zero copy: the tensor owns DALI's output buffer (see _EXEC_CPU); a uint8
             # one goes back to DALI once torch has made the float32 batch from it.
-            pixels = torch.from_dlpack(out.as_tensor())
-            return _normalize(pixels, self.spec) if normalizes_after(self.spec) else pixels
+            return torch.from_dlpack(out.as_tensor())
         # DLPack hands torch a view of DALI's output buffer (no host copy). DALI reuses
-        # that buffer on this thread's next run, so clone on the GPU and wait for the
+        # that buffer on its next run, so clone on the GPU and wait for the
         # clone before returning: the batch may sit in the loader's queue for a while.
         with torch.cuda.device(self._device_id):
             view = torch.from_dlpack(out.as_tensor())

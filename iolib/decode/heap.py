@@ -1,18 +1,25 @@
-"""Give the C heap's freed pages back to the OS once they pile up: `trim_heap`.
+"""The C heap under image decoding: `limit_arenas` once, `trim_heap` when pages pile up.
 
-Why: decoding a batch allocates and frees tens of MB of C heap (Pillow's full-size
-images, the uint8 batch before normalization, DALI's per-sample buffers on its own
-threads), and glibc keeps freed memory in per-thread arenas for reuse. On the
-throttled-store image benchmark those arenas held 45 MB (Pillow) to 130 MB (DALI on the
-CPU) of free memory in the process's resident set (benchmarks/results/peers-images.md).
+Why: decoding a batch allocates and frees tens of MB of C heap (DALI's per-run buffers
+on its own threads, Pillow's full-size images, the uint8 batch before normalization),
+and glibc keeps freed memory for reuse in an arena per thread, up to 8 per core. Each
+arena kept its own share of that working set: on 2 cores, with 2 loader threads and
+DALI on the CPU, the heap held 150-220 MB free at the epoch's peak.
+
+`limit_arenas` caps the arenas at one per core (glibc's ``M_ARENA_MAX``), so threads
+share freed pages instead of each keeping its own; it acts on arenas made afterwards,
+so `ImagePipeline` calls it when it is made (or unpickled in a worker process), before
+the loader's threads start. A ``MALLOC_ARENA_MAX`` in the environment (glibc's own
+setting, read at process start) is the user's choice and is left as it is: that is
+the opt-out.
 
 Why not ``malloc_trim`` after every batch: it hands back every free page, so the next
-batch faults the same working set in again; DALI on the CPU then took ~18% more CPU per
-image than untrimmed (~105 page faults an image against ~22). So the heap is trimmed
-when the resident set has grown by more than `TRIM_GROWTH` since the last trim (or the
-least it has been since): a batch's working set mostly stays for the next batch to
-reuse, and what piles up beyond it still goes back (benchmarks/results/images-vs-dali.md).
-Elsewhere than glibc (musl, macOS) it does nothing.
+batch faults the same working set in again; DALI on the CPU then took ~18% more CPU
+per image (~105 page faults an image against ~22). `trim_heap` runs after each batch
+but trims only when the resident pages malloc holds free grew past `TRIM_GROWTH` since
+the last trim: a guard against a heap that fragments without bound, not a per-batch
+cost (benchmarks/results/images-vs-dali.md). Elsewhere than glibc (musl, macOS) both
+do nothing.
 """
 
 from __future__ import annotations
@@ -24,14 +31,28 @@ import platform
 import sys
 from typing import Any
 
-# Resident growth let stand between trims: above one DALI or Pillow batch's working set
-# at 224 px and batch 64 (~20-30 MB), half the 130 MB the arenas held untrimmed.
-TRIM_GROWTH = 64 << 20
+# Free resident heap let stand between trims: above the working set of one DALI
+# pipeline at 224 px and batch 64 (~35 MB) plus the row groups a loader reads ahead,
+# which come and go every few batches.
+TRIM_GROWTH = 256 << 20
+ARENA_ENV = "MALLOC_ARENA_MAX"
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 _libc: Any = None
 _looked = False
-_floor: int | None = None  # the least resident bytes seen since the last trim
+_arenas_limited = False
+_floor: int | None = None  # the least idle bytes seen since the last trim
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2``: uordblks is bytes allocated, hblkhd bytes mmapped."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
 
 
 def _find() -> Any:
@@ -40,9 +61,35 @@ def _find() -> Any:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        if hasattr(libc, "mallinfo2"):  # glibc >= 2.33
+            libc.mallinfo2.argtypes, libc.mallinfo2.restype = [], _MallInfo2
     except (OSError, AttributeError):
         return None
     return libc
+
+
+def _lib() -> Any:
+    global _libc, _looked
+    if not _looked:
+        _libc, _looked = _find(), True
+    return _libc
+
+
+def limit_arenas(arenas: int | None = None) -> bool:
+    """Cap glibc's malloc arenas at `arenas` (default: one per core, at least 2), once
+    per process, unless ``MALLOC_ARENA_MAX`` is set in the environment; True if this
+    call set the cap."""
+    global _arenas_limited
+    libc = _lib()
+    if _arenas_limited or libc is None or os.environ.get(ARENA_ENV):
+        return False
+    if arenas is None:
+        from iolib.resources import cpu_count
+
+        arenas = max(2, cpu_count())
+    _arenas_limited = bool(libc.mallopt(_M_ARENA_MAX, arenas))
+    return _arenas_limited
 
 
 def resident_bytes() -> int:
@@ -54,26 +101,36 @@ def resident_bytes() -> int:
         return 0
 
 
-def _lib() -> Any:
-    global _libc, _looked
-    if not _looked:
-        _libc, _looked = _find(), True
-    return _libc
+def idle_bytes() -> int:
+    """Anonymous resident bytes not allocated by malloc: the heap's free pages still
+    resident, plus memory others map (a near-constant); where glibc has no
+    ``mallinfo2``, the whole resident set. 0 where unreadable."""
+    libc = _lib()
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            fields = f.read().split()
+        resident, shared = int(fields[1]) * _PAGE, int(fields[2]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return resident
+    info = libc.mallinfo2()
+    return resident - shared - info.uordblks - info.hblkhd
 
 
 def trim_heap(growth: int = TRIM_GROWTH) -> bool:
     """Return the C heap's free pages to the OS (glibc's ``malloc_trim(0)``) when the
-    resident set grew by more than `growth` bytes since the last trim (0: every call);
-    True if it trimmed. False where there is no such call."""
+    resident bytes malloc holds free grew by more than `growth` since the last trim
+    (0: every call); True if it trimmed. False where there is no such call."""
     global _floor
     libc = _lib()
     if libc is None:
         return False
     if _floor is not None and growth > 0:
-        resident = resident_bytes()
-        _floor = min(_floor, resident)  # large buffers freed since went straight back
-        if resident - _floor <= growth:
+        idle = idle_bytes()
+        _floor = min(_floor, idle)  # pages given back since (large blocks, by glibc)
+        if idle - _floor <= growth:
             return False
     libc.malloc_trim(0)
-    _floor = resident_bytes()
+    _floor = idle_bytes()
     return True
