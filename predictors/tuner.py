@@ -351,16 +351,22 @@ class QueueingTuner:
             why += f"; reads taken {headroom:g}x slower until measured)" if headroom > 1 else ")"
             jump = after / before if after > before else 1.0  # nan compares False
             return self._plan(state, why, shifted=True, headroom=headroom, jump=jump)
+        if self.fallback is not None and self.warm_set_aside is None:
+            # A probe is judged on two record blocks, not on its first few batches: a
+            # stall or two among them is no measured miss (on real tokens a probe
+            # judged after 4 batches measured 0.96 over the rest of its run).
+            if self._records[config].batches < k.probe_blocks * k.record_block:
+                return self._current
+            return self._fall_back(state)
         if self._due():
-            if self.fallback is not None and self.warm_set_aside is None:
-                return self._fall_back(state)
             if self._faster_than_unreachable():
                 return self._replan_unreachable(state)
             return self._plan(state, "measured")
         return self._current
 
     def _fall_back(self, state: TunerState) -> Decision:
-        """The guard of a probing start, at its first due decision: a measured miss
+        """The guard of a probing start, once it holds `probe_blocks` record blocks: a
+        measured miss
         (the record's interval excludes the goal from below) goes back to `fallback`,
         where the history measured the target met; a measured meet drops the fallback
         and plans as usual."""
