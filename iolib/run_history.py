@@ -428,3 +428,31 @@ def record_measured(
             f"{redact_text(str(exc))}).",
             stacklevel=2,
         )
+
+
+def next_run_of(
+    history: Any,
+    loader: Any,
+    *,
+    target: float,
+    memory_budget: float | None,
+    max_workers: int | None,
+) -> dict[str, Any] | None:
+    """What the next `prefetch="auto"` run of `loader`'s workload will try, read from the
+    history as it stands (`predictors.explore.next_run`); None when the history is off
+    or cannot be read."""
+    from predictors.explore import next_run
+
+    try:
+        recorder = Recorder.open(
+            history, source=loader.source, batch_size=loader.batch_size or 1,
+            decode=loader.decode, rank=getattr(loader, "rank", 0), target=target,
+        )  # fmt: skip
+        if recorder is None:
+            return None
+        found = recorder.history.find(recorder.key.base_digest())
+        records = recorder.history.runs(found[0]) if found else []
+        return next_run(records, target, budget=memory_budget, max_workers=max_workers)
+    except Exception as exc:  # the report goes on without it
+        log.debug("no next-run plan (%s: %s)", type(exc).__name__, exc)
+        return None

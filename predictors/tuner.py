@@ -211,6 +211,11 @@ class QueueingTuner:
             )
             self._fitting.start()
         self._warm_batches = 0  # settled batches seen while the history stood
+        # What the history measured per configuration (pooled over its runs): evidence
+        # the plans weigh beside this run's records while the history stands, so a
+        # configuration measured meeting over earlier runs is not left on a few slow
+        # batches of this one.
+        self._history_measured = _history_evidence(warm, constants)
         if warm is not None:
             self.start = warm.start
             self._current = Decision(*warm.start, warm.describe())
@@ -344,6 +349,7 @@ class QueueingTuner:
                 self._episode = Episode(state.batch_index, self._regime, dict(self._records), level)
             self._samples = self._regime = self._samples[-fresh:]
             self._records.clear()
+            self._history_measured = {}  # measured in the regime before this one
             self._records[config] = self._record(self._samples)
             self._calibration = Calibration()
             headroom = c.shift_headroom if after >= k.large_slowdown * before else 1.0
@@ -538,7 +544,11 @@ class QueueingTuner:
         self._last = Plan(grid, prior, shift, sd, point, lower, memory, est)
         choice = self._with_model_part(choice, grid.index((choice.workers, choice.depth)))
         new = (choice.workers, choice.depth)
-        keep = record.batches >= k.keep_batches and record.utilization >= self.target
+        i_here = grid.index(config)
+        keep = record.batches >= k.keep_batches and (
+            record.utilization >= self.target
+            or (config in self._history_measured and lower[i_here] >= self.target)
+        )
         mem_new = choice.depth * state.one_batch_bytes
         holding = new == config or (keep and mem_new >= here and not shifted)
         self._unreachable_ms = None
@@ -618,17 +628,23 @@ class QueueingTuner:
         a long record outweighs the prior, a short one only nudges it."""
         c, k = self.config, self.constants
         z = max(c.confidence, k.min_confidence)
+        history = self._history_measured if self.warm_set_aside is None else {}
         for i, key in enumerate(grid):
+            evidence = []
+            if key in history:
+                evidence.append(history[key])
             record = self._records.get(key)
-            if record is None or record.batches < k.blend_batches:
+            if record is not None and record.batches >= k.blend_batches:
+                evidence.append((record.utilization, record.standard_error))
+            if not evidence:
                 continue
-            prior_var = max((point[i] - lower[i]) / z, self._prior_spread) ** 2
-            measured_var = max(record.standard_error, k.blend_error_floor) ** 2
-            weight = prior_var / (prior_var + measured_var)
-            point[i] = (1 - weight) * point[i] + weight * record.utilization
-            lower[i] = point[i] - z * math.sqrt(
-                prior_var * measured_var / (prior_var + measured_var)
-            )
+            var = max((point[i] - lower[i]) / z, self._prior_spread) ** 2
+            for utilization, se in evidence:
+                measured_var = max(se, k.blend_error_floor) ** 2
+                weight = var / (var + measured_var)
+                point[i] = (1 - weight) * point[i] + weight * utilization
+                var = var * measured_var / (var + measured_var)
+            lower[i] = point[i] - z * math.sqrt(var)
 
     def _record(self, states: list[TunerState]) -> Measured:
         record = self._new_record()
@@ -660,6 +676,30 @@ class QueueingTuner:
     def service(self) -> Service | None:
         """The last plan's service estimate (None before the first plan)."""
         return None if self._last is None else self._last.est
+
+
+def _history_evidence(
+    warm: WarmStart | None, constants: TunerConstants
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """Per configuration the history measured on `history_batches` or more batches: its
+    utilization pooled over the runs, and how far this run may differ from it (one
+    run's blocks understate how another run of the same job differs)."""
+    if warm is None:
+        return {}
+    by_config: dict[tuple[int, int], list[Any]] = {}
+    for r in warm.records:
+        if r.batches >= constants.history_batches and math.isfinite(r.utilization):
+            by_config.setdefault((r.workers, r.depth), []).append(r)
+    out = {}
+    for key, records in by_config.items():
+        utils = [float(r.utilization) for r in records]
+        within = fmean(max(float(r.utilization_se), constants.blend_error_floor) for r in records)
+        between = float(np.std(utils)) if len(utils) > 1 else constants.history_run_error
+        # What this run may measure there: the runs' spread (at least
+        # `history_run_error`) beside the pooled mean's own error.
+        spread = max(between, constants.history_run_error)
+        out[key] = (fmean(utils), math.sqrt(spread**2 + within**2 / len(utils)))
+    return out
 
 
 def _slower(est: Service, factor: float) -> Service:

@@ -428,3 +428,18 @@ def test_the_ranks_of_one_torchrun_job_are_one_run(tmp_path) -> None:
     # A later job (another id) is another run: the last one run is that job alone.
     store.append([record("job-42"), record("job-42", rank=1)])
     assert {r.run_id for r in store.runs(KEY.digest(), max_runs=1)} == {"job-42"}
+
+
+def test_the_report_says_what_the_next_run_tries_and_it_does(tmp_path) -> None:
+    _, first = _train(tmp_path)
+    said = first.stats()["tuner"]["history"]["next_run"]
+    assert said is not None and said["why"], said
+    _, second = _train(tmp_path)
+    planned = second.stats()["tuner"]["history_model"]
+    if planned is None:  # nothing met: the run starts where the history said, no model
+        tried = (*second.autotune.tuner.start, False)
+    else:
+        tried = (planned["workers"], planned["depth"], planned["probe"])
+    assert (said["workers"], said["depth"], said["probe"]) == tried, (said, planned)
+    word = "probe" if said["probe"] else "start at"
+    assert said["why"].startswith(word)
