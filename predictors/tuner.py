@@ -547,7 +547,11 @@ class QueueingTuner:
         i_here = grid.index(config)
         keep = record.batches >= k.keep_batches and (
             record.utilization >= self.target
-            or (config in self._history_measured and lower[i_here] >= self.target)
+            or (
+                config in self._history_measured
+                and self.warm_set_aside is None
+                and lower[i_here] >= self.target
+            )
         )
         mem_new = choice.depth * state.one_batch_bytes
         holding = new == config or (keep and mem_new >= here and not shifted)
@@ -631,10 +635,16 @@ class QueueingTuner:
         history = self._history_measured if self.warm_set_aside is None else {}
         for i, key in enumerate(grid):
             evidence = []
-            if key in history:
-                evidence.append(history[key])
             record = self._records.get(key)
-            if record is not None and record.batches >= k.blend_batches:
+            batches = 0 if record is None else record.batches
+            # The history speaks for a configuration unless this run measured it on
+            # two blocks or more and disagrees: then this run's measurement decides.
+            if key in history and not (
+                batches >= k.probe_blocks * k.record_block
+                and _disagree(history[key], record.utilization, record.standard_error)
+            ):
+                evidence.append(history[key])
+            if record is not None and batches >= k.blend_batches:
                 evidence.append((record.utilization, record.standard_error))
             if not evidence:
                 continue
@@ -682,8 +692,8 @@ def _history_evidence(
     warm: WarmStart | None, constants: TunerConstants
 ) -> dict[tuple[int, int], tuple[float, float]]:
     """Per configuration the history measured on `history_batches` or more batches: its
-    utilization pooled over the runs, and how far this run may differ from it (one
-    run's blocks understate how another run of the same job differs)."""
+    utilization pooled over the runs and a standard error that counts the runs'
+    spread (one run's blocks understate how another run of the same job differs)."""
     if warm is None:
         return {}
     by_config: dict[tuple[int, int], list[Any]] = {}
@@ -695,11 +705,16 @@ def _history_evidence(
         utils = [float(r.utilization) for r in records]
         within = fmean(max(float(r.utilization_se), constants.blend_error_floor) for r in records)
         between = float(np.std(utils)) if len(utils) > 1 else constants.history_run_error
-        # What this run may measure there: the runs' spread (at least
-        # `history_run_error`) beside the pooled mean's own error.
-        spread = max(between, constants.history_run_error)
-        out[key] = (fmean(utils), math.sqrt(spread**2 + within**2 / len(utils)))
+        se = max(within, between, constants.history_run_error) / math.sqrt(len(utils))
+        out[key] = (fmean(utils), se)
     return out
+
+
+def _disagree(history: tuple[float, float], utilization: float, se: float) -> bool:
+    """This run's measurement differs from the history's by more than two standard
+    errors of the difference."""
+    mean, history_se = history
+    return abs(utilization - mean) > 2.0 * math.hypot(se, history_se)
 
 
 def _slower(est: Service, factor: float) -> Service:

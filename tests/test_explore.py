@@ -283,3 +283,26 @@ def test_a_warm_start_without_explore_starts_where_the_history_met() -> None:
     first = tuner.decide(next(_states(4, 8, 1, stall_ms=0.0)))
     assert (first.workers, first.depth) == (4, 8) and tuner.fallback is None
     assert tuner.proposal is not None and not tuner.proposal.probe
+
+
+def test_warm_runs_hold_the_memory_their_history_met_with() -> None:
+    from benchmarks.scenarios import MAX_WORKERS, draw, oracle
+    from benchmarks.tuner_history_study import _tuner, drive, records_of
+    from predictors.history import WarmStart
+
+    # A simulated storage-bound workload whose tuner, cold, ends some runs a depth step
+    # above the least memory that meets (a few slow batches at the threshold). Warm
+    # runs weigh what the earlier runs measured there: they stay within 1.25x of the
+    # oracle's memory and meet the target over their last third, every run.
+    s = draw("storage-threads", 600)
+    best = oracle(s)["memory"]
+    metrics, states = drive(s, _tuner(s), 101)
+    records = records_of("run1", states, s, 1)
+    for k in range(2, 6):
+        warm = WarmStart.from_records(
+            records, s.target, memory_budget=s.budget, max_workers=MAX_WORKERS
+        )
+        metrics, states = drive(s, _tuner(s, warm), 100 + k)
+        assert metrics["memory"] <= 1.25 * best, (k, metrics)
+        assert metrics["utilization"] >= s.target, (k, metrics)
+        records += records_of(f"run{k}", states, s, k)
