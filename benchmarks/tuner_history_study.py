@@ -63,8 +63,10 @@ from predictors.tuner import QueueingTuner
 # The held-out ranges of this study, each named in a commit before it was run once
 # (issue 41). heldout41 (410,000-410,006 per family) ran before the model's probe
 # needed an earned weight and before the history's set-aside rules changed; heldout42
-# (420,000-420,009 per family) runs after the last change.
-STUDY_SEEDS = {**SEEDS, "heldout41": 410_000, "heldout42": 420_000}
+# (420,000-420,009 per family) runs after the last change. heldout-s6 (460,000-460,009
+# per family) was named after the warm runs' history evidence, the guard's two blocks
+# and torchrun's run ids, before it ran.
+STUDY_SEEDS = {**SEEDS, "heldout41": 410_000, "heldout42": 420_000, "heldout-s6": 460_000}
 DESIGNS = ("history", "probe", "model", "gp")
 RUNS = 5
 MIN_BATCHES = 4  # a configuration held fewer settled batches is not recorded

@@ -303,13 +303,77 @@ def repeats(args: argparse.Namespace) -> None:
                         ),
                         flush=True,
                     )
-            rows.append(
-                {"case": name, "oracle": oracle, "sweep": sweep, "run1": run1, "runs": runs}
-            )
+            row = {"case": name, "oracle": oracle, "sweep": sweep, "run1": run1, "runs": runs}
+            row["summary"] = summarize_case(row)
+            rows.append(row)
+            print_summary(name, row["summary"])
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"{args.name}-repeats.json"
     out.write_text(json.dumps(rows, default=float, indent=1))
     print(out)
+
+
+def summarize_case(row: dict[str, Any]) -> dict[str, Any]:
+    """Per design over runs 2-N: meets, memory within 1.25x of the oracle's peak (None
+    without an oracle), the model's weight per run; and paired run by run, model
+    against the history alone and each against cold: more meets, and memory wins
+    (both meet, or neither, and the first held less peak memory)."""
+    runs, oracle = row["runs"], row["oracle"]
+    out: dict[str, Any] = {}
+    for design, results in runs.items():
+        within = (
+            sum(r["peak_mib"] <= 1.25 * oracle["peak_mib"] for r in results) if oracle else None
+        )
+        out[design] = {
+            "runs": len(results),
+            "meets": sum(r["utilization"] >= TARGET for r in results),
+            "memory_within_1.25x": within,
+        }
+    out["model_weight"] = [
+        None if r.get("model") is None else round(r["model"]["weight"], 3) for r in runs["model"]
+    ]
+    out["model_probes"] = sum(bool(r.get("model") and r["model"]["probe"]) for r in runs["model"])
+    out["model_fell_back"] = sum(
+        bool(r.get("model") and r["model"]["fell_back"]) for r in runs["model"]
+    )
+
+    def paired(a: str, b: str) -> dict[str, int]:
+        meets = wins = losses = 0
+        for x, y in zip(runs[a], runs[b], strict=True):
+            mx, my = x["utilization"] >= TARGET, y["utilization"] >= TARGET
+            meets += int(mx) - int(my)
+            if mx == my:
+                wins += x["peak_mib"] < y["peak_mib"]
+                losses += x["peak_mib"] > y["peak_mib"]
+        return {"meets": meets, "memory_wins": wins, "memory_losses": losses}
+
+    out["model_vs_history"] = paired("model", "history")
+    out["history_vs_cold"] = paired("history", "cold")
+    out["model_vs_cold"] = paired("model", "cold")
+    return out
+
+
+def print_summary(name: str, summary: dict[str, Any]) -> None:
+    print(f"== {name}", flush=True)
+    for design in ("cold", "history", "model"):
+        d = summary[design]
+        print(
+            f"   {design:8s} meets {d['meets']}/{d['runs']}, memory within 1.25x of the "
+            f"oracle {d['memory_within_1.25x']}",
+            flush=True,
+        )
+    print(
+        f"   model weight per run {summary['model_weight']}, probes "
+        f"{summary['model_probes']}, fell back {summary['model_fell_back']}",
+        flush=True,
+    )
+    for pair in ("model_vs_history", "history_vs_cold", "model_vs_cold"):
+        p = summary[pair]
+        print(
+            f"   {pair.replace('_', ' ')}: meets {p['meets']:+d}, memory wins "
+            f"{p['memory_wins']}, losses {p['memory_losses']} (paired runs)",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -332,5 +332,29 @@ class AutoPrefetch:
             else {
                 **self.recorder.report(),
                 "set_aside": getattr(self.tuner, "warm_set_aside", None),
+                # What the next run of this workload will try (its start, or a probe
+                # one step cheaper) and why, from the history with this run in it.
+                "next_run": self._next_run(),
             },
         }
+
+    def _next_run(self) -> dict[str, Any] | None:
+        """`predictors.explore.next_run` on the history's records and this run's so far
+        (the model's weight as this run earned it); None if it cannot be said."""
+        from predictors.explore import next_run
+
+        recorder = self.recorder
+        assert recorder is not None
+        try:
+            earlier = list(recorder.warm.records) if recorder.warm is not None else []
+            proposal = getattr(self.tuner, "proposal", None)
+            return next_run(
+                earlier + recorder.records(self._requested),
+                self.target,
+                budget=self.memory_budget,
+                max_workers=self.max_workers,
+                weight=None if proposal is None else proposal.weight,
+            )
+        except Exception as exc:  # a report never fails a run
+            log.debug("tuner: no next-run plan (%s: %s)", type(exc).__name__, exc)
+            return None

@@ -21,7 +21,7 @@ import time
 import warnings
 from collections import deque
 from pathlib import Path
-from statistics import fmean, median
+from statistics import median
 from typing import Any
 
 from iolib.errors import ConfigError
@@ -36,6 +36,9 @@ _SKIP = 2  # batches after a change took effect that still drain the old configu
 CLOSE_WAIT_S = 10.0  # the longest a closing loader waits for its history write
 _MIN_BATCHES = 8  # a configuration measured on fewer says too little to record
 _BLOCK = 8  # batches per block of the utilization's standard error (stalls come in runs)
+# Blocks a record's utilization keeps: the whole of any run that fits a history file's
+# samples many times over, bounded so a very long run holds no unbounded list.
+_KEEP_BLOCKS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,25 +142,29 @@ def workload_key(source: Any, batch_size: int, decode: Any, step_ms: float = 0.0
     )
 
 
-@dataclasses.dataclass
 class _Segment:
-    """One configuration's settled batches in this run."""
+    """One configuration's settled batches in this run: bounded per-batch samples for
+    the record, and its utilization with the standard error by blocks of `_BLOCK`
+    batches, as the tuner measures it (`predictors.measure.Measured`, every block of
+    the run kept)."""
 
-    service: deque = dataclasses.field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    stall: deque = dataclasses.field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    step: deque = dataclasses.field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    read: deque = dataclasses.field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    decode: deque = dataclasses.field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    cpu: deque = dataclasses.field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    batch_bytes: deque = dataclasses.field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    batches: int = 0
-    step_sum: float = 0.0
-    stall_sum: float = 0.0
-    blocks: list = dataclasses.field(default_factory=list)  # utilization per block
-    _open: list = dataclasses.field(default_factory=lambda: [0.0, 0.0, 0])
+    def __init__(self) -> None:
+        from predictors.measure import Measured
+
+        self.service: deque = deque(maxlen=_SAMPLES)
+        self.stall: deque = deque(maxlen=_SAMPLES)
+        self.step: deque = deque(maxlen=_SAMPLES)
+        self.read: deque = deque(maxlen=_SAMPLES)
+        self.decode: deque = deque(maxlen=_SAMPLES)
+        self.cpu: deque = deque(maxlen=_SAMPLES)
+        self.batch_bytes: deque = deque(maxlen=_SAMPLES)
+        self.measured = Measured(block=_BLOCK, keep=_KEEP_BLOCKS, unknown=0.1)
+
+    @property
+    def batches(self) -> int:
+        return self.measured.batches
 
     def add(self, state: Any) -> None:
-        self.batches += 1
         self.service.append(state.service_ms)
         self.stall.append(state.stall_ms)
         self.step.append(state.step_ms)
@@ -165,27 +172,7 @@ class _Segment:
         self.decode.append(state.decode_ms)
         self.cpu.append(state.cpu_ms if state.cpu_ms is not None else state.transform_ms)
         self.batch_bytes.append(state.one_batch_bytes)
-        self.step_sum += state.step_ms
-        self.stall_sum += state.stall_ms
-        self._open[0] += state.step_ms
-        self._open[1] += state.stall_ms
-        self._open[2] += 1
-        if self._open[2] == _BLOCK:
-            step, stall, _ = self._open
-            self.blocks.append(step / max(step + stall, 1e-9))
-            self._open = [0.0, 0.0, 0]
-
-    @property
-    def utilization(self) -> float:
-        return self.step_sum / max(self.step_sum + self.stall_sum, 1e-9)
-
-    @property
-    def standard_error(self) -> float:
-        n = len(self.blocks)
-        if n < 2:
-            return 0.1  # little known (as predictors.measure.Measured says it)
-        mean = fmean(self.blocks)
-        return math.sqrt(sum((u - mean) ** 2 for u in self.blocks) / (n - 1) / n)
+        self.measured.add(state)
 
 
 class Recorder:
@@ -294,7 +281,7 @@ class Recorder:
             digest, base = self._digest, self.key.base_digest()
             out = []
             for (workers, depth), seg in segments.items():
-                utilization = seg.utilization
+                utilization = seg.measured.utilization
                 out.append(
                     RunRecord(
                         workload=digest,
@@ -311,7 +298,7 @@ class Recorder:
                         service_ms=list(seg.service),
                         lateness_ms=list(seg.stall),
                         utilization=utilization,
-                        utilization_se=seg.standard_error,
+                        utilization_se=seg.measured.standard_error,
                         memory_bytes=round(depth * median(seg.batch_bytes)),
                         step_ms=median(seg.step),
                         batches=seg.batches,
@@ -441,3 +428,31 @@ def record_measured(
             f"{redact_text(str(exc))}).",
             stacklevel=2,
         )
+
+
+def next_run_of(
+    history: Any,
+    loader: Any,
+    *,
+    target: float,
+    memory_budget: float | None,
+    max_workers: int | None,
+) -> dict[str, Any] | None:
+    """What the next `prefetch="auto"` run of `loader`'s workload will try, read from the
+    history as it stands (`predictors.explore.next_run`); None when the history is off
+    or cannot be read."""
+    from predictors.explore import next_run
+
+    try:
+        recorder = Recorder.open(
+            history, source=loader.source, batch_size=loader.batch_size or 1,
+            decode=loader.decode, rank=getattr(loader, "rank", 0), target=target,
+        )  # fmt: skip
+        if recorder is None:
+            return None
+        found = recorder.history.find(recorder.key.base_digest())
+        records = recorder.history.runs(found[0]) if found else []
+        return next_run(records, target, budget=memory_budget, max_workers=max_workers)
+    except Exception as exc:  # the report goes on without it
+        log.debug("no next-run plan (%s: %s)", type(exc).__name__, exc)
+        return None

@@ -111,6 +111,9 @@ class TunerConstants:
     min_confidence: float = 1e-6  # floor of z where it divides
     record_block: int = 8  # batches per block of a record (batch means)
     record_keep: int = 8  # blocks a record keeps (older ones drop out)
+    probe_blocks: int = 2  # record blocks a probe is measured on before it is judged
+    history_batches: int = 16  # a history record this long is evidence in a warm run's plans
+    history_run_error: float = 0.03  # utilization spread between runs of one job, at least
     record_unknown_error: float = 0.1  # a record's standard error before two blocks
     # --- the prior --------------------------------------------------------------------
     # The queueing prior's errors measured on the real sweeps (grouped cross-validation,

@@ -43,6 +43,7 @@ __all__ = [
     "Weight",
     "earned_weight",
     "history_predict",
+    "next_run",
     "plan_warm",
     "propose",
 ]
@@ -426,3 +427,71 @@ def plan_warm(
     # this run's own batches set the detector's.
     moved = dataclasses.replace(warm, start=choice, reference_ms=())
     return moved, proposal.fallback, proposal
+
+
+def next_run(
+    records: Sequence[Any],
+    target: float,
+    *,
+    budget: float | None = None,
+    max_workers: int | None = None,
+    cpu_count: int | None = None,
+    weight: Weight | None = None,
+) -> dict[str, Any]:
+    """What the next run of a workload whose history holds `records` (this run's
+    included) will try, and why: its start, or the probe one step cheaper with that
+    start to fall back to. `weight`: the model's as this run earned it (None: the
+    history alone; nothing is fitted here, so a report never imports scikit-learn)."""
+    import os
+
+    from predictors.history import WarmStart
+
+    warm = WarmStart.from_records(records, target, memory_budget=budget, max_workers=max_workers)
+    if warm is None:
+        return {
+            "workers": None,
+            "depth": None,
+            "probe": False,
+            "why": "nothing measured long enough yet: the next run starts cold",
+        }
+    if not warm.met:
+        return {
+            "workers": warm.start[0],
+            "depth": warm.start[1],
+            "probe": False,
+            "why": f"{warm.describe()}; nothing met {target:.2f}, so no probe",
+        }
+    cpu_count = cpu_count or os.cpu_count() or 1
+    per_batch = [r.memory_bytes / r.depth for r in records if r.memory_bytes > 0 and r.depth > 0]
+    grid = Forecaster(target=target, budget=budget, max_workers=max_workers).grid(
+        median(per_batch) if per_batch else 1.0, cpu_count
+    )
+    prior = PooledPrior(cpu_count, target=target)
+    if not _measured(warm.records):  # no settled configuration: nothing to probe from
+        return {
+            "workers": warm.start[0],
+            "depth": warm.start[1],
+            "probe": False,
+            "why": f"start at {warm.start[0]} worker(s), depth {warm.start[1]}: {warm.describe()}",
+        }
+    weight = weight or Weight(0.0, 0, None, None, "no model fitted here")
+    # As `plan_warm`: only a model with earned weight probes.
+    p = propose(
+        list(warm.records),
+        prior,
+        grid,
+        target,
+        weight=weight,
+        explore=weight.weight > 0,
+        start=warm.start,
+    )
+    start = f"{p.start[0]} worker(s), depth {p.start[1]}"
+    if p.probe:
+        why = (
+            f"probe {p.workers} worker(s), depth {p.depth}, one step cheaper than {start} "
+            f"(the least memory measured meeting {target:.2f}), falling back there on a "
+            f"measured miss: {p.why}"
+        )
+    else:
+        why = f"start at {start}: {p.why}"
+    return {"workers": p.workers, "depth": p.depth, "probe": p.probe, "why": why}

@@ -429,13 +429,19 @@ def _unstrip(fs: Any, path: str) -> str:
 
 
 def _run_of(path: str) -> str:
-    """The run part of a file name (start time and run id, without the rank)."""
+    """The run id part of a file name (without its start time and rank): the ranks of
+    one job share a run id (`new_run_id`), so their files count as one run."""
     base = path.rsplit("/", 1)[-1][: -len(_SUFFIX)]
-    return base.rsplit("-r", 1)[0]
+    return base.split("-", 1)[-1].rsplit("-r", 1)[0]
 
 
 def _runs_of(files: list[str]) -> list[str]:
-    return sorted({_run_of(p) for p in files})  # names start with the start time: oldest first
+    """The runs of `files`, oldest first (by their first file: names start with the
+    start time)."""
+    first: dict[str, str] = {}
+    for path in sorted(files, key=lambda p: p.rsplit("/", 1)[-1]):
+        first.setdefault(_run_of(path), path.rsplit("/", 1)[-1])
+    return sorted(first, key=lambda run: first[run])
 
 
 def _read_file(fs: Any, path: str, workload: str) -> list[RunRecord]:
@@ -483,8 +489,17 @@ def _read_file(fs: Any, path: str, workload: str) -> list[RunRecord]:
     return records
 
 
-def new_run_id() -> str:
-    """A run id unique across processes and hosts, ordered by time for people reading it."""
+def new_run_id(environ: dict[str, str] | None = None) -> str:
+    """A run id unique across processes and hosts, ordered by time for people reading it.
+    Under torchrun (``TORCHELASTIC_RUN_ID``, with ``TORCHELASTIC_RESTART_COUNT``) every
+    rank of one job, and of one restart of it, gets the same id: they are one run of the
+    workload (for the last K runs and the model's leave-one-run-out weight)."""
+    env = os.environ if environ is None else environ
+    job = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if job and job.lower() != "none":  # torchrun's default id when none is given
+        restart = env.get("TORCHELASTIC_RESTART_COUNT", "0").strip() or "0"
+        digest = hashlib.sha256(f"{job}\0{restart}".encode()).hexdigest()[:12]
+        return f"elastic-{digest}"
     return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
 

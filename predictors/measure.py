@@ -51,7 +51,9 @@ class Measured:
         self._open[0] += state.step_ms
         self._open[1] += state.stall_ms
         if self.batches % self.block == 0:
-            self.blocks = [*self.blocks[-(self.keep - 1) :], (self._open[0], self._open[1])]
+            self.blocks.append((self._open[0], self._open[1]))
+            if len(self.blocks) > self.keep:
+                del self.blocks[: -self.keep]
             self._open = [0.0, 0.0]
 
     @property

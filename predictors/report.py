@@ -111,6 +111,7 @@ def build_sections(
             *([f"Decoder: {r['decoder']}."] if r.get("decoder") else []),
             *([r["cheaper_within_noise"] + "."] if r.get("cheaper_within_noise") else []),
             *([r["step_note"]] if r.get("step_note") else []),
+            *([f'Next prefetch="auto" run: {r["next_run"]}.'] if r.get("next_run") else []),
         ],
         code=_snippet(r, target),
     )

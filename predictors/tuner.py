@@ -211,6 +211,11 @@ class QueueingTuner:
             )
             self._fitting.start()
         self._warm_batches = 0  # settled batches seen while the history stood
+        # What the history measured per configuration (pooled over its runs): evidence
+        # the plans weigh beside this run's records while the history stands, so a
+        # configuration measured meeting over earlier runs is not left on a few slow
+        # batches of this one.
+        self._history_measured = _history_evidence(warm, constants)
         if warm is not None:
             self.start = warm.start
             self._current = Decision(*warm.start, warm.describe())
@@ -344,6 +349,7 @@ class QueueingTuner:
                 self._episode = Episode(state.batch_index, self._regime, dict(self._records), level)
             self._samples = self._regime = self._samples[-fresh:]
             self._records.clear()
+            self._history_measured = {}  # measured in the regime before this one
             self._records[config] = self._record(self._samples)
             self._calibration = Calibration()
             headroom = c.shift_headroom if after >= k.large_slowdown * before else 1.0
@@ -351,16 +357,22 @@ class QueueingTuner:
             why += f"; reads taken {headroom:g}x slower until measured)" if headroom > 1 else ")"
             jump = after / before if after > before else 1.0  # nan compares False
             return self._plan(state, why, shifted=True, headroom=headroom, jump=jump)
+        if self.fallback is not None and self.warm_set_aside is None:
+            # A probe is judged on two record blocks, not on its first few batches: a
+            # stall or two among them is no measured miss (on real tokens a probe
+            # judged after 4 batches measured 0.96 over the rest of its run).
+            if self._records[config].batches < k.probe_blocks * k.record_block:
+                return self._current
+            return self._fall_back(state)
         if self._due():
-            if self.fallback is not None and self.warm_set_aside is None:
-                return self._fall_back(state)
             if self._faster_than_unreachable():
                 return self._replan_unreachable(state)
             return self._plan(state, "measured")
         return self._current
 
     def _fall_back(self, state: TunerState) -> Decision:
-        """The guard of a probing start, at its first due decision: a measured miss
+        """The guard of a probing start, once it holds `probe_blocks` record blocks: a
+        measured miss
         (the record's interval excludes the goal from below) goes back to `fallback`,
         where the history measured the target met; a measured meet drops the fallback
         and plans as usual."""
@@ -532,7 +544,15 @@ class QueueingTuner:
         self._last = Plan(grid, prior, shift, sd, point, lower, memory, est)
         choice = self._with_model_part(choice, grid.index((choice.workers, choice.depth)))
         new = (choice.workers, choice.depth)
-        keep = record.batches >= k.keep_batches and record.utilization >= self.target
+        i_here = grid.index(config)
+        keep = record.batches >= k.keep_batches and (
+            record.utilization >= self.target
+            or (
+                config in self._history_measured
+                and self.warm_set_aside is None
+                and lower[i_here] >= self.target
+            )
+        )
         mem_new = choice.depth * state.one_batch_bytes
         holding = new == config or (keep and mem_new >= here and not shifted)
         self._unreachable_ms = None
@@ -612,17 +632,29 @@ class QueueingTuner:
         a long record outweighs the prior, a short one only nudges it."""
         c, k = self.config, self.constants
         z = max(c.confidence, k.min_confidence)
+        history = self._history_measured if self.warm_set_aside is None else {}
         for i, key in enumerate(grid):
+            evidence = []
             record = self._records.get(key)
-            if record is None or record.batches < k.blend_batches:
+            batches = 0 if record is None else record.batches
+            # The history speaks for a configuration unless this run measured it on
+            # two blocks or more and disagrees: then this run's measurement decides.
+            if key in history and not (
+                batches >= k.probe_blocks * k.record_block
+                and _disagree(history[key], record.utilization, record.standard_error)
+            ):
+                evidence.append(history[key])
+            if record is not None and batches >= k.blend_batches:
+                evidence.append((record.utilization, record.standard_error))
+            if not evidence:
                 continue
-            prior_var = max((point[i] - lower[i]) / z, self._prior_spread) ** 2
-            measured_var = max(record.standard_error, k.blend_error_floor) ** 2
-            weight = prior_var / (prior_var + measured_var)
-            point[i] = (1 - weight) * point[i] + weight * record.utilization
-            lower[i] = point[i] - z * math.sqrt(
-                prior_var * measured_var / (prior_var + measured_var)
-            )
+            var = max((point[i] - lower[i]) / z, self._prior_spread) ** 2
+            for utilization, se in evidence:
+                measured_var = max(se, k.blend_error_floor) ** 2
+                weight = var / (var + measured_var)
+                point[i] = (1 - weight) * point[i] + weight * utilization
+                var = var * measured_var / (var + measured_var)
+            lower[i] = point[i] - z * math.sqrt(var)
 
     def _record(self, states: list[TunerState]) -> Measured:
         record = self._new_record()
@@ -654,6 +686,35 @@ class QueueingTuner:
     def service(self) -> Service | None:
         """The last plan's service estimate (None before the first plan)."""
         return None if self._last is None else self._last.est
+
+
+def _history_evidence(
+    warm: WarmStart | None, constants: TunerConstants
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """Per configuration the history measured on `history_batches` or more batches: its
+    utilization pooled over the runs and a standard error that counts the runs'
+    spread (one run's blocks understate how another run of the same job differs)."""
+    if warm is None:
+        return {}
+    by_config: dict[tuple[int, int], list[Any]] = {}
+    for r in warm.records:
+        if r.batches >= constants.history_batches and math.isfinite(r.utilization):
+            by_config.setdefault((r.workers, r.depth), []).append(r)
+    out = {}
+    for key, records in by_config.items():
+        utils = [float(r.utilization) for r in records]
+        within = fmean(max(float(r.utilization_se), constants.blend_error_floor) for r in records)
+        between = float(np.std(utils)) if len(utils) > 1 else constants.history_run_error
+        se = max(within, between, constants.history_run_error) / math.sqrt(len(utils))
+        out[key] = (fmean(utils), se)
+    return out
+
+
+def _disagree(history: tuple[float, float], utilization: float, se: float) -> bool:
+    """This run's measurement differs from the history's by more than two standard
+    errors of the difference."""
+    mean, history_se = history
+    return abs(utilization - mean) > 2.0 * math.hypot(se, history_se)
 
 
 def _slower(est: Service, factor: float) -> Service:

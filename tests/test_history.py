@@ -398,3 +398,48 @@ def test_a_bad_history_argument_is_refused_at_construction() -> None:
 
     with pytest.raises(ConfigError, match="`history` must be a path or fsspec URL"):
         DataLoader(Sleepy(), batch_size=4, prefetch="auto", history=3)
+
+
+def _train_rank(location: str, rank: int, barrier) -> None:
+    # torchrun sets these for every rank of one job (and the restart count).
+    import os
+
+    os.environ.update(TORCHELASTIC_RUN_ID="job-41", TORCHELASTIC_RESTART_COUNT="0")
+    barrier.wait(timeout=60)
+    _train(location, rank=rank, world_size=2)
+
+
+def test_the_ranks_of_one_torchrun_job_are_one_run(tmp_path) -> None:
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    ranks = [
+        context.Process(target=_train_rank, args=(str(tmp_path), r, barrier)) for r in range(2)
+    ]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in ranks)
+    store = RunHistory(tmp_path)
+    records = [r for w in store.workloads() for r in store.runs(w, max_runs=1)]
+    # The last one run holds both ranks' records: the job counts once, not twice.
+    assert {r.rank for r in records} == {0, 1}
+    assert len({r.run_id for r in records}) == 1
+    # A later job (another id) is another run: the last one run is that job alone.
+    store.append([record("job-42"), record("job-42", rank=1)])
+    assert {r.run_id for r in store.runs(KEY.digest(), max_runs=1)} == {"job-42"}
+
+
+def test_the_report_says_what_the_next_run_tries_and_it_does(tmp_path) -> None:
+    _, first = _train(tmp_path)
+    said = first.stats()["tuner"]["history"]["next_run"]
+    assert said is not None and said["why"], said
+    _, second = _train(tmp_path)
+    planned = second.stats()["tuner"]["history_model"]
+    if planned is None:  # nothing met: the run starts where the history said, no model
+        tried = (*second.autotune.tuner.start, False)
+    else:
+        tried = (planned["workers"], planned["depth"], planned["probe"])
+    assert (said["workers"], said["depth"], said["probe"]) == tried, (said, planned)
+    word = "probe" if said["probe"] else "start at"
+    assert said["why"].startswith(word)

@@ -68,7 +68,7 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
 
     from iolib.cli import tune_probe
     from iolib.loader import DataLoader
-    from iolib.run_history import HistoryAs, record_measured
+    from iolib.run_history import HistoryAs, next_run_of, record_measured
     from predictors.report import write_report
 
     source = _source(request.data, request.storage_options, request.column)
@@ -108,6 +108,10 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
                     step_ms=request.step_ms, target=request.target,
                 )  # fmt: skip
         bar.update(1)
+    upcoming = next_run_of(
+        HistoryAs(None, "tune"), loader, target=request.target,
+        memory_budget=request.memory_budget, max_workers=request.max_workers,
+    )  # fmt: skip
     point, lower = tuner.forecaster.predict(keys, drivers["estimate"], drivers["cpu_count"])
     predicted = {k: (float(p), float(b)) for k, p, b in zip(keys, point, lower, strict=True)}
     rows = tune_probe.summarize_runs(runs, predicted)
@@ -129,6 +133,7 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
         "probe_epochs": probe["epochs"],
         "verify_batches": request.verify_batches,
         "tuner_reason": last.reason if last is not None else None,
+        "next_run": None if upcoming is None else upcoming["why"],
     }
     paths = write_report(
         request.out,
@@ -146,6 +151,8 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
     )
     if not meets:
         click.echo(f"Why: {recommendation['why_missed']}")
+    if recommendation["next_run"]:
+        click.echo(f"Next prefetch='auto' run: {recommendation['next_run']}")
     return paths
 
 
