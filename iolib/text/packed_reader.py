@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
+from functools import partial
 from typing import Any
 
 import cachetools
@@ -24,8 +25,9 @@ import pyarrow.compute as pc
 from iolib.forks import reset_after_fork
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
 from iolib.resources import thread_budget
+from iolib.sources.fetch_pool import FetchPool
 from iolib.sources.parquet_fetch import decode_slots
-from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
+from iolib.storage import count_bytes, is_local, open_filesystem
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
 from iolib.text.kernels import loops
@@ -98,7 +100,7 @@ class TokenReader:
             d.cache_bytes, getsizeof=lambda seg: seg.nbytes
         )
         self._flights: dict[tuple[int, int], Future] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: FetchPool | None = None
         self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
         self._hint, self._hint_epoch = 0, -1  # the batch last found, and its epoch
@@ -117,18 +119,28 @@ class TokenReader:
         self._flights, self._pool = {}, None
 
     def close(self) -> None:
-        """Stop the read threads and drop the cached row groups."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the reads and drop the cached row groups."""
+        self.cancel()
         with self._lock:
             self._segments.clear()
             self._pieces.clear()
 
+    def cancel(self) -> None:
+        """Drop the queued reads (a loader closed, dropped or left): reads on the wire
+        finish, and read-ahead starts again from the next batch read."""
+        pool = self._pool
+        if pool is not None:
+            pool.cancel()
+        with self._lock:
+            self._flights = {k: f for k, f in self._flights.items() if not f.cancelled()}
+            self._ahead, self._stalled = (-1, -1), (-1, -1)
+
     def cache_stats(self) -> dict[str, int]:
+        pool = self._pool
         with self._lock:
             return {"cache_budget_bytes": self.d.cache_bytes,
-                    "cache_held_bytes": int(self._segments.currsize)}  # fmt: skip
+                    "cache_held_bytes": int(self._segments.currsize),
+                    "bytes_after_close": pool.bytes_after_cancel if pool else 0}  # fmt: skip
 
     def _horizon(self, epoch: int) -> int:
         """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
@@ -217,6 +229,7 @@ class TokenReader:
         windows: np.ndarray,
         ahead: bool = False,
         keep: set | None = None,
+        batch: int = 0,
     ) -> Segment | Future | None:
         """The segment at `position` of the epoch's row-group order if held, else a piece
         of it that holds all that `windows` need of it, else its read: shared if in
@@ -230,25 +243,45 @@ class TokenReader:
             if held is not None:
                 return held
             flight = self._flights.get(key)
-            if flight is not None:
-                return flight
             pieces = self._pieces.get(key)
+        if flight is not None:
+            if not ahead:  # a batch waits on it now: before any read-ahead
+                self._pool.promote(flight, batch)  # type: ignore[union-attr]
+            return flight
         if pieces:
             piece = self._covering(pieces, epoch, position, windows)
             if piece is not None:
                 return piece
+        if self._pool is None:
+            pool = FetchPool(self._read_threads(), "iolib-tokens", self._deposit)
+            with self._lock:
+                self._pool = self._pool or pool
         with self._lock:
             flight = self._flights.get(key)
             if flight is not None:
+                if not ahead:
+                    self._pool.promote(flight, batch)
                 return flight
             if ahead and not self._room_for(key, keep):
                 return None  # no room to read ahead: the batch that needs it will
-            if self._pool is None:
-                threads = self._read_threads()
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iolib-tokens")
-                weakref.finalize(self, self._pool.shutdown, wait=False)
-            flight = self._flights[key] = self._pool.submit(self._load, key)
+            load = partial(self._load, key)
+            flight = self._flights[key] = self._pool.submit(load, ahead=ahead, priority=batch)
+        # Outside the lock: a read cancelled already runs the callback here, which locks.
+        flight.add_done_callback(partial(self._drop_cancelled, key))
         return flight
+
+    def _drop_cancelled(self, key: tuple[int, int], flight: Future) -> None:
+        """A read cancelled before it ran is no longer in flight (a later batch reads it)."""
+        if flight.cancelled():
+            with self._lock:
+                if self._flights.get(key) is flight:
+                    del self._flights[key]
+
+    def _deposit(self, read: int, retries: int) -> None:
+        """Bytes and retries of a pool thread's read: counted in the next batch."""
+        with self._lock:
+            self._io[0] += read
+            self._io[1] += retries
 
     def _covering(
         self, pieces: list[Segment], epoch: int, position: int, windows: np.ndarray
@@ -317,10 +350,7 @@ class TokenReader:
                     self._pieces[key] = pieces
             return segment
         finally:
-            read, retries = take_counters()
             with self._lock:
-                self._io[0] += read
-                self._io[1] += retries
                 self._flights.pop(key, None)
                 idle = not self._flights
             if idle:
@@ -377,10 +407,10 @@ class TokenReader:
         for k in range(start, min(total, self._hint + 1 + self._horizon(epoch))):
             keep, (windows, positions, _) = None, self._planned(epoch, k)
             for position in positions:
-                found = self._fetch(epoch, position, windows, ahead=True)
+                found = self._fetch(epoch, position, windows, ahead=True, batch=k)
                 if found is None:  # make room from segments no batch near this one reads
                     keep = keep or self._needed(epoch, k)
-                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep)
+                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep, batch=k)
                 if found is None:
                     self._stalled = (epoch, self._hint)
                     return  # no room: this batch is looked at again a few batches on
@@ -404,15 +434,28 @@ class TokenReader:
             positions = planned[1]  # found when this batch was read ahead
         else:
             positions = self._groups_of(windows, epoch).tolist()
-        found = {p: self._fetch(epoch, p, windows) for p in positions}  # reads all at once
+        batch = k if k is not None else 0
+        found = {p: self._fetch(epoch, p, windows, batch=batch) for p in positions}  # all at once
         if k is not None:
             self._read_ahead(epoch)
-        segments = {p: f if isinstance(f, Segment) else f.result() for p, f in found.items()}
+        segments = {p: self._wait(epoch, p, windows, f, batch) for p, f in found.items()}
         with self._lock:
             (read, retries), self._io = self._io, [0, 0]
         count_bytes(read)  # helper threads' reads count in the batch that needed them
         count_retries(retries)
         return self._cut(windows, epoch, segments)
+
+    def _wait(
+        self, epoch: int, position: int, windows: np.ndarray, found: Any, batch: int
+    ) -> Segment:
+        """The segment `found` is or will be; read again if its read was cancelled (a
+        loader over this source was closed meanwhile)."""
+        while not isinstance(found, Segment):
+            try:
+                return found.result()
+            except CancelledError:
+                found = self._fetch(epoch, position, windows, batch=batch)
+        return found
 
     def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
         """The windows' columns, filled by one compiled pass over each segment's pieces
