@@ -24,15 +24,18 @@ from tests.token_data import doc_lengths, write_documents
 
 OURS = ("iolib-fetch", "iolib-tokens")
 WORKERS = 2
+LOCAL: dict[str, object] = {}  # kind -> the local copy of what was uploaded
 BATCH = 4  # samples a batch: a batch in progress when the loader ends reads at most one
 # row group each
 
 
 class StoreLog:
-    """Every read that reached the store: (path, start, bytes), in the order they ended."""
+    """Every read that reached the store: (path, start, bytes), in the order they ended;
+    and each read's start and end as events in one sequence (`events`)."""
 
     def __init__(self) -> None:
         self.reads: list[tuple[str, int | None, int]] = []
+        self.events: list[tuple[str, str, int | None]] = []  # ("start" | "end", path, start)
         self.lock = threading.Lock()
 
     def bytes(self, since: int = 0) -> int:
@@ -50,6 +53,9 @@ def store_log(monkeypatch) -> StoreLog:
     before, after = ThrottledFileSystem.before_request, ThrottledFileSystem.after_request
 
     def recording_before(self, kind, path, start, end):
+        if kind == "read":
+            with log.lock:
+                log.events.append(("start", path, start))
         return (kind, path, start), before(self, kind, path, start, end)
 
     def recording_after(self, token, data):
@@ -58,6 +64,7 @@ def store_log(monkeypatch) -> StoreLog:
         if kind == "read" and data is not None:
             with log.lock:
                 log.reads.append((path, start, len(data)))
+                log.events.append(("end", path, start))
         return data
 
     monkeypatch.setattr(ThrottledFileSystem, "before_request", recording_before)
@@ -92,6 +99,7 @@ def _no_read_threads() -> bool:
 def token_url(s3_options, tmp_path_factory):  # noqa: F811
     local = tmp_path_factory.mktemp("tokens")
     write_documents(local / "t", doc_lengths(3000), row_group_size=16)
+    LOCAL["tokens"] = local / "t"
     return _upload(s3_options, local / "t", "cancel-tokens")
 
 
@@ -101,6 +109,7 @@ def rows_url(s3_options, tmp_path_factory):  # noqa: F811
     local.mkdir()
     table = pa.table({"x": np.arange(6000), "blob": [bytes(200)] * 6000})
     pq.write_table(table, local / "a.parquet", row_group_size=60)  # 100 row groups
+    LOCAL["rows"] = local
     return _upload(s3_options, local, "cancel-rows")
 
 
@@ -195,3 +204,59 @@ def test_a_new_loader_after_a_dropped_one_reads_the_data_once(
     gc.collect()
     epoch(DataLoader(reused, batch_size=64, shuffle=True, seed=0, num_workers=WORKERS))
     assert store_log.bytes(start) <= 1.02 * stored, (store_log.bytes(start), stored)
+
+
+def _group_at(local, path: str, offset: int) -> tuple[str, int]:
+    """(file name, row group) whose column chunks hold byte `offset` of `path`."""
+    name = path.rsplit("/", 1)[-1]
+    meta = pq.ParquetFile(local / name).metadata
+    for g in range(meta.num_row_groups):
+        columns = [meta.row_group(g).column(c) for c in range(meta.num_columns)]
+        lo = min(c.dictionary_page_offset or c.data_page_offset for c in columns)
+        hi = max((c.dictionary_page_offset or c.data_page_offset) + c.total_compressed_size
+                 for c in columns)  # fmt: skip
+        if lo <= offset < hi:
+            return name, g
+    raise AssertionError(f"no row group of {path} at {offset}")
+
+
+def _token_groups(local, batch) -> set[tuple[str, int]]:
+    """The row groups the documents of a packed batch come from (token = 1000 * doc +
+    position + 1; 16 documents a row group, 1500 a file)."""
+    tokens = np.concatenate([batch["input_ids"].numpy().ravel(), batch["labels"].numpy().ravel()])
+    docs = np.unique((tokens[tokens > 0] - 1) // 1000)
+    return {(f"part-{d // 1500}.parquet", int(d % 1500) // 16) for d in docs.tolist()}
+
+
+@pytest.mark.parametrize("kind", ["tokens", "rows"])
+def test_the_batch_waited_on_is_read_before_any_read_ahead(
+    kind,
+    token_url,
+    rows_url,
+    store_log,
+    s3_options,  # noqa: F811
+) -> None:
+    """With a deep read-ahead on a slow store, every request for the first batch's row
+    groups ends before a request for any other row group starts (the store's own log of
+    request starts and ends, not time)."""
+    source = _tokens(token_url, s3_options) if kind == "tokens" else _rows(rows_url, s3_options)
+    local = LOCAL[kind]
+    len(source)
+    if kind == "rows":
+        source.estimated_bytes()  # planning: it reads a row group to measure it
+    start = len(store_log.events)
+    loader = DataLoader(source, batch_size=BATCH, shuffle=True, seed=0)  # inline: one batch
+    it = iter(loader)  # kept: an iterator dropped cancels the read-ahead
+    batch = next(it)
+    if kind == "tokens":
+        needed = _token_groups(local, batch)
+    else:
+        needed = {("a.parquet", int(x) // 60) for x in batch["x"].numpy().tolist()}
+    assert _settle(_no_read_threads)
+    del it
+    events = [(what, _group_at(local, path, offset)) for what, path, offset in
+              store_log.events[start:]]  # fmt: skip
+    first_other = next(i for i, (what, g) in enumerate(events) if g not in needed)
+    last_needed_end = max(i for i, (what, g) in enumerate(events) if what == "end" and g in needed)
+    assert {g for what, g in events[:first_other] if what == "start"} <= needed
+    assert last_needed_end < first_other, events[: last_needed_end + 1]
