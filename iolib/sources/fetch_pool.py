@@ -19,8 +19,9 @@ import heapq
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from iolib.forks import reset_after_fork
@@ -59,26 +60,65 @@ class FetchPool:
         self._cv = threading.Condition(threading.Lock())
         self._queue: list[list[Any]] = []  # [class, priority, seq, fn, future, live]
         self._entries: dict[Future, list[Any]] = {}
+        self._flights: dict[Hashable, Future] = {}  # keyed reads queued or running
         self._seq = itertools.count()
         self._running = {NEED: 0, AHEAD: 0}
         self._needing = 0  # needed reads led by callers' own threads (`needing`)
         self._idle = 0
         self._workers: list[threading.Thread] = []
         self.generation = 0
+        self._closed = False  # idle threads exit at once (the reader is gone or closed)
         self.bytes_after_cancel = 0
         self.cancels = 0
 
     # -- submitting ------------------------------------------------------------------------
-    def submit(self, fn: Callable[[], Any], *, ahead: bool = False, priority: int = 0) -> Future:
+    def submit(
+        self,
+        fn: Callable[[], Any],
+        *,
+        ahead: bool = False,
+        priority: int = 0,
+        key: Hashable | None = None,
+    ) -> Future:
         """Run `fn` on a pool thread: a needed read before any ahead one, and within a
-        class by `priority` (a batch number: the batch waited on first), then in order."""
+        class by `priority` (a batch number: the batch waited on first), then in order.
+        With `key`, one read however many ask: a read of `key` in flight is shared
+        (`flight`) until `fn` returns."""
         future: Future = Future()
         entry = [AHEAD if ahead else NEED, priority, next(self._seq), fn, future, True]
         with self._cv:
+            self._closed = False
+            if key is not None:
+                found = self._flights.get(key)
+                if found is not None:
+                    return found
+                self._flights[key] = future
             self._push(entry)
             self._grow()
             self._cv.notify()
+        if key is not None:
+            future.add_done_callback(partial(self._landed, key))
         return future
+
+    def flight(self, key: Hashable, *, need: bool = False, priority: int = 0) -> Future | None:
+        """The read of `key` queued or running, if any; `need`: a batch waits on it now,
+        so a queued read-ahead becomes a needed read (`promote`)."""
+        with self._cv:
+            found = self._flights.get(key)
+        if found is not None and need:
+            self.promote(found, priority)
+        return found
+
+    def in_flight(self) -> list[Hashable]:
+        """Keys of the reads queued or running."""
+        with self._cv:
+            return list(self._flights)
+
+    def _landed(self, key: Hashable, future: Future) -> None:
+        """A keyed read ended (or was cancelled): the next ask reads again."""
+        with self._cv:
+            if self._flights.get(key) is future:
+                del self._flights[key]
 
     def promote(self, future: Future, priority: int = 0) -> None:
         """A batch now waits on `future`: if it is still queued as read-ahead, it becomes a
@@ -119,6 +159,14 @@ class FetchPool:
             entry[4].cancel()
         return len(dropped)
 
+    def close(self) -> None:
+        """Cancel the read-ahead and let idle threads exit now (a later submit starts
+        them again)."""
+        self.cancel()
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
     def pending(self) -> int:
         """Reads queued or running."""
         with self._cv:
@@ -130,12 +178,17 @@ class FetchPool:
         self._entries[entry[4]] = entry
 
     def _grow(self) -> None:
-        """One more thread if every one is busy and the cap allows (under the lock)."""
+        """One more thread if more reads wait than threads do (a thread waiting behind
+        needed reads counts as waiting) and the cap allows (under the lock)."""
         self._workers = [t for t in self._workers if t.is_alive()]
-        if self._idle == 0 and len(self._workers) < self.threads:
+        waiting = sum(1 for e in self._queue if e[5])
+        if waiting > self._idle and len(self._workers) < self.threads:
             # Not a daemon: at exit the interpreter joins it after `cancel_all` emptied
             # the queue (a daemon killed inside a read can abort the process).
-            thread = threading.Thread(target=self._work, name=f"{self.name}-{len(self._workers)}")
+            used = {t.name for t in self._workers}
+            name = next(f"{self.name}-{i}" for i in range(self.threads + 1)
+                        if f"{self.name}-{i}" not in used)  # fmt: skip
+            thread = threading.Thread(target=self._work, name=name)
             self._workers.append(thread)
             thread.start()
 
@@ -160,11 +213,13 @@ class FetchPool:
                 entry = self._startable()
                 if entry is None:
                     self._idle += 1
-                    self._cv.wait(IDLE_S)
+                    woken = self._cv.wait(IDLE_S)
                     self._idle -= 1
                     entry = self._startable()
                     if entry is None:
-                        if not self._queue or not any(e[5] for e in self._queue):
+                        # Idle for IDLE_S, nothing queued: exit (woken early, wait again).
+                        idle = not any(e[5] for e in self._queue)
+                        if idle and (self._closed or not woken):
                             self._workers = [
                                 t for t in self._workers if t is not threading.current_thread()
                             ]

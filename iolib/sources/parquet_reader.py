@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
@@ -105,6 +106,8 @@ class ParquetReader:
     def close(self) -> None:
         """Stop the reads and drop what is held."""
         self.cancel()
+        if self._pool is not None:
+            self._pool.close()
         with self._lock:
             self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
             self._dense = None
@@ -125,7 +128,9 @@ class ParquetReader:
             pool = FetchPool(FETCH_THREADS + thread_budget().readahead, "iolib-fetch",
                              self._deposit, ahead_threads=thread_budget().readahead)  # fmt: skip
             with self._lock:
-                self._pool = self._pool or pool
+                if self._pool is None:
+                    self._pool = pool
+                    weakref.finalize(self, pool.close)  # its idle threads go with it
         return self._pool
 
     def _deposit(self, read: int, retries: int) -> None:

@@ -99,7 +99,6 @@ class TokenReader:
         self._segments: cachetools.LRUCache = cachetools.LRUCache(
             d.cache_bytes, getsizeof=lambda seg: seg.nbytes
         )
-        self._flights: dict[tuple[int, int], Future] = {}
         self._pool: FetchPool | None = None
         self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
@@ -116,11 +115,13 @@ class TokenReader:
         """The parent's threads (and reads in flight, and its lock) are gone in a forked
         worker."""
         self._lock = threading.Lock()
-        self._flights, self._pool = {}, None
+        self._pool = None
 
     def close(self) -> None:
         """Stop the reads and drop the cached row groups."""
         self.cancel()
+        if self._pool is not None:
+            self._pool.close()
         with self._lock:
             self._segments.clear()
             self._pieces.clear()
@@ -132,7 +133,6 @@ class TokenReader:
         if pool is not None:
             pool.cancel()
         with self._lock:
-            self._flights = {k: f for k, f in self._flights.items() if not f.cancelled()}
             self._ahead, self._stalled = (-1, -1), (-1, -1)
 
     def cache_stats(self) -> dict[str, int]:
@@ -242,11 +242,11 @@ class TokenReader:
             held = self._segments.get(key)
             if held is not None:
                 return held
-            flight = self._flights.get(key)
             pieces = self._pieces.get(key)
+        # A read in flight is shared; one a batch now waits on goes before read-ahead.
+        pool = self._pool
+        flight = pool.flight(key, need=not ahead, priority=batch) if pool is not None else None
         if flight is not None:
-            if not ahead:  # a batch waits on it now: before any read-ahead
-                self._pool.promote(flight, batch)  # type: ignore[union-attr]
             return flight
         if pieces:
             piece = self._covering(pieces, epoch, position, windows)
@@ -255,27 +255,22 @@ class TokenReader:
         if self._pool is None:
             pool = FetchPool(self._read_threads(), "iolib-tokens", self._deposit)
             with self._lock:
-                self._pool = self._pool or pool
+                if self._pool is None:
+                    self._pool = pool
+                    weakref.finalize(self, pool.close)  # its idle threads go with it
         with self._lock:
-            flight = self._flights.get(key)
-            if flight is not None:
-                if not ahead:
-                    self._pool.promote(flight, batch)
-                return flight
-            if ahead and not self._room_for(key, keep):
+            # A read that landed since the look above put its segment first: no re-read.
+            held = self._segments.get(key)
+            if held is not None:
+                return held
+            if ahead and self._pool.flight(key) is None and not self._room_for(key, keep):
                 return None  # no room to read ahead: the batch that needs it will
-            load = partial(self._load, key)
-            flight = self._flights[key] = self._pool.submit(load, ahead=ahead, priority=batch)
-        # Outside the lock: a read cancelled already runs the callback here, which locks.
-        flight.add_done_callback(partial(self._drop_cancelled, key))
+            # Shared if another thread started it meanwhile (the pool's key).
+            flight = self._pool.submit(partial(self._load, key), ahead=ahead, priority=batch,
+                                       key=key)  # fmt: skip
+        if not ahead:
+            self._pool.promote(flight, batch)
         return flight
-
-    def _drop_cancelled(self, key: tuple[int, int], flight: Future) -> None:
-        """A read cancelled before it ran is no longer in flight (a later batch reads it)."""
-        if flight.cancelled():
-            with self._lock:
-                if self._flights.get(key) is flight:
-                    del self._flights[key]
 
     def _deposit(self, read: int, retries: int) -> None:
         """Bytes and retries of a pool thread's read: counted in the next batch."""
@@ -330,7 +325,7 @@ class TokenReader:
         exist only while a decode slot (one a core) holds it, bounded by the cores, not by
         the reads queued (counted 3x, the next chunk was not read ahead in time)."""
         sizes = self.d._group_bytes
-        return int(sum(sizes[group] for _, group in self._flights))
+        return int(sum(sizes[group] for _, group in self._pool.in_flight())) if self._pool else 0
 
     def _load(self, key: tuple[int, int]) -> Segment:
         epoch, group = key
@@ -351,8 +346,7 @@ class TokenReader:
             return segment
         finally:
             with self._lock:
-                self._flights.pop(key, None)
-                idle = not self._flights
+                idle = len(self._pool.in_flight()) <= 1  # this read is the last in flight
             if idle:
                 # Arrow's pool may keep freed pages (mimalloc, pyarrow's default, per read
                 # thread). Returned when the reads pause (after each one, it cost ~15% more
