@@ -260,3 +260,30 @@ def test_the_batch_waited_on_is_read_before_any_read_ahead(
     last_needed_end = max(i for i, (what, g) in enumerate(events) if what == "end" and g in needed)
     assert {g for what, g in events[:first_other] if what == "start"} <= needed
     assert last_needed_end < first_other, events[: last_needed_end + 1]
+
+
+@pytest.mark.parametrize("kind", ["tokens", "rows"])
+def test_a_new_iterator_mid_epoch_stops_the_last_ones_reads(
+    kind,
+    token_url,
+    rows_url,
+    store_log,
+    s3_options,  # noqa: F811
+) -> None:
+    """iter(loader) again while the last pass is still referenced, mid-epoch: that pass's
+    read-ahead stops (inline: the new pass reads nothing until asked)."""
+    source = _tokens(token_url, s3_options) if kind == "tokens" else _rows(rows_url, s3_options)
+    len(source)
+    start = len(store_log)
+    loader = DataLoader(source, batch_size=BATCH, shuffle=True, seed=0)
+    old = iter(loader)
+    next(old)
+    at_new = len(store_log)
+    new = iter(loader)  # both referenced: nothing is dropped
+    largest = max(n for _, _, n in store_log.reads[start:at_new])
+    assert _settle(_no_read_threads), "read threads outlived the pass"
+    after = store_log.bytes(at_new)
+    in_flight = thread_budget().remote_reads + thread_budget().readahead
+    assert after <= in_flight * largest, (after, in_flight, largest)
+    assert len(next(new)["input_ids" if kind == "tokens" else "x"]) == BATCH
+    del old, new
