@@ -65,6 +65,11 @@ class Source(ABC):
         """Let go of threads and caches now (a later read starts them again)."""
         return None
 
+    def cancel_reads(self) -> None:
+        """Drop queued reads (read-ahead, a batch's reads in parallel): the loader that
+        asked for them was closed, dropped or left. What is held stays. Default: none."""
+        return None
+
     def layout(self) -> Layout:
         """What the loader's plan needs to know of this source's samples, once, as a value
         (`iolib.plan.Layout`): its blocks and, for sources that stream, the windowed order

@@ -367,6 +367,10 @@ class ParquetSource(Source):
         the cache evicts by next use instead of recency."""
         self.reader.plan_epoch(epoch, batches)
 
+    def cancel_reads(self) -> None:
+        """Drop the queued reads; reads on the wire finish (`bytes_after_close`)."""
+        self._reader.cancel()
+
     def cache_stats(self) -> dict[str, int]:
         """Row-group reads and re-reads (same row group, same epoch), cache hits and
         evictions, in this process."""

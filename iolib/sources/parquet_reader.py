@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
@@ -24,6 +26,7 @@ import pyarrow as pa
 from iolib.forks import reset_after_fork
 from iolib.resources import thread_budget
 from iolib.sources.dense import DenseColumns
+from iolib.sources.fetch_pool import FetchPool
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_fetch import RowGroupFetcher
 from iolib.sources.rgcache import EpochUses, PlannedCache
@@ -59,9 +62,12 @@ class ParquetReader:
         self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
         self._rereads_warned = False
         self._failed_groups: set[int] = set()  # a read failed: read again, not the cache's doing
-        self._ahead: ThreadPoolExecutor | None = None  # the read-ahead thread, made on use
-        self._fetchers: ThreadPoolExecutor | None = None  # a batch's reads in parallel
+        # A batch's reads in parallel and the read-ahead, needed reads first (made on use).
+        self._pool: FetchPool | None = None
         self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
+        # Cancelled: the batches still being assembled for a pass that was left read
+        # nothing ahead; the next pass's plan (`plan_epoch`) lets read-ahead start again.
+        self._paused = False
         self._ahead_io = (0, 0)  # bytes and retries read ahead, not yet in a batch's count
         self._local = threading.local()  # this thread's epoch and batch's row groups
         self._in_flight: dict[int, _Flight] = {}
@@ -75,8 +81,7 @@ class ParquetReader:
         stays (the in-memory store is shared copy-on-write)."""
         self._lock = threading.Lock()
         self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
-        self._ahead, self._ahead_sent, self._ahead_io = None, set(), (0, 0)
-        self._fetchers = None
+        self._pool, self._ahead_sent, self._ahead_io = None, set(), (0, 0)
         self._local = threading.local()
         self.fetcher.after_fork()
         self._in_flight = {}
@@ -102,22 +107,49 @@ class ParquetReader:
             self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
 
     def close(self) -> None:
-        """Stop the read-ahead and fetch threads and drop what is held."""
+        """Stop the reads and drop what is held."""
+        self.cancel()
+        if self._pool is not None:
+            self._pool.close()
         with self._lock:
-            pools = [self._ahead, self._fetchers]
-            self._ahead = self._fetchers = None
             self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
-            self._dense, self._ahead_sent = None, set()
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+            self._dense = None
+
+    def cancel(self) -> None:
+        """Drop the queued reads (a loader closed, dropped or left): reads on the wire
+        finish (their bytes: `bytes_after_close`); read-ahead starts again from the next
+        batch read."""
+        pool = self._pool
+        if pool is not None:
+            pool.cancel()  # claimed reads let their waiters go (`_drop_if_cancelled`)
+        # No lock: this may run from a finalizer on a thread that holds it.
+        self._ahead_sent, self._paused = set(), True
+
+    def _fetch_pool(self) -> FetchPool:
+        """The pool of this reader's reads, made on first use."""
+        if self._pool is None:
+            pool = FetchPool(FETCH_THREADS + thread_budget().readahead, "iolib-fetch",
+                             self._deposit, ahead_threads=thread_budget().readahead)  # fmt: skip
+            with self._lock:
+                if self._pool is None:
+                    self._pool = pool
+                    weakref.finalize(self, pool.release)  # its idle threads go with it
+        return self._pool
+
+    def _deposit(self, read: int, retries: int) -> None:
+        """A pool thread's bytes and retries: the next batch counts them."""
+        with self._lock:
+            self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
 
     # -- what a caller can observe ---------------------------------------------------------
     def cache_stats(self) -> dict[str, int]:
         """Row-group reads and re-reads (same row group, same epoch), cache hits and
         evictions, in this process."""
+        pool = self._pool
         with self._lock:
-            return self._cache.stats()
+            stats = self._cache.stats()
+        stats["bytes_after_close"] = pool.bytes_after_cancel if pool is not None else 0
+        return stats
 
     def dense_row_groups(self) -> np.ndarray | None:
         """Which row groups the in-memory store holds (one bool each), or None when
@@ -137,6 +169,7 @@ class ParquetReader:
         )
         with self._lock:
             self._cache.plan(uses)
+            self._paused = False
 
     # -- batches ---------------------------------------------------------------------------
     def read(self, indices: np.ndarray, epoch: int) -> pa.Table:
@@ -148,10 +181,14 @@ class ParquetReader:
         self._local.epoch = epoch
         with self._lock:  # which batch this thread assembles: the cache protects it
             k = self._cache.begin(thread, epoch, int(indices[0]) if indices.size else None)
-        if k is not None and self.description.readahead:
-            self._read_ahead(epoch, k)
+        # A batch that misses row groups is waited on: no read-ahead starts until it
+        # is assembled (it was submitted first so that the two meet in the middle).
+        need = self._fetch_pool().needing() if self._misses(indices) else nullcontext()
         try:
-            return self._read(indices)
+            with need:
+                if k is not None and self.description.readahead:
+                    self._read_ahead(epoch, k)
+                return self._read(indices)
         finally:
             with self._lock:
                 self._cache.end(thread)
@@ -159,6 +196,18 @@ class ParquetReader:
             self.release()
             count_bytes(read)  # what was read ahead counts in the batch that took it over
             count_retries(retries)
+
+    def _misses(self, indices: np.ndarray) -> bool:
+        """Whether a row group of `indices` is neither held nor in the in-memory store."""
+        if not indices.size:
+            return False
+        groups = np.unique(np.searchsorted(self.description.row_starts, indices, side="right") - 1)
+        dense = self._dense
+        with self._lock:
+            return any(
+                g not in self._cache and (dense is None or not dense.filled[g])
+                for g in groups.tolist()
+            )
 
     def _read(self, indices: np.ndarray) -> pa.Table:
         starts = self.description.row_starts
@@ -269,7 +318,10 @@ class ParquetReader:
             if flight.table is None:  # a claim let go unread (its request failed): read it
                 return self._row_group(group, dense)
             return flight.table
-        return self._lead(group, flight, dense)
+        if self._local.__dict__.get("ahead"):
+            return self._lead(group, flight, dense)
+        with self._fetch_pool().needing():  # a batch waits on it: no read-ahead starts
+            return self._lead(group, flight, dense)
 
     def _lead(self, group: int, flight: _Flight, dense: DenseColumns | None) -> pa.Table:
         """Read `group` for everyone waiting on `flight` (claimed by this thread or for it),
@@ -362,6 +414,8 @@ class ParquetReader:
         """Submit the row groups of batches k..k+readahead not yet held or read, latest
         first (the batch's own thread reads its row groups in ascending order: the two
         meet in the middle), where the cache or the in-memory store has room."""
+        if self._paused:
+            return
         dense = self._dense_columns()
         with self._lock:
             plan = self._cache.plans.get(epoch)
@@ -395,11 +449,10 @@ class ParquetReader:
             self._ahead_sent = {(e, g) for e, g in self._ahead_sent if e >= epoch - 1}
             if not wanted:
                 return
-            if self._ahead is None:
-                threads = thread_budget().readahead
-                self._ahead = ThreadPoolExecutor(threads, thread_name_prefix="iolib-readahead")
+        pool = self._fetch_pool()
         for group in reversed(wanted):
-            self._ahead.submit(self._read_one_ahead, epoch, group, dense)
+            read = partial(self._read_one_ahead, epoch, group, dense)
+            pool.submit(read, ahead=True, priority=k)
 
     def _read_in_parallel(self, groups: list[int], dense: DenseColumns | None) -> None:
         """Start reading all but the first of a batch's row groups that are neither held
@@ -420,18 +473,15 @@ class ParquetReader:
                 missing = []
             if len(missing) < 2:
                 return
-            if self._fetchers is None:
-                self._fetchers = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="iolib-fetch")
-            pool = self._fetchers
             # Claimed now, not when a pool thread starts: else the batch's own thread may
             # take them into its first request too (read twice, 2.0x the bytes once).
             claims = {}
             for group in missing[1:]:
                 claims[group] = self._in_flight[group] = _Flight()
                 self._count_read(group)
-        epoch = getattr(self._local, "epoch", 0)
+        epoch, pool = getattr(self._local, "epoch", 0), self._fetch_pool()
         for group, flight in claims.items():
-            read = pool.submit(self._read_claimed, epoch, group, flight, dense)
+            read = pool.submit(partial(self._read_claimed, epoch, group, flight, dense))
             read.add_done_callback(partial(self._drop_if_cancelled, group, flight))
 
     def _drop_if_cancelled(self, group: int, flight: _Flight, read: Future) -> None:
@@ -447,7 +497,9 @@ class ParquetReader:
     def _read_one_ahead(self, epoch: int, group: int, dense: DenseColumns | None) -> None:
         """One read ahead of need. A failure is left to the batch that needs the row
         group: it reads it again, with retries, and reports the error with its batch."""
-        self._local.epoch = epoch
+        self._local.epoch, self._local.ahead = epoch, True
+        if not self._still_ahead(epoch, group):
+            return  # waited behind needed reads until its batches passed: not wanted now
         try:
             # Never waits on another thread's read: at exit the interpreter joins this
             # thread while dropping the fetch pool's queued reads, which would never end.
@@ -456,18 +508,28 @@ class ParquetReader:
             pass
         finally:
             self.release()
-            self.defer_counts()
+
+    def _still_ahead(self, epoch: int, group: int) -> bool:
+        """Whether a batch from the earliest one in progress on reads `group` (in view of
+        the plan); True without a plan."""
+        with self._lock:
+            plan, cache = self._cache.plans.get(epoch), self._cache
+            now = [b for e, b in cache.active.values() if e == epoch]
+            if cache.last is not None and cache.last[0] == epoch:
+                now.append(cache.last[1])
+            if plan is None or not now:
+                return True
+            return plan.next_use(group, min(now)) is not None
 
     def _read_claimed(
         self, epoch: int, group: int, flight: _Flight, dense: DenseColumns | None
     ) -> None:
         """A batch's row group read by a pool thread. A failure reaches the batch, which
         reports it (after the retries the read already made)."""
-        self._local.epoch = epoch
+        self._local.epoch, self._local.ahead = epoch, False
         try:
             self._lead(group, flight, dense)
         except Exception:  # raised to the batch waiting on the flight
             pass
         finally:
             self.release()
-            self.defer_counts()

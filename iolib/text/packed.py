@@ -376,6 +376,10 @@ class PackedTokens(Source):
     def cache_stats(self) -> dict[str, int]:
         return self._reader.cache_stats()
 
+    def cancel_reads(self) -> None:
+        """Drop the queued reads; reads on the wire finish (`bytes_after_close`)."""
+        self._reader.cancel()
+
     # -- reads: this process's reader ----------------------------------------------------
     def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
+from functools import partial
 from typing import Any
 
 import cachetools
@@ -24,8 +25,9 @@ import pyarrow.compute as pc
 from iolib.forks import reset_after_fork
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
 from iolib.resources import thread_budget
+from iolib.sources.fetch_pool import FetchPool
 from iolib.sources.parquet_fetch import decode_slots
-from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
+from iolib.storage import count_bytes, is_local, open_filesystem
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
 from iolib.text.kernels import loops
@@ -97,12 +99,14 @@ class TokenReader:
         self._segments: cachetools.LRUCache = cachetools.LRUCache(
             d.cache_bytes, getsizeof=lambda seg: seg.nbytes
         )
-        self._flights: dict[tuple[int, int], Future] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: FetchPool | None = None
         self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
         self._hint, self._hint_epoch = 0, -1  # the batch last found, and its epoch
         self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
+        # Cancelled: the batches still being cut for a pass that was left read nothing
+        # ahead; the next pass's plan (`plan_epoch`) lets read-ahead start again.
+        self._paused = False
         self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
         self._recent: dict[tuple[int, int], np.ndarray] = {}
         self._lanes_planned: dict[int, set[int]] = {}  # epoch -> lanes its plans deal to
@@ -114,21 +118,32 @@ class TokenReader:
         """The parent's threads (and reads in flight, and its lock) are gone in a forked
         worker."""
         self._lock = threading.Lock()
-        self._flights, self._pool = {}, None
+        self._pool = None
 
     def close(self) -> None:
-        """Stop the read threads and drop the cached row groups."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the reads and drop the cached row groups."""
+        self.cancel()
+        if self._pool is not None:
+            self._pool.close()
         with self._lock:
             self._segments.clear()
             self._pieces.clear()
 
+    def cancel(self) -> None:
+        """Drop the queued reads (a loader closed, dropped or left): reads on the wire
+        finish, and read-ahead starts again from the next batch read."""
+        pool = self._pool
+        if pool is not None:
+            pool.cancel()
+        # No lock: this may run from a finalizer on a thread that holds it.
+        self._ahead, self._stalled, self._paused = (-1, -1), (-1, -1), True
+
     def cache_stats(self) -> dict[str, int]:
+        pool = self._pool
         with self._lock:
             return {"cache_budget_bytes": self.d.cache_bytes,
-                    "cache_held_bytes": int(self._segments.currsize)}  # fmt: skip
+                    "cache_held_bytes": int(self._segments.currsize),
+                    "bytes_after_close": pool.bytes_after_cancel if pool else 0}  # fmt: skip
 
     def _horizon(self, epoch: int) -> int:
         """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
@@ -193,6 +208,7 @@ class TokenReader:
             planned = self._lanes_planned
             self._lanes_planned = {e: v for e, v in planned.items() if e >= epoch - 1}
             self._lanes_planned.setdefault(epoch, set()).add(lanes)
+            self._paused = False
 
     def _groups_of(self, windows: np.ndarray, epoch: int) -> np.ndarray:
         """Positions (in the epoch's row-group order) that windows' tokens come from,
@@ -217,6 +233,7 @@ class TokenReader:
         windows: np.ndarray,
         ahead: bool = False,
         keep: set | None = None,
+        batch: int = 0,
     ) -> Segment | Future | None:
         """The segment at `position` of the epoch's row-group order if held, else a piece
         of it that holds all that `windows` need of it, else its read: shared if in
@@ -229,26 +246,41 @@ class TokenReader:
             held = self._segments.get(key)
             if held is not None:
                 return held
-            flight = self._flights.get(key)
-            if flight is not None:
-                return flight
             pieces = self._pieces.get(key)
+        # A read in flight is shared; one a batch now waits on goes before read-ahead.
+        pool = self._pool
+        flight = pool.flight(key, need=not ahead, priority=batch) if pool is not None else None
+        if flight is not None:
+            return flight
         if pieces:
             piece = self._covering(pieces, epoch, position, windows)
             if piece is not None:
                 return piece
+        if self._pool is None:
+            pool = FetchPool(self._read_threads(), "iolib-tokens", self._deposit)
+            with self._lock:
+                if self._pool is None:
+                    self._pool = pool
+                    weakref.finalize(self, pool.release)  # its idle threads go with it
         with self._lock:
-            flight = self._flights.get(key)
-            if flight is not None:
-                return flight
-            if ahead and not self._room_for(key, keep):
+            # A read that landed since the look above put its segment first: no re-read.
+            held = self._segments.get(key)
+            if held is not None:
+                return held
+            if ahead and self._pool.flight(key) is None and not self._room_for(key, keep):
                 return None  # no room to read ahead: the batch that needs it will
-            if self._pool is None:
-                threads = self._read_threads()
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iolib-tokens")
-                weakref.finalize(self, self._pool.shutdown, wait=False)
-            flight = self._flights[key] = self._pool.submit(self._load, key)
+            # Shared if another thread started it meanwhile (the pool's key).
+            flight = self._pool.submit(partial(self._load, key), ahead=ahead, priority=batch,
+                                       key=key)  # fmt: skip
+        if not ahead:
+            self._pool.promote(flight, batch)
         return flight
+
+    def _deposit(self, read: int, retries: int) -> None:
+        """Bytes and retries of a pool thread's read: counted in the next batch."""
+        with self._lock:
+            self._io[0] += read
+            self._io[1] += retries
 
     def _covering(
         self, pieces: list[Segment], epoch: int, position: int, windows: np.ndarray
@@ -297,7 +329,7 @@ class TokenReader:
         exist only while a decode slot (one a core) holds it, bounded by the cores, not by
         the reads queued (counted 3x, the next chunk was not read ahead in time)."""
         sizes = self.d._group_bytes
-        return int(sum(sizes[group] for _, group in self._flights))
+        return int(sum(sizes[group] for _, group in self._pool.in_flight())) if self._pool else 0
 
     def _load(self, key: tuple[int, int]) -> Segment:
         epoch, group = key
@@ -317,12 +349,8 @@ class TokenReader:
                     self._pieces[key] = pieces
             return segment
         finally:
-            read, retries = take_counters()
             with self._lock:
-                self._io[0] += read
-                self._io[1] += retries
-                self._flights.pop(key, None)
-                idle = not self._flights
+                idle = len(self._pool.in_flight()) <= 1  # this read is the last in flight
             if idle:
                 # Arrow's pool may keep freed pages (mimalloc, pyarrow's default, per read
                 # thread). Returned when the reads pause (after each one, it cost ~15% more
@@ -366,6 +394,8 @@ class TokenReader:
     def _read_ahead(self, epoch: int) -> None:
         """Start reading the row groups of the batches after the last one found
         (`_find`), where the cache has room."""
+        if self._paused:
+            return
         total = len(self._plans[epoch])
         # Room comes back only as batches pass: looking for it each batch cost more than
         # the cut with a 128 MiB cache (the batches ahead's keys, gathered each time).
@@ -377,10 +407,10 @@ class TokenReader:
         for k in range(start, min(total, self._hint + 1 + self._horizon(epoch))):
             keep, (windows, positions, _) = None, self._planned(epoch, k)
             for position in positions:
-                found = self._fetch(epoch, position, windows, ahead=True)
+                found = self._fetch(epoch, position, windows, ahead=True, batch=k)
                 if found is None:  # make room from segments no batch near this one reads
                     keep = keep or self._needed(epoch, k)
-                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep)
+                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep, batch=k)
                 if found is None:
                     self._stalled = (epoch, self._hint)
                     return  # no room: this batch is looked at again a few batches on
@@ -404,15 +434,28 @@ class TokenReader:
             positions = planned[1]  # found when this batch was read ahead
         else:
             positions = self._groups_of(windows, epoch).tolist()
-        found = {p: self._fetch(epoch, p, windows) for p in positions}  # reads all at once
+        batch = k if k is not None else 0
+        found = {p: self._fetch(epoch, p, windows, batch=batch) for p in positions}  # all at once
         if k is not None:
             self._read_ahead(epoch)
-        segments = {p: f if isinstance(f, Segment) else f.result() for p, f in found.items()}
+        segments = {p: self._wait(epoch, p, windows, f, batch) for p, f in found.items()}
         with self._lock:
             (read, retries), self._io = self._io, [0, 0]
         count_bytes(read)  # helper threads' reads count in the batch that needed them
         count_retries(retries)
         return self._cut(windows, epoch, segments)
+
+    def _wait(
+        self, epoch: int, position: int, windows: np.ndarray, found: Any, batch: int
+    ) -> Segment:
+        """The segment `found` is or will be; read again if its read was cancelled (a
+        loader over this source was closed meanwhile)."""
+        while not isinstance(found, Segment):
+            try:
+                return found.result()
+            except CancelledError:
+                found = self._fetch(epoch, position, windows, batch=batch)
+        return found
 
     def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
         """The windows' columns, filled by one compiled pass over each segment's pieces
