@@ -380,11 +380,18 @@ class ParquetSource(Source):
     def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Rows at `indices`, in that order, as one Arrow table: a fresh copy (collate hands
         its memory to tensors without copying again)."""
+        return self._read(indices, epoch, None)
+
+    def read_batch(self, indices: np.ndarray, *, epoch: int, batch: int) -> pa.Table:
+        """`read` of batch `batch` of the plan (the cache and read-ahead follow it)."""
+        return self._read(indices, epoch, batch)
+
+    def _read(self, indices: np.ndarray, epoch: int, batch: int | None) -> pa.Table:
         indices = np.asarray(indices, dtype=np.int64)
         starts = self.description.row_starts
         if indices.size and (indices.min() < 0 or indices.max() >= starts[-1]):
             raise IndexError(f"sample indices outside 0..{starts[-1] - 1}")
-        table = self._reader.read(indices, epoch)
+        table = self._reader.read(indices, epoch, batch)
         lists = self._description.lists
         return lists.tag(table) if lists is not None else table
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
@@ -26,9 +25,9 @@ import pyarrow as pa
 from iolib.forks import reset_after_fork
 from iolib.resources import thread_budget
 from iolib.sources.dense import DenseColumns
-from iolib.sources.fetch_pool import FetchPool
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_fetch import RowGroupFetcher
+from iolib.sources.readahead import ReadAhead
 from iolib.sources.rgcache import EpochUses, PlannedCache
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
@@ -62,13 +61,10 @@ class ParquetReader:
         self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
         self._rereads_warned = False
         self._failed_groups: set[int] = set()  # a read failed: read again, not the cache's doing
-        # A batch's reads in parallel and the read-ahead, needed reads first (made on use).
-        self._pool: FetchPool | None = None
+        # A batch's reads in parallel and the read-ahead, needed reads first.
+        self._ahead = ReadAhead("iolib-fetch", FETCH_THREADS + thread_budget().readahead,
+                                ahead_threads=thread_budget().readahead)  # fmt: skip
         self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
-        # Cancelled: the batches still being assembled for a pass that was left read
-        # nothing ahead; the next pass's plan (`plan_epoch`) lets read-ahead start again.
-        self._paused = False
-        self._ahead_io = (0, 0)  # bytes and retries read ahead, not yet in a batch's count
         self._local = threading.local()  # this thread's epoch and batch's row groups
         self._in_flight: dict[int, _Flight] = {}
         self._dense: DenseColumns | None = None
@@ -81,7 +77,7 @@ class ParquetReader:
         stays (the in-memory store is shared copy-on-write)."""
         self._lock = threading.Lock()
         self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
-        self._pool, self._ahead_sent, self._ahead_io = None, set(), (0, 0)
+        self._ahead_sent = set()  # the read-ahead resets itself (`ReadAhead`)
         self._local = threading.local()
         self.fetcher.after_fork()
         self._in_flight = {}
@@ -102,15 +98,12 @@ class ParquetReader:
     def defer_counts(self) -> None:
         """Storage counts per thread: this one makes no batch (read-ahead, planning), so
         the next batch counts what it read and retried."""
-        read, retries = take_counters()
-        with self._lock:
-            self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
+        self._ahead.deposit(*take_counters())
 
     def close(self) -> None:
         """Stop the reads and drop what is held."""
-        self.cancel()
-        if self._pool is not None:
-            self._pool.close()
+        self._ahead.close()
+        self._ahead_sent = set()
         with self._lock:
             self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
             self._dense = None
@@ -119,36 +112,17 @@ class ParquetReader:
         """Drop the queued reads (a loader closed, dropped or left): reads on the wire
         finish (their bytes: `bytes_after_close`); read-ahead starts again from the next
         batch read."""
-        pool = self._pool
-        if pool is not None:
-            pool.cancel()  # claimed reads let their waiters go (`_drop_if_cancelled`)
+        self._ahead.cancel()  # claimed reads let their waiters go (`_drop_if_cancelled`)
         # No lock: this may run from a finalizer on a thread that holds it.
-        self._ahead_sent, self._paused = set(), True
-
-    def _fetch_pool(self) -> FetchPool:
-        """The pool of this reader's reads, made on first use."""
-        if self._pool is None:
-            pool = FetchPool(FETCH_THREADS + thread_budget().readahead, "iolib-fetch",
-                             self._deposit, ahead_threads=thread_budget().readahead)  # fmt: skip
-            with self._lock:
-                if self._pool is None:
-                    self._pool = pool
-                    weakref.finalize(self, pool.release)  # its idle threads go with it
-        return self._pool
-
-    def _deposit(self, read: int, retries: int) -> None:
-        """A pool thread's bytes and retries: the next batch counts them."""
-        with self._lock:
-            self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
+        self._ahead_sent = set()
 
     # -- what a caller can observe ---------------------------------------------------------
     def cache_stats(self) -> dict[str, int]:
         """Row-group reads and re-reads (same row group, same epoch), cache hits and
         evictions, in this process."""
-        pool = self._pool
         with self._lock:
             stats = self._cache.stats()
-        stats["bytes_after_close"] = pool.bytes_after_cancel if pool is not None else 0
+        stats["bytes_after_close"] = self._ahead.bytes_after_close()
         return stats
 
     def dense_row_groups(self) -> np.ndarray | None:
@@ -169,21 +143,23 @@ class ParquetReader:
         )
         with self._lock:
             self._cache.plan(uses)
-            self._paused = False
+        self._ahead.resume()
 
     # -- batches ---------------------------------------------------------------------------
-    def read(self, indices: np.ndarray, epoch: int) -> pa.Table:
-        """Rows at `indices` (int64, in range), in that order, as a fresh Arrow table.
+    def read(self, indices: np.ndarray, epoch: int, batch: int | None = None) -> pa.Table:
+        """Rows at `indices` (int64, in range), in that order, as a fresh Arrow table;
+        `batch`: which batch of the plan they are (found by their first row if not said).
 
         From the dense store when there is one (one `np.take` per column); else Arrow's
         `take` per row group plus one reordering `take` (two copies, GIL released)."""
         thread = threading.get_ident()
         self._local.epoch = epoch
         with self._lock:  # which batch this thread assembles: the cache protects it
-            k = self._cache.begin(thread, epoch, int(indices[0]) if indices.size else None)
+            first = int(indices[0]) if indices.size else None
+            k = self._cache.begin(thread, epoch, first, batch)
         # A batch that misses row groups is waited on: no read-ahead starts until it
         # is assembled (it was submitted first so that the two meet in the middle).
-        need = self._fetch_pool().needing() if self._misses(indices) else nullcontext()
+        need = self._ahead.pool().needing() if self._misses(indices) else nullcontext()
         try:
             with need:
                 if k is not None and self.description.readahead:
@@ -192,7 +168,7 @@ class ParquetReader:
         finally:
             with self._lock:
                 self._cache.end(thread)
-                (read, retries), self._ahead_io = self._ahead_io, (0, 0)
+            read, retries = self._ahead.take_io()
             self.release()
             count_bytes(read)  # what was read ahead counts in the batch that took it over
             count_retries(retries)
@@ -320,7 +296,7 @@ class ParquetReader:
             return flight.table
         if self._local.__dict__.get("ahead"):
             return self._lead(group, flight, dense)
-        with self._fetch_pool().needing():  # a batch waits on it: no read-ahead starts
+        with self._ahead.pool().needing():  # a batch waits on it: no read-ahead starts
             return self._lead(group, flight, dense)
 
     def _lead(self, group: int, flight: _Flight, dense: DenseColumns | None) -> pa.Table:
@@ -382,9 +358,7 @@ class ParquetReader:
                     freed.append(flight)
                     # Counted as read when claimed: uncount it, or its real read later
                     # would look like a re-read (and blame the cache for it).
-                    epoch = getattr(self._local, "epoch", 0)
-                    self._cache.counts.read_this_epoch.get(epoch, set()).discard(group)
-                    self._cache.counts.reads -= 1
+                    self._cache.unrecord_read(group, getattr(self._local, "epoch", 0))
         claims.clear()
         for flight in freed:
             flight.done.set()
@@ -414,7 +388,7 @@ class ParquetReader:
         """Submit the row groups of batches k..k+readahead not yet held or read, latest
         first (the batch's own thread reads its row groups in ascending order: the two
         meet in the middle), where the cache or the in-memory store has room."""
-        if self._paused:
+        if self._ahead.paused:
             return
         dense = self._dense_columns()
         with self._lock:
@@ -449,7 +423,7 @@ class ParquetReader:
             self._ahead_sent = {(e, g) for e, g in self._ahead_sent if e >= epoch - 1}
             if not wanted:
                 return
-        pool = self._fetch_pool()
+        pool = self._ahead.pool()
         for group in reversed(wanted):
             read = partial(self._read_one_ahead, epoch, group, dense)
             pool.submit(read, ahead=True, priority=k)
@@ -479,7 +453,7 @@ class ParquetReader:
             for group in missing[1:]:
                 claims[group] = self._in_flight[group] = _Flight()
                 self._count_read(group)
-        epoch, pool = getattr(self._local, "epoch", 0), self._fetch_pool()
+        epoch, pool = getattr(self._local, "epoch", 0), self._ahead.pool()
         for group, flight in claims.items():
             read = pool.submit(partial(self._read_claimed, epoch, group, flight, dense))
             read.add_done_callback(partial(self._drop_if_cancelled, group, flight))

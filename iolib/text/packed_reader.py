@@ -25,8 +25,7 @@ import pyarrow.compute as pc
 from iolib.forks import reset_after_fork
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
 from iolib.resources import thread_budget
-from iolib.sources.fetch_pool import FetchPool
-from iolib.sources.parquet_fetch import decode_slots
+from iolib.sources import ReadAhead, decode_slots
 from iolib.storage import count_bytes, is_local, open_filesystem
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
@@ -99,14 +98,11 @@ class TokenReader:
         self._segments: cachetools.LRUCache = cachetools.LRUCache(
             d.cache_bytes, getsizeof=lambda seg: seg.nbytes
         )
-        self._pool: FetchPool | None = None
-        self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
+        # Not a bound method: the read-ahead must not keep its reader alive (a cycle).
+        self._reads = ReadAhead("iolib-tokens", partial(_read_threads, self.d))
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
-        self._hint, self._hint_epoch = 0, -1  # the batch last found, and its epoch
+        self._horizons: dict[int, int] = {}  # epoch -> batches ahead read (`_horizon`)
         self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
-        # Cancelled: the batches still being cut for a pass that was left read nothing
-        # ahead; the next pass's plan (`plan_epoch`) lets read-ahead start again.
-        self._paused = False
         self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
         self._recent: dict[tuple[int, int], np.ndarray] = {}
         self._lanes_planned: dict[int, set[int]] = {}  # epoch -> lanes its plans deal to
@@ -117,14 +113,12 @@ class TokenReader:
     def _after_fork(self) -> None:
         """The parent's threads (and reads in flight, and its lock) are gone in a forked
         worker."""
-        self._lock = threading.Lock()
-        self._pool = None
+        self._lock = threading.Lock()  # the read-ahead resets itself (`ReadAhead`)
 
     def close(self) -> None:
         """Stop the reads and drop the cached row groups."""
-        self.cancel()
-        if self._pool is not None:
-            self._pool.close()
+        self._reads.close()
+        self._ahead, self._stalled = (-1, -1), (-1, -1)
         with self._lock:
             self._segments.clear()
             self._pieces.clear()
@@ -132,25 +126,22 @@ class TokenReader:
     def cancel(self) -> None:
         """Drop the queued reads (a loader closed, dropped or left): reads on the wire
         finish, and read-ahead starts again from the next batch read."""
-        pool = self._pool
-        if pool is not None:
-            pool.cancel()
+        self._reads.cancel()
         # No lock: this may run from a finalizer on a thread that holds it.
-        self._ahead, self._stalled, self._paused = (-1, -1), (-1, -1), True
+        self._ahead, self._stalled = (-1, -1), (-1, -1)
 
     def cache_stats(self) -> dict[str, int]:
-        pool = self._pool
         with self._lock:
             return {"cache_budget_bytes": self.d.cache_bytes,
                     "cache_held_bytes": int(self._segments.currsize),
-                    "bytes_after_close": pool.bytes_after_cancel if pool else 0}  # fmt: skip
+                    "bytes_after_close": self._reads.bytes_after_close()}  # fmt: skip
 
     def _horizon(self, epoch: int) -> int:
         """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
         one chunk, from the plan's lanes and batch size) and some, so that the next chunk
         is read while this one is cut."""
         plan = self._plans.get(epoch)
-        found = getattr(plan, "horizon", None)
+        found = self._horizons.get(epoch)
         if found is None:
             blocks = self.d.blocks()
             per_chunk = int(blocks[0]) if len(blocks) > 1 else 0
@@ -158,7 +149,7 @@ class TokenReader:
             share = max(1, lanes // max(world, 1))
             found = -(-per_chunk * share // max(granule, 1)) + READAHEAD_BATCHES
             if plan is not None:
-                plan.horizon = found
+                self._horizons[epoch] = found
         return found
 
     def _edge_pieces(self, epoch: int) -> dict[int, list[tuple[int, int]]]:
@@ -205,10 +196,11 @@ class TokenReader:
         with self._lock:
             self._plans = {e: b for e, b in self._plans.items() if e == epoch - 1}
             self._plans[epoch] = batches
+            self._horizons = {e: h for e, h in self._horizons.items() if e == epoch - 1}
             planned = self._lanes_planned
             self._lanes_planned = {e: v for e, v in planned.items() if e >= epoch - 1}
             self._lanes_planned.setdefault(epoch, set()).add(lanes)
-            self._paused = False
+        self._reads.resume()
 
     def _groups_of(self, windows: np.ndarray, epoch: int) -> np.ndarray:
         """Positions (in the epoch's row-group order) that windows' tokens come from,
@@ -248,7 +240,7 @@ class TokenReader:
                 return held
             pieces = self._pieces.get(key)
         # A read in flight is shared; one a batch now waits on goes before read-ahead.
-        pool = self._pool
+        pool = self._reads.started
         flight = pool.flight(key, need=not ahead, priority=batch) if pool is not None else None
         if flight is not None:
             return flight
@@ -256,31 +248,19 @@ class TokenReader:
             piece = self._covering(pieces, epoch, position, windows)
             if piece is not None:
                 return piece
-        if self._pool is None:
-            pool = FetchPool(self._read_threads(), "iolib-tokens", self._deposit)
-            with self._lock:
-                if self._pool is None:
-                    self._pool = pool
-                    weakref.finalize(self, pool.release)  # its idle threads go with it
+        pool = self._reads.pool()
         with self._lock:
             # A read that landed since the look above put its segment first: no re-read.
             held = self._segments.get(key)
             if held is not None:
                 return held
-            if ahead and self._pool.flight(key) is None and not self._room_for(key, keep):
+            if ahead and pool.flight(key) is None and not self._room_for(key, keep):
                 return None  # no room to read ahead: the batch that needs it will
             # Shared if another thread started it meanwhile (the pool's key).
-            flight = self._pool.submit(partial(self._load, key), ahead=ahead, priority=batch,
-                                       key=key)  # fmt: skip
+            flight = pool.submit(partial(self._load, key), ahead=ahead, priority=batch, key=key)
         if not ahead:
-            self._pool.promote(flight, batch)
+            pool.promote(flight, batch)
         return flight
-
-    def _deposit(self, read: int, retries: int) -> None:
-        """Bytes and retries of a pool thread's read: counted in the next batch."""
-        with self._lock:
-            self._io[0] += read
-            self._io[1] += retries
 
     def _covering(
         self, pieces: list[Segment], epoch: int, position: int, windows: np.ndarray
@@ -301,15 +281,6 @@ class TokenReader:
                 return piece
         return None
 
-    def _read_threads(self) -> int:
-        """Row-group reads in flight: FETCH_THREADS from a remote store, whose rate per
-        connection is far below its total; from local disk as many as decode at once: a
-        read there is all decode, and more threads only hold more memory (each thread's
-        allocator keeps what its reads freed)."""
-        options = self.d.parquet.storage_options
-        local = all(is_local(open_filesystem(url, options)[0]) for url in self.d.parquet.urls)
-        return decode_slots() if local else FETCH_THREADS
-
     def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
         """Whether the cache has room to read `key` ahead, made by dropping held segments
         not in `keep`, oldest read first: when the next chunk's row groups are due the
@@ -329,7 +300,8 @@ class TokenReader:
         exist only while a decode slot (one a core) holds it, bounded by the cores, not by
         the reads queued (counted 3x, the next chunk was not read ahead in time)."""
         sizes = self.d._group_bytes
-        return int(sum(sizes[group] for _, group in self._pool.in_flight())) if self._pool else 0
+        pool = self._reads.started
+        return int(sum(sizes[group] for _, group in pool.in_flight())) if pool else 0
 
     def _load(self, key: tuple[int, int]) -> Segment:
         epoch, group = key
@@ -350,7 +322,7 @@ class TokenReader:
             return segment
         finally:
             with self._lock:
-                idle = len(self._pool.in_flight()) <= 1  # this read is the last in flight
+                idle = len(self._reads.pool().in_flight()) <= 1  # the last read in flight
             if idle:
                 # Arrow's pool may keep freed pages (mimalloc, pyarrow's default, per read
                 # thread). Returned when the reads pause (after each one, it cost ~15% more
@@ -375,72 +347,64 @@ class TokenReader:
                     del self._recent[next(iter(self._recent))]
         return found
 
-    def _find(self, windows: np.ndarray, epoch: int) -> int | None:
-        """Which batch of the plan `windows` are, found by its first window next to the
-        last one found; None outside the plan (a read by hand, a sample retried alone)."""
+    def _told(self, windows: np.ndarray, epoch: int, batch: int | None) -> int | None:
+        """`batch` if the loader said which batch of the plan these windows are and they
+        are that batch (a batch replaced under on_error="skip" is not), else None: a read
+        by hand, or a sample retried alone, reads nothing ahead."""
         batches = self._plans.get(epoch)
-        if batches is None or not windows.size:
+        if batch is None or batches is None or not 0 <= batch < len(batches):
             return None
-        # A new epoch's search starts at its first batch, not at the last one's number.
-        hint = self._hint if self._hint_epoch == epoch else -1
-        total, first = len(batches), int(windows[0])
-        for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
-            planned = self._planned(epoch, k)[0] if 0 <= k < total else None
-            if planned is not None and planned.size and int(planned[0]) == first:
-                self._hint, self._hint_epoch = k, epoch
-                return k
-        return None
+        return batch if np.array_equal(self._planned(epoch, batch)[0], windows) else None
 
-    def _read_ahead(self, epoch: int) -> None:
-        """Start reading the row groups of the batches after the last one found
-        (`_find`), where the cache has room."""
-        if self._paused:
+    def _read_ahead(self, epoch: int, now: int) -> None:
+        """Start reading the row groups of the batches after batch `now`, where the cache
+        has room."""
+        if self._reads.paused:
             return
         total = len(self._plans[epoch])
         # Room comes back only as batches pass: looking for it each batch cost more than
         # the cut with a 128 MiB cache (the batches ahead's keys, gathered each time).
-        if self._stalled[0] == epoch and self._hint < self._stalled[1] + RETRY_BATCHES:
+        if self._stalled[0] == epoch and now < self._stalled[1] + RETRY_BATCHES:
             return
         # Batches up to `_ahead` were looked at already: only the newest one is new.
         done_epoch, done = self._ahead
-        start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
-        for k in range(start, min(total, self._hint + 1 + self._horizon(epoch))):
+        start = max(now + 1, done + 1 if done_epoch == epoch else 0)
+        for k in range(start, min(total, now + 1 + self._horizon(epoch))):
             keep, (windows, positions, _) = None, self._planned(epoch, k)
             for position in positions:
                 found = self._fetch(epoch, position, windows, ahead=True, batch=k)
                 if found is None:  # make room from segments no batch near this one reads
-                    keep = keep or self._needed(epoch, k)
+                    keep = keep or self._needed(epoch, now, k)
                     found = self._fetch(epoch, position, windows, ahead=True, keep=keep, batch=k)
                 if found is None:
-                    self._stalled = (epoch, self._hint)
+                    self._stalled = (epoch, now)
                     return  # no room: this batch is looked at again a few batches on
             self._ahead = (epoch, k)
 
-    def _needed(self, epoch: int, upto: int) -> set[tuple[int, int]]:
-        """Keys of the segments that the batches from a few before this one (other
+    def _needed(self, epoch: int, now: int, upto: int) -> set[tuple[int, int]]:
+        """Keys of the segments that the batches from a few before batch `now` (other
         workers may still be reading them) up to batch `upto` read."""
-        near = range(max(0, self._hint - BEHIND_BATCHES), upto + 1)
+        near = range(max(0, now - BEHIND_BATCHES), upto + 1)
         return set().union(*(self._planned(epoch, b)[2] for b in near))
 
-    def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
+    def read(self, indices: np.ndarray, *, epoch: int = 0, batch: int | None = None) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
-        tensors without a copy)."""
+        tensors without a copy); `batch`: which batch of the plan they are (read-ahead
+        follows the plan from there)."""
         windows = np.asarray(indices, dtype=np.int64)
         if windows.size and (windows.min() < 0 or windows.max() >= len(self.d)):
             raise IndexError(f"window indices outside 0..{len(self.d) - 1}")
-        k = self._find(windows, epoch)
-        planned = self._planned(epoch, k) if k is not None else None
-        if planned is not None and np.array_equal(planned[0], windows):
-            positions = planned[1]  # found when this batch was read ahead
+        k = self._told(windows, epoch, batch)
+        if k is not None:
+            positions = self._planned(epoch, k)[1]  # found when this batch was read ahead
         else:
             positions = self._groups_of(windows, epoch).tolist()
-        batch = k if k is not None else 0
-        found = {p: self._fetch(epoch, p, windows, batch=batch) for p in positions}  # all at once
+        at = k if k is not None else 0
+        found = {p: self._fetch(epoch, p, windows, batch=at) for p in positions}  # all at once
         if k is not None:
-            self._read_ahead(epoch)
-        segments = {p: self._wait(epoch, p, windows, f, batch) for p, f in found.items()}
-        with self._lock:
-            (read, retries), self._io = self._io, [0, 0]
+            self._read_ahead(epoch, k)
+        segments = {p: self._wait(epoch, p, windows, f, at) for p, f in found.items()}
+        read, retries = self._reads.take_io()
         count_bytes(read)  # helper threads' reads count in the batch that needed them
         count_retries(retries)
         return self._cut(windows, epoch, segments)
@@ -518,3 +482,13 @@ def _lanes_of(plan: Any) -> tuple[int, int, int]:
     if choice is None:
         return 1, 1, 1
     return choice.lanes, int(getattr(plan, "world_size", 1)), choice.granule
+
+
+def _read_threads(d: Any) -> int:
+    """Row-group reads in flight: FETCH_THREADS from a remote store, whose rate per
+    connection is far below its total; from local disk as many as decode at once: a
+    read there is all decode, and more threads only hold more memory (each thread's
+    allocator keeps what its reads freed)."""
+    options = d.parquet.storage_options
+    local = all(is_local(open_filesystem(url, options)[0]) for url in d.parquet.urls)
+    return decode_slots() if local else FETCH_THREADS
