@@ -81,7 +81,8 @@ class FetchPool:
         self._running = {NEED: 0, AHEAD: 0}
         self._needing = 0  # needed reads led by callers' own threads (`needing`)
         self._idle = 0
-        self._workers: list[threading.Thread] = []
+        self._workers: list[threading.Thread] = []  # those that take reads
+        self._started: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # to join
         # Cancels are numbered without a lock (a finalizer may ask for one): queued
         # read-ahead of an earlier generation than `generation` is dropped once a thread
         # holding the lock sees `_pruned` behind it.
@@ -196,10 +197,10 @@ class FetchPool:
         """Wait up to `timeout` s for this pool's threads to exit; whether they did."""
         deadline = time.monotonic() + timeout
         me = threading.current_thread()
-        for thread in list(self._workers):
+        for thread in list(self._started):
             if thread is not me:
                 thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._workers if t is not me)
+        return not any(t.is_alive() for t in list(self._started) if t is not me)
 
     def pending(self) -> int:
         """Reads queued or running."""
@@ -250,6 +251,7 @@ class FetchPool:
                         if f"{self.name}-{i}" not in used)  # fmt: skip
             thread = threading.Thread(target=self._work, name=name, daemon=True)
             self._workers.append(thread)
+            self._started.add(thread)
             thread.start()
 
     def _startable(self) -> list[Any] | None:
