@@ -341,7 +341,8 @@ class ParquetReader:
                 self._in_flight[g] = _Flight(owner=me)
                 self._count_read(g)
         self._local.__dict__.setdefault("claims", set()).update(later)
-        return self.fetcher.fetch(group, later)
+        needed = not self._local.__dict__.get("ahead")  # a batch waits for it
+        return self.fetcher.fetch(group, later, needed=needed)
 
     def _let_go_of_claims(self) -> None:
         """Claims this thread did not lead (its batch failed or stopped early): unread,
