@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iolib.errors import ConfigError
 from iolib.plan import DEFAULT_SHUFFLE_WINDOW, Layout, TokenStream, default_blocks, window_groups
 from iolib.redact import Redactor
 from iolib.resources import parse_bytes
@@ -30,10 +29,11 @@ from iolib.sources.parquet_description import checked_cache_bytes
 from iolib.text import tokenindex
 from iolib.text.packed_checks import (
     MIN_GROUPS_HELD,
+    check_arguments,
     check_budget,
     check_column,
-    check_ignore_index_and_seed,
     named_column,
+    segment_bytes,
 )
 from iolib.text.packed_reader import FETCH_THREADS, Segment, TokenReader
 from iolib.text.seeded import check_lanes
@@ -41,8 +41,6 @@ from iolib.text.seeded import check_lanes
 __all__ = ["FETCH_THREADS", "MIN_GROUPS_HELD", "PackedTokens", "Segment", "cu_seqlens"]
 
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
-
-
 DEFAULT_CACHE_BYTES = 1 << 30  # per process: two default shuffle windows
 log = logging.getLogger(__name__)
 
@@ -103,12 +101,8 @@ class PackedTokens(Source):
         lanes: int | str = "auto",
         shuffle_window: int | str = DEFAULT_SHUFFLE_WINDOW,
     ) -> None:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
-        if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
-            raise ConfigError(f"`eos_id` must be an integer token id. Found: {eos_id!r}.")
+        check_arguments(seq_len, eos_id, ignore_index, seed)
         cache_bytes = checked_cache_bytes(cache_bytes)  # as ParquetSource reads it
-        check_ignore_index_and_seed(ignore_index, seed)
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options)
         # The reader of row groups: no cache of its own (this source keeps segments).
@@ -164,15 +158,8 @@ class PackedTokens(Source):
             self._index = index
         return self._index
 
-    @property
-    def _itemsize(self) -> int:
-        return np.dtype(
-            self.parquet.schema.field(self.column).type.value_type.to_pandas_dtype()
-        ).itemsize
-
     def _segment_bytes(self, index: tokenindex.TokenIndex) -> np.ndarray:
-        """Memory of each row group's segment: its stream tokens, 16 bytes a document."""
-        return index.stream * self._itemsize + 16 * index.documents + 8
+        return segment_bytes(index, self.parquet.schema.field(self.column).type)
 
     @property
     def _group_bytes(self) -> np.ndarray:

@@ -16,6 +16,22 @@ from iolib.plan import window_groups
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
 
 
+def check_arguments(seq_len: Any, eos_id: Any, ignore_index: Any, seed: Any) -> None:
+    """`seq_len` and `eos_id` are integers (seq_len >= 1), and `check_ignore_index_and_seed`."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
+    if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
+        raise ConfigError(f"`eos_id` must be an integer token id. Found: {eos_id!r}.")
+    check_ignore_index_and_seed(ignore_index, seed)
+
+
+def segment_bytes(index: Any, kind: pa.DataType) -> np.ndarray:
+    """Memory of each row group's segment (a `TokenIndex`'s counts, the column's list
+    type): its stream tokens, 16 bytes a document."""
+    itemsize = np.dtype(kind.value_type.to_pandas_dtype()).itemsize
+    return index.stream * itemsize + 16 * index.documents + 8
+
+
 def check_ignore_index_and_seed(ignore_index: Any, seed: Any) -> None:
     """Refuse at construction what would fail, or wrap, at the first batch: labels are
     int64, and seeds feed NumPy's SeedSequence (non-negative)."""
