@@ -392,24 +392,16 @@ class ParquetReader:
         if self._ahead.paused:
             return
         dense = self._dense_columns()
+        sizes = self.description.sizes
         with self._lock:
-            plan = self._cache.plans.get(epoch)
+            upcoming = self._cache.upcoming(epoch, k, self.description.readahead)
             # No plan, or sizes unknown: no room.
-            if plan is None or self.description.sizes is None:
+            if upcoming is None or sizes is None:
                 return
-            # From the earliest batch in progress (other threads'), whose row groups
-            # must stay, to `readahead` batches past this one.
-            start = min([b for e, b in self._cache.active.values() if e == epoch] + [k])
-            upcoming = plan.upcoming(start, k - start + self.description.readahead + 1)
-            sizes = self.description.sizes
             # Room for everything these batches read that is not held yet, in order of
             # first use, so that a read ahead never displaces what is needed sooner (it
-            # would then be read twice); held row groups needed later give way.
-            needed = set(upcoming)
-            room = self._cache.budget - sum(sizes[g] for g in self._cache.tables if g in needed)
-            # Other threads may be about to read a row group this count missed (the
-            # active set moves while we look): leave each of them one row group's room.
-            room -= len(self._cache.active) * max(sizes, default=0)
+            # would then be read twice).
+            room = self._cache.room_ahead(upcoming, sizes)
             wanted = []
             for group in upcoming:
                 if group in self._cache or (dense is not None and dense.filled[group]):
@@ -441,7 +433,7 @@ class ParquetReader:
                 missing = [g for g in missing if not dense.filled[g]]
             elif (sizes := self.description.sizes) is not None:
                 # Only what the cache has room for: no evictions.
-                room = self._cache.budget - self._cache.held
+                room = self._cache.free()
                 fits = np.cumsum([sizes[g] for g in missing]) <= room
                 missing = [g for g, fit in zip(missing, fits, strict=True) if fit]
             else:
@@ -488,13 +480,7 @@ class ParquetReader:
         """Whether a batch from the earliest one in progress on reads `group` (in view of
         the plan); True without a plan."""
         with self._lock:
-            plan, cache = self._cache.plans.get(epoch), self._cache
-            now = [b for e, b in cache.active.values() if e == epoch]
-            if cache.last is not None and cache.last[0] == epoch:
-                now.append(cache.last[1])
-            if plan is None or not now:
-                return True
-            return plan.next_use(group, min(now)) is not None
+            return self._cache.still_used(epoch, group)
 
     def _read_claimed(
         self, epoch: int, group: int, flight: _Flight, dense: DenseColumns | None

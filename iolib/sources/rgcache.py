@@ -209,6 +209,40 @@ class PlannedCache:
         if done is not None and self.last is not None and done >= self.last:
             self.last = (done[0], done[1] + 1)  # that batch no longer needs its row groups
 
+    # -- what read-ahead asks ------------------------------------------------------------
+    def upcoming(self, epoch: int, k: int, ahead: int) -> list[int] | None:
+        """Row groups, by first use, of the batches from the earliest one in progress
+        (whose row groups must stay) to `ahead` batches past batch k; None without a
+        plan."""
+        plan = self.plans.get(epoch)
+        if plan is None:
+            return None
+        start = min([b for e, b in self.active.values() if e == epoch] + [k])
+        return plan.upcoming(start, k - start + ahead + 1)
+
+    def room_ahead(self, upcoming: list[int], sizes: Sequence[int]) -> int:
+        """Bytes free for reading `upcoming` ahead: held row groups needed later give
+        way, and each thread assembling a batch keeps one largest row group's room (it
+        may be about to read one this count missed)."""
+        needed = set(upcoming)
+        room = self.budget - sum(sizes[g] for g in self.tables if g in needed)
+        return room - len(self.active) * max(sizes, default=0)
+
+    def free(self) -> int:
+        """Bytes the cache can take without evicting."""
+        return self.budget - self.held
+
+    def still_used(self, epoch: int, group: int) -> bool:
+        """Whether a batch from the earliest one in progress on reads `group` (in view
+        of the plan); True without a plan or a batch in progress."""
+        plan = self.plans.get(epoch)
+        now = [b for e, b in self.active.values() if e == epoch]
+        if self.last is not None and self.last[0] == epoch:
+            now.append(self.last[1])
+        if plan is None or not now:
+            return True
+        return plan.next_use(group, min(now)) is not None
+
     def _distance(self, group: int, now: tuple[int, int]) -> tuple[int, int]:
         """When `group` is next used at or after `now` ((epoch, batch)); far future if never."""
         epoch, k = now
