@@ -192,11 +192,11 @@ class Runner:
     def release(self, *, force: bool = False) -> None:
         """Stop the workers unless they persist across epochs (or `force`: then the
         source's queued reads are dropped too)."""
+        if force:  # first: workers that finish a batch while stopping read nothing ahead
+            self.cancel_reads()
         if self.engine is not None and (force or not self.persistent):
             engine, self.engine, self.followed = self.engine, None, None
             engine.close()
-        if force:
-            self.cancel_reads()
 
     def cancel_reads(self) -> None:
         """Drop the source's queued reads in this process (read-ahead for batches no

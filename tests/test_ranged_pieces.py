@@ -99,3 +99,40 @@ def test_read_ahead_is_never_split(
         c, d = _group_span(local, group)
         assert [(o, n) for o, n in reads if c <= o < d] in ([], [(c, d - c)])
     del it
+
+
+def test_a_token_batch_reads_its_large_row_groups_in_pieces_once(
+    store_log,  # noqa: F811
+    s3_options,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+) -> None:
+    """PackedTokens' reads take the same path: a row group a batch waits for arrives in
+    pieces (a read ahead, promoted or not, in one piece or several), each byte once."""
+    from iolib.text import PackedTokens
+
+    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 128 << 10)
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 64 << 10)
+    local = tmp_path / "tokens"
+    local.mkdir()
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 30000, 1000, dtype=np.int32) for _ in range(300)]
+    pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}),
+                   local / "t.parquet", row_group_size=100, compression="none")  # fmt: skip
+    url = _upload(s3_options, local, f"pieces-tokens-{time.monotonic_ns()}")
+    windows = PackedTokens(url, column="tokens", seq_len=64, eos_id=0,
+                           storage_options=_options(s3_options))  # fmt: skip
+    len(windows)  # the token index: every row group read once, before the count
+    start = len(store_log)
+    it = iter(DataLoader(windows, batch_size=4))
+    next(it)
+    assert _settle(_no_read_threads)
+    reads = [(offset, n) for _, offset, n in store_log.reads[start:]]
+    split = 0
+    for group in range(3):
+        a, b = _group_span(local / "t.parquet", group)
+        mine = sorted((o, n) for o, n in reads if a <= o < b)
+        assert sum(n for _, n in mine) in (0, b - a), mine  # each byte once, if read
+        split += len(mine) > 1
+    assert split >= 1  # the batch's own row group, at least
+    del it

@@ -44,6 +44,13 @@ WAKE_S = 0.05  # a cancel waits at most this for the lock to wake idle threads
 NEED, AHEAD = 0, 1
 _LIVE: weakref.WeakSet[FetchPool] = weakref.WeakSet()
 _exiting = False
+_current = threading.local()  # `need`: whether this pool thread's read is a needed one
+
+
+def running_needed() -> bool:
+    """Whether the read running on this thread is one a batch waits for: a pool
+    thread's needed (or promoted) read, or any read on a caller's own thread."""
+    return getattr(_current, "need", True)
 
 
 class FetchPool:
@@ -299,6 +306,7 @@ class FetchPool:
             if entry is None:
                 return
             kind, generation, future = entry[0], self.generation, entry[4]
+            _current.need = kind == NEED
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(entry[3]())

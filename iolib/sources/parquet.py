@@ -418,12 +418,13 @@ class ParquetSource(Source):
         self._check_group(group)
         return self._reader.row_group(group)
 
-    def fetch_row_group(self, group: int) -> pa.Table:
+    def fetch_row_group(self, group: int, *, needed: bool = False) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns, read from
         storage with retries and counted, bypassing the cache: for sources that keep
-        what they read in their own form (`iolib.text`), copied out on this thread."""
+        what they read in their own form (`iolib.text`), copied out on this thread.
+        `needed`: a batch waits for it (a large one is read in parallel pieces)."""
         self._check_group(group)
-        return self._reader.fetch_row_group(group)
+        return self._reader.fetch_row_group(group, needed=needed)
 
     def _check_group(self, group: int) -> None:
         last = len(self.description.row_starts) - 2

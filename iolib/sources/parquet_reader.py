@@ -254,10 +254,10 @@ class ParquetReader:
         finally:
             self.release()
 
-    def fetch_row_group(self, group: int) -> pa.Table:
+    def fetch_row_group(self, group: int, *, needed: bool = False) -> pa.Table:
         """Row group `group` from storage with retries and counted, bypassing the cache."""
         try:
-            return self.fetcher.fetch(group, transient=True)
+            return self.fetcher.fetch(group, transient=True, needed=needed)
         finally:
             self.release()
 

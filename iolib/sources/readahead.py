@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable
 
 from iolib.forks import reset_after_fork
-from iolib.sources.fetch_pool import FetchPool
+from iolib.sources.fetch_pool import FetchPool, running_needed
 
 
 class ReadAhead:
@@ -87,6 +87,12 @@ class ReadAhead:
         pool = self._pool
         if pool is not None:
             pool.close()
+
+    @staticmethod
+    def needed() -> bool:
+        """Whether the read on this thread is one a batch waits for (`running_needed`):
+        a large one is then read in parallel pieces."""
+        return running_needed()
 
     def bytes_after_close(self) -> int:
         """Read-ahead bytes that arrived after a cancel (in this process)."""

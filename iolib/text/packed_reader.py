@@ -306,7 +306,9 @@ class TokenReader:
     def _load(self, key: tuple[int, int]) -> Segment:
         epoch, group = key
         try:
-            table = tokenindex.unskippable(lambda: self.d.parquet.fetch_row_group(group))
+            needed = self._reads.needed()  # a batch waits for it: read in parallel pieces
+            parquet = self.d.parquet
+            table = tokenindex.unskippable(lambda: parquet.fetch_row_group(group, needed=needed))
             first_row = int(self.d.parquet.row_starts()[group])
             order = stream_rng(self.d.seed, epoch, group) if self.d.shuffle_documents else None
             segment = Segment.build(table.column(self.d.column), first_row, self.d.eos_id, order)
