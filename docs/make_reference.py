@@ -99,6 +99,11 @@ STATS: dict[str, tuple[str, str]] = {
     "cache_declined": ("count", "row groups not kept (needed later than all the cache held)"),
     "row_group_reads": ("count", "row groups read from storage (this process)"),
     "row_group_rereads": ("count", "of those, row groups read again in the same epoch"),
+    "bytes_after_close": (
+        "bytes",
+        "read-ahead bytes that arrived after a loader over this source was closed, dropped "
+        "or left (requests already on the wire; this process)",
+    ),
     "decode_backend": (
         "text",
         "the decoder that runs: 'dali', 'pil' or 'nvjpeg' (with "
@@ -118,6 +123,7 @@ STATS_WHEN = {
     "row_group_rereads": "ParquetSource",
     "cache_budget_bytes": "ParquetSource, PackedTokens",
     "cache_held_bytes": "ParquetSource, PackedTokens",
+    "bytes_after_close": "ParquetSource, PackedTokens",
     "batches_ready": "not an IterableDataset",
     "bytes_in_flight": "not an IterableDataset",
     "worker_pids": "not an IterableDataset",

@@ -243,12 +243,15 @@ class BatchFetcher:
                 used = time.thread_time() + helper_cpu_s() - used
                 meta.cpu_ms[stage] = meta.cpu_ms.get(stage, 0.0) + 1e3 * used
 
-    def _read(self, indices: Any, epoch: int) -> Any:
-        data = self.source.read(indices, epoch=epoch)
+    def _read(self, indices: Any, epoch: int, batch: int | None = None) -> Any:
+        if batch is None:  # a sample read again alone
+            data = self.source.read(indices, epoch=epoch)
+        else:  # the source is told which batch of its plan it reads
+            data = self.source.read_batch(indices, epoch=epoch, batch=batch)
         self.source.check_batch(data, indices)
         return data
 
-    def _read_skipping(self, indices: Any, epoch: int, meta: BatchMeta) -> Any:
+    def _read_skipping(self, indices: Any, epoch: int, meta: BatchMeta, batch: int) -> Any:
         """Read a batch; under on_error="skip", retry sample by sample and leave out those
         that fail (counted), keeping the others in order.
 
@@ -256,7 +259,7 @@ class BatchFetcher:
         fails every sample in it: the rest of its samples are skipped without another
         read (and its retries), so a corrupt row group costs one read, not one per sample."""
         try:
-            return self._read(indices, epoch), indices
+            return self._read(indices, epoch, batch), indices
         except Exception:
             if self.on_error == OnError.RAISE:
                 raise
@@ -291,7 +294,11 @@ class BatchFetcher:
         if prepare is not None:  # the decoder gets ready while the bytes are read
             prepare()
         data, indices = self._timed(
-            meta, "read", samples, lambda: self._read_skipping(task.indices, task.epoch, meta), cpu
+            meta,
+            "read",
+            samples,
+            lambda: self._read_skipping(task.indices, task.epoch, meta, task.number),
+            cpu,
         )
         if data is None:
             meta.samples = 0

@@ -68,6 +68,7 @@ class Runner:
         self.autotune: AutoPrefetch | None = None
         self.followed: tuple[int, int] | None = None  # (epoch, position) read ahead
         self.iteration = 0  # identifies the live iterator; older ones are superseded
+        self.pass_open = False  # the live iterator has not reached its epoch's end
         self._pin_warned = False
         self._noted: set[str] = set()
 
@@ -79,6 +80,9 @@ class Runner:
         epoch's first batches while this one ends (iolib's own order only: a user's
         sampler may be told its epoch by the script after this one ends)."""
         self.iteration += 1
+        if self.pass_open:  # the last pass was left mid-epoch: its reads are not wanted
+            self.cancel_reads()
+        self.pass_open = True
         epoch, position = cursor.epoch, cursor.position
         engine = self._engine()
         # A pass that stopped early moves to the next epoch too: only a consumed one
@@ -186,10 +190,21 @@ class Runner:
                 self.engine.set_workers(workers)
 
     def release(self, *, force: bool = False) -> None:
-        """Stop the workers unless they persist across epochs (or `force`)."""
+        """Stop the workers unless they persist across epochs (or `force`: then the
+        source's queued reads are dropped too)."""
+        if force:  # first: workers that finish a batch while stopping read nothing ahead
+            self.cancel_reads()
         if self.engine is not None and (force or not self.persistent):
             engine, self.engine, self.followed = self.engine, None, None
             engine.close()
+
+    def cancel_reads(self) -> None:
+        """Drop the source's queued reads in this process (read-ahead for batches no
+        one will ask for); reads on the wire finish."""
+        self.pass_open = False
+        cancel = getattr(getattr(self.fetcher, "source", None), "cancel_reads", None)
+        if cancel is not None:
+            cancel()
 
     def close(self) -> None:
         self.release(force=True)
@@ -298,6 +313,7 @@ class LoaderIterator:
     def _finish(self) -> None:
         """The pass reached the epoch's end: the cursor moves to the next epoch."""
         if self._live():
+            self._runner.pass_open = False
             self._cursor.epoch, self._cursor.position = self._epoch + 1, 0
             if self._runner.autotune is not None:
                 self._runner.autotune.epoch_end()  # records the run so far, on a thread
@@ -318,6 +334,8 @@ class LoaderIterator:
         # interpreter exit they may already be None (the exit hook stopped the workers).
         try:
             if not self._done:
+                if self._live():  # left by a `break`: what it read ahead is not wanted
+                    self._runner.cancel_reads()
                 self._stop(force=False)
         except Exception:  # nothing to report from a finalizer
             pass

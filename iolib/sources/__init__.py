@@ -9,6 +9,10 @@ from __future__ import annotations
 from iolib.sources.base import Source
 from iolib.sources.files import ImageFolderSource
 from iolib.sources.parquet import ParquetSource
+from iolib.sources.parquet_fetch import decode_slots as decode_slots
+from iolib.sources.readahead import ReadAhead as ReadAhead
 from iolib.sources.torchds import TorchDatasetSource, as_source
+
+# For other layers of iolib (the token reader), not users: `ReadAhead`, `decode_slots`.
 
 __all__ = ["ImageFolderSource", "ParquetSource", "Source", "TorchDatasetSource", "as_source"]

@@ -47,6 +47,12 @@ class Source(ABC):
         a list of other keys): a pyarrow Table with rows in that order for columnar sources,
         else a list of samples. `epoch` keys any per-sample randomness a source applies."""
 
+    def read_batch(self, indices: np.ndarray, *, epoch: int, batch: int) -> Any:
+        """`read`, told that these are batch `batch` of the plan `plan_epoch` was given
+        for `epoch` (a source that reads ahead along the plan need not search for it).
+        Default: `read`."""
+        return self.read(indices, epoch=epoch)
+
     def check_batch(self, data: Any, indices: Any) -> None:
         """Raise DataError for values the loader's batch cannot hold (a columnar source's
         nulls in a number column); reading itself stays raw for other users of `read`."""
@@ -63,6 +69,11 @@ class Source(ABC):
 
     def close(self) -> None:
         """Let go of threads and caches now (a later read starts them again)."""
+        return None
+
+    def cancel_reads(self) -> None:
+        """Drop queued reads (read-ahead, a batch's reads in parallel): the loader that
+        asked for them was closed, dropped or left. What is held stays. Default: none."""
         return None
 
     def layout(self) -> Layout:

@@ -367,6 +367,10 @@ class ParquetSource(Source):
         the cache evicts by next use instead of recency."""
         self.reader.plan_epoch(epoch, batches)
 
+    def cancel_reads(self) -> None:
+        """Drop the queued reads; reads on the wire finish (`bytes_after_close`)."""
+        self._reader.cancel()
+
     def cache_stats(self) -> dict[str, int]:
         """Row-group reads and re-reads (same row group, same epoch), cache hits and
         evictions, in this process."""
@@ -376,11 +380,18 @@ class ParquetSource(Source):
     def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Rows at `indices`, in that order, as one Arrow table: a fresh copy (collate hands
         its memory to tensors without copying again)."""
+        return self._read(indices, epoch, None)
+
+    def read_batch(self, indices: np.ndarray, *, epoch: int, batch: int) -> pa.Table:
+        """`read` of batch `batch` of the plan (the cache and read-ahead follow it)."""
+        return self._read(indices, epoch, batch)
+
+    def _read(self, indices: np.ndarray, epoch: int, batch: int | None) -> pa.Table:
         indices = np.asarray(indices, dtype=np.int64)
         starts = self.description.row_starts
         if indices.size and (indices.min() < 0 or indices.max() >= starts[-1]):
             raise IndexError(f"sample indices outside 0..{starts[-1] - 1}")
-        table = self._reader.read(indices, epoch)
+        table = self._reader.read(indices, epoch, batch)
         lists = self._description.lists
         return lists.tag(table) if lists is not None else table
 
@@ -407,12 +418,13 @@ class ParquetSource(Source):
         self._check_group(group)
         return self._reader.row_group(group)
 
-    def fetch_row_group(self, group: int) -> pa.Table:
+    def fetch_row_group(self, group: int, *, needed: bool = False) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns, read from
         storage with retries and counted, bypassing the cache: for sources that keep
-        what they read in their own form (`iolib.text`), copied out on this thread."""
+        what they read in their own form (`iolib.text`), copied out on this thread.
+        `needed`: a batch waits for it (a large one is read in parallel pieces)."""
         self._check_group(group)
-        return self._reader.fetch_row_group(group)
+        return self._reader.fetch_row_group(group, needed=needed)
 
     def _check_group(self, group: int) -> None:
         last = len(self.description.row_starts) - 2

@@ -73,11 +73,19 @@ class RowGroupFetcher:
         """A forked worker opens its own files (the parent's stay the parent's)."""
         self._local = threading.local()
 
-    def fetch(self, group: int, later: Sequence[int] = (), *, transient: bool = False) -> pa.Table:
+    def fetch(
+        self,
+        group: int,
+        later: Sequence[int] = (),
+        *,
+        transient: bool = False,
+        needed: bool = False,
+    ) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns; the bytes
         of row groups `later` of the same file come in the same request where they fit.
         `transient`: the caller copies the table out and drops it on this thread, so the
-        pool is left as it is (see arrow_pool.py)."""
+        pool is left as it is (see arrow_pool.py). `needed`: a batch waits for it, so a
+        large one is read in pieces on parallel connections (`ranges.SPLIT_ABOVE`)."""
         if not transient:
             prefer_releasing_pool()  # before a row group is allocated: see arrow_pool.py
         description = self.description
@@ -96,7 +104,7 @@ class RowGroupFetcher:
         fetched = [0]  # bytes every attempt received (the helper's counts are not ours)
         try:
             table = call_with_retries(
-                lambda: self._read(meta, local, spans, handles, fetched),
+                lambda: self._read(meta, local, spans, handles, fetched, needed),
                 what=what,
                 policy=description.retry,
                 redact=description.redact,
@@ -141,7 +149,13 @@ class RowGroupFetcher:
         return {path: ranged.held_bytes for path, (_, ranged) in handles.items()}
 
     def _read(
-        self, meta: FileMeta, local: int, spans: list[Span], handles: dict, fetched: list[int]
+        self,
+        meta: FileMeta,
+        local: int,
+        spans: list[Span],
+        handles: dict,
+        fetched: list[int],
+        needed: bool = False,
     ) -> pa.Table:
         # Taken out of `handles` while in use: an attempt abandoned on a timeout keeps
         # its file to itself, and the retry opens another.
@@ -161,7 +175,7 @@ class RowGroupFetcher:
                 reader = pq.ParquetFile(ranged, metadata=meta.footer, pre_buffer=False)
             before = ranged.fetched_bytes
             try:
-                ranged.load(spans)
+                ranged.load(spans, split=needed)
                 columns = list(description.columns) if description.columns is not None else None
                 with _DECODING.slots:
                     table = reader.read_row_group(meta.first_group + local, columns=columns,

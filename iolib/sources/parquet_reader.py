@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
@@ -26,6 +27,7 @@ from iolib.resources import thread_budget
 from iolib.sources.dense import DenseColumns
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_fetch import RowGroupFetcher
+from iolib.sources.readahead import ReadAhead
 from iolib.sources.rgcache import EpochUses, PlannedCache
 from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
@@ -59,10 +61,10 @@ class ParquetReader:
         self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
         self._rereads_warned = False
         self._failed_groups: set[int] = set()  # a read failed: read again, not the cache's doing
-        self._ahead: ThreadPoolExecutor | None = None  # the read-ahead thread, made on use
-        self._fetchers: ThreadPoolExecutor | None = None  # a batch's reads in parallel
+        # A batch's reads in parallel and the read-ahead, needed reads first.
+        self._ahead = ReadAhead("iolib-fetch", FETCH_THREADS + thread_budget().readahead,
+                                ahead_threads=thread_budget().readahead)  # fmt: skip
         self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
-        self._ahead_io = (0, 0)  # bytes and retries read ahead, not yet in a batch's count
         self._local = threading.local()  # this thread's epoch and batch's row groups
         self._in_flight: dict[int, _Flight] = {}
         self._dense: DenseColumns | None = None
@@ -75,8 +77,7 @@ class ParquetReader:
         stays (the in-memory store is shared copy-on-write)."""
         self._lock = threading.Lock()
         self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
-        self._ahead, self._ahead_sent, self._ahead_io = None, set(), (0, 0)
-        self._fetchers = None
+        self._ahead_sent = set()  # the read-ahead resets itself (`ReadAhead`)
         self._local = threading.local()
         self.fetcher.after_fork()
         self._in_flight = {}
@@ -97,27 +98,32 @@ class ParquetReader:
     def defer_counts(self) -> None:
         """Storage counts per thread: this one makes no batch (read-ahead, planning), so
         the next batch counts what it read and retried."""
-        read, retries = take_counters()
-        with self._lock:
-            self._ahead_io = (self._ahead_io[0] + read, self._ahead_io[1] + retries)
+        self._ahead.deposit(*take_counters())
 
     def close(self) -> None:
-        """Stop the read-ahead and fetch threads and drop what is held."""
+        """Stop the reads and drop what is held."""
+        self._ahead.close()
+        self._ahead_sent = set()
         with self._lock:
-            pools = [self._ahead, self._fetchers]
-            self._ahead = self._fetchers = None
             self._cache = PlannedCache(self.description.cache_bytes, lambda t: t.nbytes)
-            self._dense, self._ahead_sent = None, set()
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+            self._dense = None
+
+    def cancel(self) -> None:
+        """Drop the queued reads (a loader closed, dropped or left): reads on the wire
+        finish (their bytes: `bytes_after_close`); read-ahead starts again from the next
+        batch read."""
+        self._ahead.cancel()  # claimed reads let their waiters go (`_drop_if_cancelled`)
+        # No lock: this may run from a finalizer on a thread that holds it.
+        self._ahead_sent = set()
 
     # -- what a caller can observe ---------------------------------------------------------
     def cache_stats(self) -> dict[str, int]:
         """Row-group reads and re-reads (same row group, same epoch), cache hits and
         evictions, in this process."""
         with self._lock:
-            return self._cache.stats()
+            stats = self._cache.stats()
+        stats["bytes_after_close"] = self._ahead.bytes_after_close()
+        return stats
 
     def dense_row_groups(self) -> np.ndarray | None:
         """Which row groups the in-memory store holds (one bool each), or None when
@@ -137,28 +143,47 @@ class ParquetReader:
         )
         with self._lock:
             self._cache.plan(uses)
+        self._ahead.resume()
 
     # -- batches ---------------------------------------------------------------------------
-    def read(self, indices: np.ndarray, epoch: int) -> pa.Table:
-        """Rows at `indices` (int64, in range), in that order, as a fresh Arrow table.
+    def read(self, indices: np.ndarray, epoch: int, batch: int | None = None) -> pa.Table:
+        """Rows at `indices` (int64, in range), in that order, as a fresh Arrow table;
+        `batch`: which batch of the plan they are (found by their first row if not said).
 
         From the dense store when there is one (one `np.take` per column); else Arrow's
         `take` per row group plus one reordering `take` (two copies, GIL released)."""
         thread = threading.get_ident()
         self._local.epoch = epoch
         with self._lock:  # which batch this thread assembles: the cache protects it
-            k = self._cache.begin(thread, epoch, int(indices[0]) if indices.size else None)
-        if k is not None and self.description.readahead:
-            self._read_ahead(epoch, k)
+            first = int(indices[0]) if indices.size else None
+            k = self._cache.begin(thread, epoch, first, batch)
+        # A batch that misses row groups is waited on: no read-ahead starts until it
+        # is assembled (it was submitted first so that the two meet in the middle).
+        need = self._ahead.pool().needing() if self._misses(indices) else nullcontext()
         try:
-            return self._read(indices)
+            with need:
+                if k is not None and self.description.readahead:
+                    self._read_ahead(epoch, k)
+                return self._read(indices)
         finally:
             with self._lock:
                 self._cache.end(thread)
-                (read, retries), self._ahead_io = self._ahead_io, (0, 0)
+            read, retries = self._ahead.take_io()
             self.release()
             count_bytes(read)  # what was read ahead counts in the batch that took it over
             count_retries(retries)
+
+    def _misses(self, indices: np.ndarray) -> bool:
+        """Whether a row group of `indices` is neither held nor in the in-memory store."""
+        if not indices.size:
+            return False
+        groups = np.unique(np.searchsorted(self.description.row_starts, indices, side="right") - 1)
+        dense = self._dense
+        with self._lock:
+            return any(
+                g not in self._cache and (dense is None or not dense.filled[g])
+                for g in groups.tolist()
+            )
 
     def _read(self, indices: np.ndarray) -> pa.Table:
         starts = self.description.row_starts
@@ -229,10 +254,10 @@ class ParquetReader:
         finally:
             self.release()
 
-    def fetch_row_group(self, group: int) -> pa.Table:
+    def fetch_row_group(self, group: int, *, needed: bool = False) -> pa.Table:
         """Row group `group` from storage with retries and counted, bypassing the cache."""
         try:
-            return self.fetcher.fetch(group, transient=True)
+            return self.fetcher.fetch(group, transient=True, needed=needed)
         finally:
             self.release()
 
@@ -269,7 +294,10 @@ class ParquetReader:
             if flight.table is None:  # a claim let go unread (its request failed): read it
                 return self._row_group(group, dense)
             return flight.table
-        return self._lead(group, flight, dense)
+        if self._local.__dict__.get("ahead"):
+            return self._lead(group, flight, dense)
+        with self._ahead.pool().needing():  # a batch waits on it: no read-ahead starts
+            return self._lead(group, flight, dense)
 
     def _lead(self, group: int, flight: _Flight, dense: DenseColumns | None) -> pa.Table:
         """Read `group` for everyone waiting on `flight` (claimed by this thread or for it),
@@ -313,7 +341,8 @@ class ParquetReader:
                 self._in_flight[g] = _Flight(owner=me)
                 self._count_read(g)
         self._local.__dict__.setdefault("claims", set()).update(later)
-        return self.fetcher.fetch(group, later)
+        needed = not self._local.__dict__.get("ahead")  # a batch waits for it
+        return self.fetcher.fetch(group, later, needed=needed)
 
     def _let_go_of_claims(self) -> None:
         """Claims this thread did not lead (its batch failed or stopped early): unread,
@@ -330,9 +359,7 @@ class ParquetReader:
                     freed.append(flight)
                     # Counted as read when claimed: uncount it, or its real read later
                     # would look like a re-read (and blame the cache for it).
-                    epoch = getattr(self._local, "epoch", 0)
-                    self._cache.counts.read_this_epoch.get(epoch, set()).discard(group)
-                    self._cache.counts.reads -= 1
+                    self._cache.unrecord_read(group, getattr(self._local, "epoch", 0))
         claims.clear()
         for flight in freed:
             flight.done.set()
@@ -362,25 +389,19 @@ class ParquetReader:
         """Submit the row groups of batches k..k+readahead not yet held or read, latest
         first (the batch's own thread reads its row groups in ascending order: the two
         meet in the middle), where the cache or the in-memory store has room."""
+        if self._ahead.paused:
+            return
         dense = self._dense_columns()
+        sizes = self.description.sizes
         with self._lock:
-            plan = self._cache.plans.get(epoch)
+            upcoming = self._cache.upcoming(epoch, k, self.description.readahead)
             # No plan, or sizes unknown: no room.
-            if plan is None or self.description.sizes is None:
+            if upcoming is None or sizes is None:
                 return
-            # From the earliest batch in progress (other threads'), whose row groups
-            # must stay, to `readahead` batches past this one.
-            start = min([b for e, b in self._cache.active.values() if e == epoch] + [k])
-            upcoming = plan.upcoming(start, k - start + self.description.readahead + 1)
-            sizes = self.description.sizes
             # Room for everything these batches read that is not held yet, in order of
             # first use, so that a read ahead never displaces what is needed sooner (it
-            # would then be read twice); held row groups needed later give way.
-            needed = set(upcoming)
-            room = self._cache.budget - sum(sizes[g] for g in self._cache.tables if g in needed)
-            # Other threads may be about to read a row group this count missed (the
-            # active set moves while we look): leave each of them one row group's room.
-            room -= len(self._cache.active) * max(sizes, default=0)
+            # would then be read twice).
+            room = self._cache.room_ahead(upcoming, sizes)
             wanted = []
             for group in upcoming:
                 if group in self._cache or (dense is not None and dense.filled[group]):
@@ -395,11 +416,10 @@ class ParquetReader:
             self._ahead_sent = {(e, g) for e, g in self._ahead_sent if e >= epoch - 1}
             if not wanted:
                 return
-            if self._ahead is None:
-                threads = thread_budget().readahead
-                self._ahead = ThreadPoolExecutor(threads, thread_name_prefix="iolib-readahead")
+        pool = self._ahead.pool()
         for group in reversed(wanted):
-            self._ahead.submit(self._read_one_ahead, epoch, group, dense)
+            read = partial(self._read_one_ahead, epoch, group, dense)
+            pool.submit(read, ahead=True, priority=k)
 
     def _read_in_parallel(self, groups: list[int], dense: DenseColumns | None) -> None:
         """Start reading all but the first of a batch's row groups that are neither held
@@ -413,25 +433,22 @@ class ParquetReader:
                 missing = [g for g in missing if not dense.filled[g]]
             elif (sizes := self.description.sizes) is not None:
                 # Only what the cache has room for: no evictions.
-                room = self._cache.budget - self._cache.held
+                room = self._cache.free()
                 fits = np.cumsum([sizes[g] for g in missing]) <= room
                 missing = [g for g, fit in zip(missing, fits, strict=True) if fit]
             else:
                 missing = []
             if len(missing) < 2:
                 return
-            if self._fetchers is None:
-                self._fetchers = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="iolib-fetch")
-            pool = self._fetchers
             # Claimed now, not when a pool thread starts: else the batch's own thread may
             # take them into its first request too (read twice, 2.0x the bytes once).
             claims = {}
             for group in missing[1:]:
                 claims[group] = self._in_flight[group] = _Flight()
                 self._count_read(group)
-        epoch = getattr(self._local, "epoch", 0)
+        epoch, pool = getattr(self._local, "epoch", 0), self._ahead.pool()
         for group, flight in claims.items():
-            read = pool.submit(self._read_claimed, epoch, group, flight, dense)
+            read = pool.submit(partial(self._read_claimed, epoch, group, flight, dense))
             read.add_done_callback(partial(self._drop_if_cancelled, group, flight))
 
     def _drop_if_cancelled(self, group: int, flight: _Flight, read: Future) -> None:
@@ -447,7 +464,9 @@ class ParquetReader:
     def _read_one_ahead(self, epoch: int, group: int, dense: DenseColumns | None) -> None:
         """One read ahead of need. A failure is left to the batch that needs the row
         group: it reads it again, with retries, and reports the error with its batch."""
-        self._local.epoch = epoch
+        self._local.epoch, self._local.ahead = epoch, True
+        if not self._still_ahead(epoch, group):
+            return  # waited behind needed reads until its batches passed: not wanted now
         try:
             # Never waits on another thread's read: at exit the interpreter joins this
             # thread while dropping the fetch pool's queued reads, which would never end.
@@ -456,18 +475,22 @@ class ParquetReader:
             pass
         finally:
             self.release()
-            self.defer_counts()
+
+    def _still_ahead(self, epoch: int, group: int) -> bool:
+        """Whether a batch from the earliest one in progress on reads `group` (in view of
+        the plan); True without a plan."""
+        with self._lock:
+            return self._cache.still_used(epoch, group)
 
     def _read_claimed(
         self, epoch: int, group: int, flight: _Flight, dense: DenseColumns | None
     ) -> None:
         """A batch's row group read by a pool thread. A failure reaches the batch, which
         reports it (after the retries the read already made)."""
-        self._local.epoch = epoch
+        self._local.epoch, self._local.ahead = epoch, False
         try:
             self._lead(group, flight, dense)
         except Exception:  # raised to the batch waiting on the flight
             pass
         finally:
             self.release()
-            self.defer_counts()

@@ -33,6 +33,7 @@ class _Chunk:
     firsts: np.ndarray  # first sample of each batch, sorted
     firsts_batch: np.ndarray  # the batch number of each entry of `firsts`
     by_batch: list[np.ndarray]  # the row groups each batch reads, sorted
+    first_of: np.ndarray  # first sample of batch lo + i (-1: empty batch)
 
     @classmethod
     def build(cls, lo: int, batches: Sequence[np.ndarray], hi: int, group_of: Callable) -> _Chunk:
@@ -57,7 +58,7 @@ class _Chunk:
             for part_g, part_k in zip(np.split(g, cuts), np.split(k, cuts), strict=True):
                 uses[int(part_g[0])] = part_k
         by_first = np.argsort(firsts, kind="stable")
-        return cls(lo, uses, firsts[by_first], by_first + lo, by_batch)
+        return cls(lo, uses, firsts[by_first], by_first + lo, by_batch, firsts)
 
 
 class EpochUses:
@@ -112,7 +113,19 @@ class EpochUses:
             seen.update(dict.fromkeys(chunk.by_batch[k - chunk.lo].tolist()))
         return list(seen)
 
+    def told(self, k: int, first_index: int) -> int | None:
+        """`k` if batch k of the plan starts with `first_index` (the loader said which
+        batch it reads; a batch replaced under on_error="skip" does not match), else
+        None."""
+        chunk = self._chunk(k // self.horizon) if 0 <= k < len(self.batches) else None
+        if chunk is None or chunk.first_of[k - chunk.lo] != first_index:
+            return None
+        self._at = k // self.horizon
+        return k
+
     def batch_of(self, first_index: int) -> int | None:
+        """The batch that starts with `first_index`, searched near the last one found
+        (a read by hand, or a caller that does not say which batch it reads)."""
         for c in (self._at, self._at + 1, self._at - 1, 0):
             chunk = self._chunk(c)
             if chunk is None:
@@ -175,11 +188,16 @@ class PlannedCache:
         if self.last is not None and self.last[0] > uses.epoch:
             self.last = None  # an epoch run again (a new pass from a cursor)
 
-    def begin(self, thread: int, epoch: int, first_index: int | None) -> int | None:
-        """Mark `thread` as assembling the batch that starts with `first_index`; returns
-        its batch number in the plan (None without a plan)."""
-        plan = self.plans.get(epoch)
-        k = plan.batch_of(first_index) if plan is not None and first_index is not None else None
+    def begin(
+        self, thread: int, epoch: int, first_index: int | None, batch: int | None = None
+    ) -> int | None:
+        """Mark `thread` as assembling the batch that starts with `first_index` (batch
+        `batch` of the plan when the caller knows it); returns its batch number in the
+        plan (None without a plan)."""
+        plan, k = self.plans.get(epoch), None
+        if plan is not None and first_index is not None:
+            k = plan.told(batch, first_index) if batch is not None else None
+            k = plan.batch_of(first_index) if k is None else k
         if k is not None:
             self.active[thread] = self.last = (epoch, k)
         else:
@@ -190,6 +208,40 @@ class PlannedCache:
         done = self.active.pop(thread, None)
         if done is not None and self.last is not None and done >= self.last:
             self.last = (done[0], done[1] + 1)  # that batch no longer needs its row groups
+
+    # -- what read-ahead asks ------------------------------------------------------------
+    def upcoming(self, epoch: int, k: int, ahead: int) -> list[int] | None:
+        """Row groups, by first use, of the batches from the earliest one in progress
+        (whose row groups must stay) to `ahead` batches past batch k; None without a
+        plan."""
+        plan = self.plans.get(epoch)
+        if plan is None:
+            return None
+        start = min([b for e, b in self.active.values() if e == epoch] + [k])
+        return plan.upcoming(start, k - start + ahead + 1)
+
+    def room_ahead(self, upcoming: list[int], sizes: Sequence[int]) -> int:
+        """Bytes free for reading `upcoming` ahead: held row groups needed later give
+        way, and each thread assembling a batch keeps one largest row group's room (it
+        may be about to read one this count missed)."""
+        needed = set(upcoming)
+        room = self.budget - sum(sizes[g] for g in self.tables if g in needed)
+        return room - len(self.active) * max(sizes, default=0)
+
+    def free(self) -> int:
+        """Bytes the cache can take without evicting."""
+        return self.budget - self.held
+
+    def still_used(self, epoch: int, group: int) -> bool:
+        """Whether a batch from the earliest one in progress on reads `group` (in view
+        of the plan); True without a plan or a batch in progress."""
+        plan = self.plans.get(epoch)
+        now = [b for e, b in self.active.values() if e == epoch]
+        if self.last is not None and self.last[0] == epoch:
+            now.append(self.last[1])
+        if plan is None or not now:
+            return True
+        return plan.next_use(group, min(now)) is not None
 
     def _distance(self, group: int, now: tuple[int, int]) -> tuple[int, int]:
         """When `group` is next used at or after `now` ((epoch, batch)); far future if never."""
@@ -222,6 +274,12 @@ class PlannedCache:
         self.counts.reads += 1
         self.counts.rereads += again
         return again
+
+    def unrecord_read(self, group: int, epoch: int) -> None:
+        """Take back a read counted ahead of time that never ran (a claim let go): its
+        real read later must not look like a re-read."""
+        self.counts.read_this_epoch.get(epoch, set()).discard(group)
+        self.counts.reads -= 1
 
     def put(self, group: int, table: Any, thread: int) -> bool:
         """Keep `table` if the budget allows after evicting what is needed later than it.

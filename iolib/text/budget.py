@@ -360,6 +360,9 @@ class TokenBudgetBatches(SeededSource):
     def cache_stats(self) -> dict[str, int]:
         return self.rows.cache_stats()
 
+    def cancel_reads(self) -> None:
+        self.rows.cancel_reads()
+
     def fingerprint(self) -> str:
         words = f"{self.rows.fingerprint()}|{self.column}|{self.max_tokens}|{self.bucket_batches}"
         if self._chunks() is not None:  # the order follows the chunks, so a resume must too

@@ -1,50 +1,25 @@
 """Packed token windows for language-model pretraining: `PackedTokens`, streamed.
 
-Documents (rows of a `list<int>` token column) are concatenated in an order drawn per
-epoch, each followed by `eos_id`, and the stream is cut into windows of `seq_len`
-tokens; sample k of epoch e is window k. Packing lives in the plan, not in a stateful
-buffer: window k is a pure function of (seed, e, seq_len, data), so worker counts,
-prefetch depth, resume points and world sizes cannot change it.
-
-Memory is bounded by `cache_bytes`, not by the corpus; the order by `shuffle_window`,
-never by `cache_bytes`. The stream of epoch e is the
-row groups in a permuted order (a small array), each contributing its non-empty
-documents in a shuffled order; a per-row-group index of token counts (computed once,
-`iolib.text.tokenindex`) gives the prefix sums that locate window k's row groups. Only
-those row groups are read, a batch's in parallel and the next batches' ahead, and a
-bounded cache keeps the decoded ones. The loader's shuffle then orders the windows:
-within chunks of whole row groups that fit `shuffle_window` (the cache holds two: this
-one, and the next read while this one is cut), chunks in a random order; a corpus that
-fits the window is one chunk, a full shuffle. The window that straddles two chunks goes
-to the one read later, cut from a piece of the other kept when it was read: each row
-group is read once an epoch.
-
-Split as `ParquetSource` is: `PackedTokens` is the description (the corpus, `seq_len`,
-eos, the window and the token index), which pickles into a worker as it is; each
-process reads through its own `TokenReader` (`iolib.text.packed_reader`: the segments'
-cache, reads in flight, read-ahead, the cut); the order is the plan's
-(`iolib.plan.stream_*`, from `layout()`).
-
-Worked example: documents [a a a], [b], [c c c c] in one row group with eos E, seq_len
-4, no document shuffle: the stream is a a a E b E c c c c E (11 tokens), windows
-[a a a E] [b E c c] and the last partial [c c E] is dropped; position_ids are
-[0 1 2 3] [0 1 0 1].
+Documents are concatenated in a per-epoch order, each followed by `eos_id`, and the
+stream is cut into windows of `seq_len` tokens: window k of epoch e is a pure function
+of (seed, e, seq_len, data, shuffle_window), so workers, prefetch, resumes and world
+sizes cannot change it. `PackedTokens` is the description, which pickles into workers;
+each process reads through its own `TokenReader` (`iolib.text.packed_reader`); the
+order is the plan's (`iolib.plan.stream_*`). How the stream, the chunks and the reads
+work, with an example: docs/tokens.md, "Corpora larger than memory".
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from iolib.errors import ConfigError, DataError
 from iolib.plan import DEFAULT_SHUFFLE_WINDOW, Layout, TokenStream, default_blocks, window_groups
 from iolib.redact import Redactor
 from iolib.resources import parse_bytes
@@ -52,30 +27,21 @@ from iolib.sources.base import Source
 from iolib.sources.parquet import ParquetSource
 from iolib.sources.parquet_description import checked_cache_bytes
 from iolib.text import tokenindex
+from iolib.text.packed_checks import (
+    MIN_GROUPS_HELD,
+    check_arguments,
+    check_budget,
+    check_column,
+    named_column,
+    segment_bytes,
+)
 from iolib.text.packed_reader import FETCH_THREADS, Segment, TokenReader
 from iolib.text.seeded import check_lanes
 
-__all__ = ["FETCH_THREADS", "PackedTokens", "Segment", "cu_seqlens"]
+__all__ = ["FETCH_THREADS", "MIN_GROUPS_HELD", "PackedTokens", "Segment", "cu_seqlens"]
 
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
-
-
-def check_ignore_index_and_seed(ignore_index: Any, seed: Any) -> None:
-    """Refuse at construction what would fail, or wrap, at the first batch: labels are
-    int64, and seeds feed NumPy's SeedSequence (non-negative)."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise ConfigError(
-            f"`ignore_index` must be an integer label (torch's default is -100). "
-            f"Found: {ignore_index!r}."
-        )
-    if not -(2**63) <= int(ignore_index) < 2**63:
-        raise ConfigError(f"`ignore_index` must fit int64 labels. Found: {ignore_index!r}.")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
-        raise ConfigError(f"`seed` must be an integer >= 0. Found: {seed!r}.")
-
-
 DEFAULT_CACHE_BYTES = 1 << 30  # per process: two default shuffle windows
-MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
 log = logging.getLogger(__name__)
 
 
@@ -94,43 +60,26 @@ class PackedTokens(Source):
         loader = DataLoader(windows, batch_size=16, shuffle=True, seed=0)
         batch = next(iter(loader))   # input_ids, labels, position_ids: int64 [16, 2048]
 
-    Each batch holds:
-
-    - ``input_ids``: the window's tokens.
-    - ``labels``: the next token of the same document at each position (already
-      shifted: do not shift again), `ignore_index` (-100) at each eos, whose successor
-      belongs to another document. ``cross_entropy(logits.flatten(0, 1),
-      labels.flatten(), ignore_index=-100)``.
-    - ``position_ids``: restart at 0 at each document and at each window's start (a
-      document cut by a window boundary continues in the next window as a new
-      sequence). `cu_seqlens(position_ids)` gives variable-length attention kernels
-      their boundaries.
-    - ``document_ids`` (with `document_ids=True`): the row of each token's document.
+    Each batch holds int64 [B, seq_len] ``input_ids``; ``labels``, already shifted (do
+    not shift again), `ignore_index` at each eos; ``position_ids``, restarting at each
+    document and window (`cu_seqlens` gives varlen attention its boundaries); and with
+    `document_ids=True` ``document_ids`` (docs/tokens.md, "Packed windows").
 
     Guarantees: every token of every non-empty document appears exactly once per epoch
-    in ``input_ids`` (only the last partial window is dropped), in order; windows are a
-    pure function of (seed, epoch, seq_len, data, shuffle_window), never of
-    `cache_bytes`, workers or world size (with `lanes` given); the document order
-    differs per epoch (unless `shuffle_documents=False`). Documents longer than
-    `seq_len` are split, never dropped; empty and null documents add nothing (not even
-    an eos).
+    (only the last partial window is dropped); windows depend on (seed, epoch, seq_len,
+    data, shuffle_window, lanes), never on `cache_bytes`, workers or timing; documents
+    longer than `seq_len` are split, empty ones add nothing (docs/tokens.md).
 
     source: a ParquetSource, or its URL(s). column: the `list<int>` token column.
-    shuffle_window: decoded bytes (an int, or a size like "256MiB") whose windows the
-        loader's shuffle mixes together (default 512 MiB, fixed: the order depends on
-        it): chunks of as many whole row groups as it holds, chunks in a random order;
-        a corpus that fits is shuffled as a whole. Raising it mixes more widely and
-        needs a larger cache.
-    cache_bytes: decoded row groups kept per process (default 1 GiB): memory only, the
-        windows are the same at any `cache_bytes` that runs. It must hold two chunks of
-        the shuffle window (this one, and the next read ahead), or the whole corpus and
-        three row groups where the corpus fits the window, and four of the largest row
-        groups: a smaller one is refused when the loader starts, with both sizes.
-    lanes: how many contiguous shares of the stream the windows are dealt from, one
-        batch of each in turn ("auto", the default: the loader's world size). At world
-        size == lanes, rank r reads only share r: about 1/world of the corpus's bytes.
-        The order depends on it: to resume at another world size, pass the first run's
-        world size (as Mosaic streaming's `num_canonical_nodes`).
+    shuffle_window: decoded bytes (an int, or a size like "256MiB"; default 512 MiB)
+        whose windows the loader's shuffle mixes: chunks of whole row groups, in a random
+        order; a corpus that fits is shuffled whole.
+    cache_bytes: decoded row groups kept per process (default 1 GiB): memory only. Too
+        small for two chunks of the window (and four of the largest row groups) is
+        refused when the loader starts, with the sizes to change.
+    lanes: contiguous shares of the stream the windows are dealt from ("auto": the
+        world size; at world size == lanes rank r reads only share r). The order
+        depends on it: to resume at another world size, pass the first run's.
     seed: only for use outside a loader; a DataLoader sets its own `seed`.
     """
 
@@ -152,16 +101,12 @@ class PackedTokens(Source):
         lanes: int | str = "auto",
         shuffle_window: int | str = DEFAULT_SHUFFLE_WINDOW,
     ) -> None:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
-        if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
-            raise ConfigError(f"`eos_id` must be an integer token id. Found: {eos_id!r}.")
+        check_arguments(seq_len, eos_id, ignore_index, seed)
         cache_bytes = checked_cache_bytes(cache_bytes)  # as ParquetSource reads it
-        check_ignore_index_and_seed(ignore_index, seed)
         if not isinstance(source, ParquetSource):
             source = ParquetSource(source, storage_options=storage_options)
         # The reader of row groups: no cache of its own (this source keeps segments).
-        with _named_column():
+        with named_column():
             self.parquet = source.uncached([column])
         self.column, self.seq_len, self.eos_id = column, seq_len, int(eos_id)
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
@@ -203,44 +148,18 @@ class PackedTokens(Source):
         """Tokens and documents per row group: from beside the data, the local cache,
         or counted once (`iolib.text.tokenindex`)."""
         if self._index is None:  # two threads may both load it: the same value
-            self._check_column()
+            with named_column():
+                kind = self.parquet.schema.field(self.column).type
+            check_column(kind, self.column, self.eos_id, self.parquet.describe())
             index = tokenindex.load_or_compute(self.parquet, self.column)
-            self._check_budget(index)  # refused every time, not only the first
+            # Refused every time, not only the first.
+            check_budget(self._segment_bytes(index), self.column, self.shuffle_window,
+                         self.cache_bytes, self.describe())  # fmt: skip
             self._index = index
         return self._index
 
-    def _check_column(self) -> None:
-        with _named_column():
-            field = self.parquet.schema.field(self.column)
-        kind = field.type
-        is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-        if not (is_list and pa.types.is_integer(kind.value_type)):
-            raise DataError(
-                f"Column {self.column!r} of {self.parquet.describe()} is {kind}: "
-                "PackedTokens needs a list of integer token ids (list<int32>, list<int64>...)."
-            )
-        if pa.types.is_uint64(kind.value_type):
-            raise DataError(
-                f"Column {self.column!r} of {self.parquet.describe()} holds uint64 token "
-                "ids, which int64 tensors cannot hold above 2^63 - 1. Write the ids as int64 "
-                "or int32 (every tokenizer's vocabulary fits)."
-            )
-        info = np.iinfo(np.dtype(kind.value_type.to_pandas_dtype()))
-        if not info.min <= self.eos_id <= info.max:
-            raise ConfigError(
-                f"`eos_id` {self.eos_id} does not fit the column's {kind.value_type} "
-                f"({info.min}..{info.max}). Use the tokenizer's end-of-document id."
-            )
-
-    @property
-    def _itemsize(self) -> int:
-        return np.dtype(
-            self.parquet.schema.field(self.column).type.value_type.to_pandas_dtype()
-        ).itemsize
-
     def _segment_bytes(self, index: tokenindex.TokenIndex) -> np.ndarray:
-        """Memory of each row group's segment: its stream tokens, 16 bytes a document."""
-        return index.stream * self._itemsize + 16 * index.documents + 8
+        return segment_bytes(index, self.parquet.schema.field(self.column).type)
 
     @property
     def _group_bytes(self) -> np.ndarray:
@@ -250,53 +169,6 @@ class PackedTokens(Source):
         if sizes is None:
             sizes = self.__dict__["_group_bytes_"] = self._segment_bytes(self.index)
         return sizes
-
-    def _check_budget(self, index: tokenindex.TokenIndex) -> None:
-        """Refuse a cache that cannot hold what the order reads together: four of the
-        largest row groups, and two chunks of the shuffle window (or the whole corpus and
-        three row groups, where it fits the window); the message names both sizes."""
-        sizes = self._segment_bytes(index)
-        largest = int(sizes.max(initial=0))
-        need, why = (
-            MIN_GROUPS_HELD * largest,
-            (
-                f"fewer than {MIN_GROUPS_HELD} of the largest row groups of {self.column!r} "
-                f"({largest:,} bytes decoded): a chunk of two and the next one, read while this "
-                "one is cut"
-            ),
-        )
-        groups = window_groups(sizes, self.shuffle_window)
-        chunks = 2 * (groups or 0) * largest
-        whole = int(sizes.sum()) + (MIN_GROUPS_HELD - 1) * largest
-        if groups is not None and chunks > need:
-            need, why = (
-                chunks,
-                (
-                    f"less than two chunks of shuffle_window={self.shuffle_window} ({groups} row "
-                    f"groups each, {chunks:,} bytes decoded: this one and the next, read ahead)"
-                ),
-            )
-        elif groups is None and whole > need:
-            need, why = (
-                whole,
-                (
-                    f"less than the corpus, which fits shuffle_window={self.shuffle_window} and "
-                    f"is shuffled whole ({whole:,} bytes decoded with three row groups in flight)"
-                ),
-            )
-        if need <= self.cache_bytes:
-            return
-        smaller = min(self.cache_bytes // 2, int(sizes.sum()) - 1)
-        lower = (
-            f", or lower shuffle_window to {smaller} or less (the order follows "
-            "shuffle_window, never cache_bytes)"
-            if MIN_GROUPS_HELD * largest <= self.cache_bytes and smaller > 0
-            else " or write the data with smaller row groups"
-        )
-        raise ConfigError(
-            f"{self.describe()}: `cache_bytes`={self.cache_bytes} holds {why}. Raise "
-            f"`cache_bytes` to at least {need}{lower}."
-        )
 
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the
@@ -376,11 +248,19 @@ class PackedTokens(Source):
     def cache_stats(self) -> dict[str, int]:
         return self._reader.cache_stats()
 
+    def cancel_reads(self) -> None:
+        """Drop the queued reads; reads on the wire finish (`bytes_after_close`)."""
+        self._reader.cancel()
+
     # -- reads: this process's reader ----------------------------------------------------
     def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
         tensors without a copy)."""
         return self._reader.read(indices, epoch=epoch)
+
+    def read_batch(self, indices: np.ndarray, *, epoch: int, batch: int) -> pa.Table:
+        """`read` of batch `batch` of the plan: the reader reads ahead from there."""
+        return self._reader.read(indices, epoch=epoch, batch=batch)
 
     def plan_epoch(self, epoch: int, batches: Any) -> None:
         """This rank's batches of windows: the reader reads ahead along them."""
@@ -395,14 +275,3 @@ def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:
     starts = torch.nonzero(flat == 0).flatten()
     end = torch.tensor([flat.numel()], dtype=starts.dtype, device=flat.device)
     return torch.cat([starts, end]).to(torch.int32)
-
-
-@contextlib.contextmanager
-def _named_column() -> Iterator[None]:
-    """A missing column is PackedTokens' `column` argument, not ParquetSource's `columns`."""
-    try:
-        yield
-    except DataError as exc:
-        if "Fix `columns`." not in str(exc):
-            raise
-        raise DataError(str(exc).replace("Fix `columns`.", "Fix `column`.")) from None

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
+from functools import partial
 from typing import Any
 
 import cachetools
@@ -24,8 +25,8 @@ import pyarrow.compute as pc
 from iolib.forks import reset_after_fork
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
 from iolib.resources import thread_budget
-from iolib.sources.parquet_fetch import decode_slots
-from iolib.storage import count_bytes, is_local, open_filesystem, take_counters
+from iolib.sources import ReadAhead, decode_slots
+from iolib.storage import count_bytes, is_local, open_filesystem
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
 from iolib.text.kernels import loops
@@ -97,11 +98,10 @@ class TokenReader:
         self._segments: cachetools.LRUCache = cachetools.LRUCache(
             d.cache_bytes, getsizeof=lambda seg: seg.nbytes
         )
-        self._flights: dict[tuple[int, int], Future] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._io = [0, 0]  # bytes and retries read by helper threads, not yet counted
+        # Not a bound method: the read-ahead must not keep its reader alive (a cycle).
+        self._reads = ReadAhead("iolib-tokens", partial(_read_threads, self.d))
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
-        self._hint, self._hint_epoch = 0, -1  # the batch last found, and its epoch
+        self._horizons: dict[int, int] = {}  # epoch -> batches ahead read (`_horizon`)
         self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
         self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
         self._recent: dict[tuple[int, int], np.ndarray] = {}
@@ -113,29 +113,35 @@ class TokenReader:
     def _after_fork(self) -> None:
         """The parent's threads (and reads in flight, and its lock) are gone in a forked
         worker."""
-        self._lock = threading.Lock()
-        self._flights, self._pool = {}, None
+        self._lock = threading.Lock()  # the read-ahead resets itself (`ReadAhead`)
 
     def close(self) -> None:
-        """Stop the read threads and drop the cached row groups."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the reads and drop the cached row groups."""
+        self._reads.close()
+        self._ahead, self._stalled = (-1, -1), (-1, -1)
         with self._lock:
             self._segments.clear()
             self._pieces.clear()
 
+    def cancel(self) -> None:
+        """Drop the queued reads (a loader closed, dropped or left): reads on the wire
+        finish, and read-ahead starts again from the next batch read."""
+        self._reads.cancel()
+        # No lock: this may run from a finalizer on a thread that holds it.
+        self._ahead, self._stalled = (-1, -1), (-1, -1)
+
     def cache_stats(self) -> dict[str, int]:
         with self._lock:
             return {"cache_budget_bytes": self.d.cache_bytes,
-                    "cache_held_bytes": int(self._segments.currsize)}  # fmt: skip
+                    "cache_held_bytes": int(self._segments.currsize),
+                    "bytes_after_close": self._reads.bytes_after_close()}  # fmt: skip
 
     def _horizon(self, epoch: int) -> int:
         """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
         one chunk, from the plan's lanes and batch size) and some, so that the next chunk
         is read while this one is cut."""
         plan = self._plans.get(epoch)
-        found = getattr(plan, "horizon", None)
+        found = self._horizons.get(epoch)
         if found is None:
             blocks = self.d.blocks()
             per_chunk = int(blocks[0]) if len(blocks) > 1 else 0
@@ -143,7 +149,7 @@ class TokenReader:
             share = max(1, lanes // max(world, 1))
             found = -(-per_chunk * share // max(granule, 1)) + READAHEAD_BATCHES
             if plan is not None:
-                plan.horizon = found
+                self._horizons[epoch] = found
         return found
 
     def _edge_pieces(self, epoch: int) -> dict[int, list[tuple[int, int]]]:
@@ -190,9 +196,11 @@ class TokenReader:
         with self._lock:
             self._plans = {e: b for e, b in self._plans.items() if e == epoch - 1}
             self._plans[epoch] = batches
+            self._horizons = {e: h for e, h in self._horizons.items() if e == epoch - 1}
             planned = self._lanes_planned
             self._lanes_planned = {e: v for e, v in planned.items() if e >= epoch - 1}
             self._lanes_planned.setdefault(epoch, set()).add(lanes)
+        self._reads.resume()
 
     def _groups_of(self, windows: np.ndarray, epoch: int) -> np.ndarray:
         """Positions (in the epoch's row-group order) that windows' tokens come from,
@@ -217,6 +225,7 @@ class TokenReader:
         windows: np.ndarray,
         ahead: bool = False,
         keep: set | None = None,
+        batch: int = 0,
     ) -> Segment | Future | None:
         """The segment at `position` of the epoch's row-group order if held, else a piece
         of it that holds all that `windows` need of it, else its read: shared if in
@@ -229,25 +238,28 @@ class TokenReader:
             held = self._segments.get(key)
             if held is not None:
                 return held
-            flight = self._flights.get(key)
-            if flight is not None:
-                return flight
             pieces = self._pieces.get(key)
+        # A read in flight is shared; one a batch now waits on goes before read-ahead.
+        pool = self._reads.started
+        flight = pool.flight(key, need=not ahead, priority=batch) if pool is not None else None
+        if flight is not None:
+            return flight
         if pieces:
             piece = self._covering(pieces, epoch, position, windows)
             if piece is not None:
                 return piece
+        pool = self._reads.pool()
         with self._lock:
-            flight = self._flights.get(key)
-            if flight is not None:
-                return flight
-            if ahead and not self._room_for(key, keep):
+            # A read that landed since the look above put its segment first: no re-read.
+            held = self._segments.get(key)
+            if held is not None:
+                return held
+            if ahead and pool.flight(key) is None and not self._room_for(key, keep):
                 return None  # no room to read ahead: the batch that needs it will
-            if self._pool is None:
-                threads = self._read_threads()
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iolib-tokens")
-                weakref.finalize(self, self._pool.shutdown, wait=False)
-            flight = self._flights[key] = self._pool.submit(self._load, key)
+            # Shared if another thread started it meanwhile (the pool's key).
+            flight = pool.submit(partial(self._load, key), ahead=ahead, priority=batch, key=key)
+        if not ahead:
+            pool.promote(flight, batch)
         return flight
 
     def _covering(
@@ -269,15 +281,6 @@ class TokenReader:
                 return piece
         return None
 
-    def _read_threads(self) -> int:
-        """Row-group reads in flight: FETCH_THREADS from a remote store, whose rate per
-        connection is far below its total; from local disk as many as decode at once: a
-        read there is all decode, and more threads only hold more memory (each thread's
-        allocator keeps what its reads freed)."""
-        options = self.d.parquet.storage_options
-        local = all(is_local(open_filesystem(url, options)[0]) for url in self.d.parquet.urls)
-        return decode_slots() if local else FETCH_THREADS
-
     def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
         """Whether the cache has room to read `key` ahead, made by dropping held segments
         not in `keep`, oldest read first: when the next chunk's row groups are due the
@@ -297,12 +300,15 @@ class TokenReader:
         exist only while a decode slot (one a core) holds it, bounded by the cores, not by
         the reads queued (counted 3x, the next chunk was not read ahead in time)."""
         sizes = self.d._group_bytes
-        return int(sum(sizes[group] for _, group in self._flights))
+        pool = self._reads.started
+        return int(sum(sizes[group] for _, group in pool.in_flight())) if pool else 0
 
     def _load(self, key: tuple[int, int]) -> Segment:
         epoch, group = key
         try:
-            table = tokenindex.unskippable(lambda: self.d.parquet.fetch_row_group(group))
+            needed = self._reads.needed()  # a batch waits for it: read in parallel pieces
+            parquet = self.d.parquet
+            table = tokenindex.unskippable(lambda: parquet.fetch_row_group(group, needed=needed))
             first_row = int(self.d.parquet.row_starts()[group])
             order = stream_rng(self.d.seed, epoch, group) if self.d.shuffle_documents else None
             segment = Segment.build(table.column(self.d.column), first_row, self.d.eos_id, order)
@@ -317,12 +323,8 @@ class TokenReader:
                     self._pieces[key] = pieces
             return segment
         finally:
-            read, retries = take_counters()
             with self._lock:
-                self._io[0] += read
-                self._io[1] += retries
-                self._flights.pop(key, None)
-                idle = not self._flights
+                idle = len(self._reads.pool().in_flight()) <= 1  # the last read in flight
             if idle:
                 # Arrow's pool may keep freed pages (mimalloc, pyarrow's default, per read
                 # thread). Returned when the reads pause (after each one, it cost ~15% more
@@ -347,72 +349,79 @@ class TokenReader:
                     del self._recent[next(iter(self._recent))]
         return found
 
-    def _find(self, windows: np.ndarray, epoch: int) -> int | None:
-        """Which batch of the plan `windows` are, found by its first window next to the
-        last one found; None outside the plan (a read by hand, a sample retried alone)."""
+    def _told(self, windows: np.ndarray, epoch: int, batch: int | None) -> int | None:
+        """`batch` if the loader said which batch of the plan these windows are and they
+        are that batch (a batch replaced under on_error="skip" is not), else None: a read
+        by hand, or a sample retried alone, reads nothing ahead."""
         batches = self._plans.get(epoch)
-        if batches is None or not windows.size:
+        if batch is None or batches is None or not 0 <= batch < len(batches):
             return None
-        # A new epoch's search starts at its first batch, not at the last one's number.
-        hint = self._hint if self._hint_epoch == epoch else -1
-        total, first = len(batches), int(windows[0])
-        for k in (hint + 1, hint, hint + 2, *range(hint + 3, hint + 64), *range(hint - 8, hint)):
-            planned = self._planned(epoch, k)[0] if 0 <= k < total else None
-            if planned is not None and planned.size and int(planned[0]) == first:
-                self._hint, self._hint_epoch = k, epoch
-                return k
-        return None
+        return batch if np.array_equal(self._planned(epoch, batch)[0], windows) else None
 
-    def _read_ahead(self, epoch: int) -> None:
-        """Start reading the row groups of the batches after the last one found
-        (`_find`), where the cache has room."""
+    def _read_ahead(self, epoch: int, now: int) -> None:
+        """Start reading the row groups of the batches after batch `now`, where the cache
+        has room."""
+        if self._reads.paused:
+            return
         total = len(self._plans[epoch])
         # Room comes back only as batches pass: looking for it each batch cost more than
         # the cut with a 128 MiB cache (the batches ahead's keys, gathered each time).
-        if self._stalled[0] == epoch and self._hint < self._stalled[1] + RETRY_BATCHES:
+        if self._stalled[0] == epoch and now < self._stalled[1] + RETRY_BATCHES:
             return
         # Batches up to `_ahead` were looked at already: only the newest one is new.
         done_epoch, done = self._ahead
-        start = max(self._hint + 1, done + 1 if done_epoch == epoch else 0)
-        for k in range(start, min(total, self._hint + 1 + self._horizon(epoch))):
+        start = max(now + 1, done + 1 if done_epoch == epoch else 0)
+        for k in range(start, min(total, now + 1 + self._horizon(epoch))):
             keep, (windows, positions, _) = None, self._planned(epoch, k)
             for position in positions:
-                found = self._fetch(epoch, position, windows, ahead=True)
+                found = self._fetch(epoch, position, windows, ahead=True, batch=k)
                 if found is None:  # make room from segments no batch near this one reads
-                    keep = keep or self._needed(epoch, k)
-                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep)
+                    keep = keep or self._needed(epoch, now, k)
+                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep, batch=k)
                 if found is None:
-                    self._stalled = (epoch, self._hint)
+                    self._stalled = (epoch, now)
                     return  # no room: this batch is looked at again a few batches on
             self._ahead = (epoch, k)
 
-    def _needed(self, epoch: int, upto: int) -> set[tuple[int, int]]:
-        """Keys of the segments that the batches from a few before this one (other
+    def _needed(self, epoch: int, now: int, upto: int) -> set[tuple[int, int]]:
+        """Keys of the segments that the batches from a few before batch `now` (other
         workers may still be reading them) up to batch `upto` read."""
-        near = range(max(0, self._hint - BEHIND_BATCHES), upto + 1)
+        near = range(max(0, now - BEHIND_BATCHES), upto + 1)
         return set().union(*(self._planned(epoch, b)[2] for b in near))
 
-    def read(self, indices: np.ndarray, *, epoch: int = 0) -> pa.Table:
+    def read(self, indices: np.ndarray, *, epoch: int = 0, batch: int | None = None) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
-        tensors without a copy)."""
+        tensors without a copy); `batch`: which batch of the plan they are (read-ahead
+        follows the plan from there)."""
         windows = np.asarray(indices, dtype=np.int64)
         if windows.size and (windows.min() < 0 or windows.max() >= len(self.d)):
             raise IndexError(f"window indices outside 0..{len(self.d) - 1}")
-        k = self._find(windows, epoch)
-        planned = self._planned(epoch, k) if k is not None else None
-        if planned is not None and np.array_equal(planned[0], windows):
-            positions = planned[1]  # found when this batch was read ahead
+        k = self._told(windows, epoch, batch)
+        if k is not None:
+            positions = self._planned(epoch, k)[1]  # found when this batch was read ahead
         else:
             positions = self._groups_of(windows, epoch).tolist()
-        found = {p: self._fetch(epoch, p, windows) for p in positions}  # reads all at once
+        at = k if k is not None else 0
+        found = {p: self._fetch(epoch, p, windows, batch=at) for p in positions}  # all at once
         if k is not None:
-            self._read_ahead(epoch)
-        segments = {p: f if isinstance(f, Segment) else f.result() for p, f in found.items()}
-        with self._lock:
-            (read, retries), self._io = self._io, [0, 0]
+            self._read_ahead(epoch, k)
+        segments = {p: self._wait(epoch, p, windows, f, at) for p, f in found.items()}
+        read, retries = self._reads.take_io()
         count_bytes(read)  # helper threads' reads count in the batch that needed them
         count_retries(retries)
         return self._cut(windows, epoch, segments)
+
+    def _wait(
+        self, epoch: int, position: int, windows: np.ndarray, found: Any, batch: int
+    ) -> Segment:
+        """The segment `found` is or will be; read again if its read was cancelled (a
+        loader over this source was closed meanwhile)."""
+        while not isinstance(found, Segment):
+            try:
+                return found.result()
+            except CancelledError:
+                found = self._fetch(epoch, position, windows, batch=batch)
+        return found
 
     def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
         """The windows' columns, filled by one compiled pass over each segment's pieces
@@ -475,3 +484,13 @@ def _lanes_of(plan: Any) -> tuple[int, int, int]:
     if choice is None:
         return 1, 1, 1
     return choice.lanes, int(getattr(plan, "world_size", 1)), choice.granule
+
+
+def _read_threads(d: Any) -> int:
+    """Row-group reads in flight: FETCH_THREADS from a remote store, whose rate per
+    connection is far below its total; from local disk as many as decode at once: a
+    read there is all decode, and more threads only hold more memory (each thread's
+    allocator keeps what its reads freed)."""
+    options = d.parquet.storage_options
+    local = all(is_local(open_filesystem(url, options)[0]) for url in d.parquet.urls)
+    return decode_slots() if local else FETCH_THREADS

@@ -1,0 +1,100 @@
+"""One reader's read-ahead machinery, shared by `ParquetReader` and the token reader:
+`ReadAhead`.
+
+Why one component: both readers read blocks (row groups) along a plan the loader gives
+them, on a pool of threads that serves the batch waited on first (`FetchPool`); both
+must stop reading when their loader is closed, dropped or left, count what their helper
+threads read in the batch that takes it over, and let the threads go with the reader.
+Each reader keeps what differs: how a block is read and decoded, and its cache's policy.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+
+from iolib.forks import reset_after_fork
+from iolib.sources.fetch_pool import FetchPool, running_needed
+
+
+class ReadAhead:
+    """A reader's fetch pool (made on first use, released when this object is
+    collected), the bytes and retries its threads read (`take_io`), and cancellation
+    (`cancel`: queued read-ahead dropped, none started until the next plan: `resume`).
+
+    `threads`: reads at once (a number, or a function asked when the pool is made);
+    `ahead_threads`: at most that many of them read-ahead (all when None)."""
+
+    def __init__(
+        self, name: str, threads: int | Callable[[], int], ahead_threads: int | None = None
+    ) -> None:
+        self.name, self._threads, self._ahead_threads = name, threads, ahead_threads
+        self._after_fork()
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """A forked worker has none of its parent's threads, nor their reads' counts."""
+        self._lock = threading.Lock()
+        self._pool: FetchPool | None = None
+        self._io = (0, 0)  # bytes and retries read by pool threads, not in a batch yet
+        self.paused = False
+
+    @property
+    def started(self) -> FetchPool | None:
+        """The pool if one was made (no threads are started to look)."""
+        return self._pool
+
+    def pool(self) -> FetchPool:
+        """The pool, made on first use."""
+        if self._pool is None:
+            threads = self._threads() if callable(self._threads) else self._threads
+            pool = FetchPool(threads, self.name, self.deposit, ahead_threads=self._ahead_threads)
+            with self._lock:
+                if self._pool is None:
+                    self._pool = pool
+                    weakref.finalize(self, pool.release)  # its idle threads go with it
+        return self._pool
+
+    def deposit(self, read: int, retries: int) -> None:
+        """Bytes and retries read on a thread that makes no batch: the next batch counts
+        them."""
+        with self._lock:
+            self._io = (self._io[0] + read, self._io[1] + retries)
+
+    def take_io(self) -> tuple[int, int]:
+        """Bytes and retries deposited since the last take."""
+        with self._lock:
+            io, self._io = self._io, (0, 0)
+        return io
+
+    def cancel(self) -> None:
+        """Drop the queued read-ahead (reads on the wire finish: `bytes_after_close`)
+        and start none until `resume`: the batches still being assembled belong to a
+        pass that was left. Safe from a finalizer (no lock is waited for)."""
+        self.paused = True
+        pool = self._pool
+        if pool is not None:
+            pool.cancel()
+
+    def resume(self) -> None:
+        """A new plan: read-ahead may start again."""
+        self.paused = False
+
+    def close(self) -> None:
+        """Cancel, and let the threads go (a bounded wait for reads on the wire)."""
+        self.cancel()
+        pool = self._pool
+        if pool is not None:
+            pool.close()
+
+    @staticmethod
+    def needed() -> bool:
+        """Whether the read on this thread is one a batch waits for (`running_needed`):
+        a large one is then read in parallel pieces."""
+        return running_needed()
+
+    def bytes_after_close(self) -> int:
+        """Read-ahead bytes that arrived after a cancel (in this process)."""
+        pool = self._pool
+        return pool.bytes_after_cancel if pool is not None else 0

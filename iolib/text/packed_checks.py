@@ -1,0 +1,129 @@
+"""What `PackedTokens` refuses up front, each with a message that names the fix: its
+arguments, its token column, and a cache too small for the order it reads."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from iolib.errors import ConfigError, DataError
+from iolib.plan import window_groups
+
+MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
+
+
+def check_arguments(seq_len: Any, eos_id: Any, ignore_index: Any, seed: Any) -> None:
+    """`seq_len` and `eos_id` are integers (seq_len >= 1), and `check_ignore_index_and_seed`."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ConfigError(f"`seq_len` must be an integer >= 1. Found: {seq_len!r}.")
+    if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
+        raise ConfigError(f"`eos_id` must be an integer token id. Found: {eos_id!r}.")
+    check_ignore_index_and_seed(ignore_index, seed)
+
+
+def segment_bytes(index: Any, kind: pa.DataType) -> np.ndarray:
+    """Memory of each row group's segment (a `TokenIndex`'s counts, the column's list
+    type): its stream tokens, 16 bytes a document."""
+    itemsize = np.dtype(kind.value_type.to_pandas_dtype()).itemsize
+    return index.stream * itemsize + 16 * index.documents + 8
+
+
+def check_ignore_index_and_seed(ignore_index: Any, seed: Any) -> None:
+    """Refuse at construction what would fail, or wrap, at the first batch: labels are
+    int64, and seeds feed NumPy's SeedSequence (non-negative)."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+        raise ConfigError(
+            f"`ignore_index` must be an integer label (torch's default is -100). "
+            f"Found: {ignore_index!r}."
+        )
+    if not -(2**63) <= int(ignore_index) < 2**63:
+        raise ConfigError(f"`ignore_index` must fit int64 labels. Found: {ignore_index!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
+        raise ConfigError(f"`seed` must be an integer >= 0. Found: {seed!r}.")
+
+
+def check_column(kind: pa.DataType, column: str, eos_id: int, where: str) -> None:
+    """The token column must hold lists of integer ids that int64 holds, and eos_id must
+    fit them (`where`: the data, for the message)."""
+    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if not (is_list and pa.types.is_integer(kind.value_type)):
+        raise DataError(
+            f"Column {column!r} of {where} is {kind}: "
+            "PackedTokens needs a list of integer token ids (list<int32>, list<int64>...)."
+        )
+    if pa.types.is_uint64(kind.value_type):
+        raise DataError(
+            f"Column {column!r} of {where} holds uint64 token "
+            "ids, which int64 tensors cannot hold above 2^63 - 1. Write the ids as int64 "
+            "or int32 (every tokenizer's vocabulary fits)."
+        )
+    info = np.iinfo(np.dtype(kind.value_type.to_pandas_dtype()))
+    if not info.min <= eos_id <= info.max:
+        raise ConfigError(
+            f"`eos_id` {eos_id} does not fit the column's {kind.value_type} "
+            f"({info.min}..{info.max}). Use the tokenizer's end-of-document id."
+        )
+
+
+def check_budget(
+    sizes: np.ndarray, column: str, shuffle_window: int, cache_bytes: int, where: str
+) -> None:
+    """Refuse a cache that cannot hold what the order reads together: four of the largest
+    row groups (decoded `sizes`), and two chunks of the shuffle window (or the whole
+    corpus and three row groups, where it fits the window); the message names both."""
+    largest = int(sizes.max(initial=0))
+    need, why = (
+        MIN_GROUPS_HELD * largest,
+        (
+            f"fewer than {MIN_GROUPS_HELD} of the largest row groups of {column!r} "
+            f"({largest:,} bytes decoded): a chunk of two and the next one, read while this "
+            "one is cut"
+        ),
+    )
+    groups = window_groups(sizes, shuffle_window)
+    chunks = 2 * (groups or 0) * largest
+    whole = int(sizes.sum()) + (MIN_GROUPS_HELD - 1) * largest
+    if groups is not None and chunks > need:
+        need, why = (
+            chunks,
+            (
+                f"less than two chunks of shuffle_window={shuffle_window} ({groups} row "
+                f"groups each, {chunks:,} bytes decoded: this one and the next, read ahead)"
+            ),
+        )
+    elif groups is None and whole > need:
+        need, why = (
+            whole,
+            (
+                f"less than the corpus, which fits shuffle_window={shuffle_window} and "
+                f"is shuffled whole ({whole:,} bytes decoded with three row groups in flight)"
+            ),
+        )
+    if need <= cache_bytes:
+        return
+    smaller = min(cache_bytes // 2, int(sizes.sum()) - 1)
+    lower = (
+        f", or lower shuffle_window to {smaller} or less (the order follows "
+        "shuffle_window, never cache_bytes)"
+        if MIN_GROUPS_HELD * largest <= cache_bytes and smaller > 0
+        else " or write the data with smaller row groups"
+    )
+    raise ConfigError(
+        f"{where}: `cache_bytes`={cache_bytes} holds {why}. Raise "
+        f"`cache_bytes` to at least {need}{lower}."
+    )
+
+
+@contextlib.contextmanager
+def named_column() -> Iterator[None]:
+    """A missing column is PackedTokens' `column` argument, not ParquetSource's `columns`."""
+    try:
+        yield
+    except DataError as exc:
+        if "Fix `columns`." not in str(exc):
+            raise
+        raise DataError(str(exc).replace("Fix `columns`.", "Fix `column`.")) from None

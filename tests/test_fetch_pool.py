@@ -1,0 +1,91 @@
+"""FetchPool's thread lifetime (issue 43, "Cancellation"): cancelling never waits on a
+lock a finalizer's thread may hold, the threads never hold up the interpreter's exit,
+and the reads queued at exit are dropped, not run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import wait
+from pathlib import Path
+
+from iolib.sources.fetch_pool import FetchPool
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _returns(fn, seconds: float = 10.0) -> bool:
+    """Whether `fn()` returns (a deadlock would not: it runs on a thread left behind)."""
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+def test_cancel_and_release_return_on_a_thread_that_holds_the_pool_lock() -> None:
+    """A finalizer that calls release() may run on a pool thread inside the pool's lock
+    (the last reference to a reader went with a queued read): it must not deadlock."""
+    pool = FetchPool(1, "iolib-fetch-test", lambda read, retries: None)
+
+    def inside_the_lock() -> None:
+        with pool._cv:
+            pool.cancel()
+            pool.release()
+
+    assert _returns(inside_the_lock)
+
+
+def test_queued_read_ahead_is_dropped_when_cancelled_under_the_lock() -> None:
+    """A cancel asked for while the lock was taken is carried out by the pool's thread."""
+    gate, ran = threading.Event(), []
+    pool = FetchPool(1, "iolib-fetch-test", lambda read, retries: None)
+    pool.submit(lambda: gate.wait(10))  # holds the only thread
+    queued = [pool.submit(lambda i=i: ran.append(i), ahead=True) for i in range(5)]
+
+    def cancel_inside_the_lock() -> None:
+        with pool._cv:
+            pool.cancel()
+
+    assert _returns(cancel_inside_the_lock)
+    gate.set()
+    wait(queued, timeout=10)  # cancelled by the pool's thread once the gate opens
+    assert all(f.cancelled() for f in queued) and ran == []
+
+
+def test_threads_are_daemons_and_leave_when_idle() -> None:
+    pool = FetchPool(2, "iolib-daemon-test", lambda read, retries: None)
+    started = threading.Event()
+    pool.submit(lambda: (started.set(), time.sleep(0.2))).result(10)
+    threads = [t for t in threading.enumerate() if t.name.startswith("iolib-daemon-test")]
+    assert started.is_set() and all(t.daemon for t in threads)
+    pool.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("iolib-daemon-test")]
+
+
+def test_reads_queued_at_exit_are_dropped_and_the_process_exits(tmp_path: Path) -> None:
+    """One read on the wire and 50 queued (needed and ahead) when the script ends: the
+    exit hook drops the queued ones; the process exits cleanly (no abort, no hang)."""
+    log = tmp_path / "ran.txt"
+    code = textwrap.dedent(f"""
+        import time
+        from iolib.sources.fetch_pool import FetchPool
+
+        def read(i):
+            time.sleep(0.3)
+            with open({str(log)!r}, "a") as f:
+                f.write(f"{{i}}\\n")
+
+        pool = FetchPool(1, "iolib-fetch", lambda read, retries: None)
+        for i in range(50):
+            pool.submit(lambda i=i: read(i), ahead=i % 2 == 1)
+        time.sleep(0.1)  # the first read is on the wire
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "terminate called" not in done.stderr
+    ran = log.read_text().split() if log.exists() else []
+    assert len(ran) <= 2, ran  # the one on the wire (and at most one more that started)

@@ -1,0 +1,138 @@
+"""A large row group a batch waits for is read as several ranged GETs on parallel
+connections; read-ahead is not split, and no byte is read twice (issue 43, "Reads in
+order of need"). Counted at moto's S3 through a `throttled::` wrapper, never timed."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from iolib import DataLoader
+from iolib.sources import ParquetSource, ranges
+from iolib.sources.ranges import coalesce, column_spans, pieces
+from tests.fixtures_s3 import s3_options  # noqa: F401 - the fixture
+from tests.test_cancel import _no_read_threads, _options, _settle, _upload, store_log  # noqa: F401
+
+ROWS, BLOB = 100, 4000  # 400 KB a row group, incompressible
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("IOLIB_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def blobs(s3_options, tmp_path):  # noqa: F811
+    local = tmp_path / "blobs"
+    local.mkdir()
+    rng = np.random.default_rng(0)
+    table = pa.table({"x": np.arange(3 * ROWS),
+                      "blob": [rng.bytes(BLOB) for _ in range(3 * ROWS)]})  # fmt: skip
+    pq.write_table(table, local / "a.parquet", row_group_size=ROWS, compression="none")
+    return local / "a.parquet", _upload(s3_options, local, f"pieces-{time.monotonic_ns()}")
+
+
+def _group_span(path, group: int) -> tuple[int, int]:
+    (span,) = coalesce([s for spans in column_spans(pq.ParquetFile(path).metadata.row_group(group))
+                        .values() for s in spans])  # fmt: skip
+    return span
+
+
+def test_pieces_cut_only_what_is_larger_and_cover_it_exactly() -> None:
+    assert pieces([(0, 100)], above=100, piece=10, most=4) == [(0, 100)]
+    cut = pieces([(5, 106), (200, 210)], above=100, piece=10, most=4)
+    assert cut[:4] == [(5, 30), (30, 55), (55, 80), (80, 106)] and cut[4:] == [(200, 210)]
+
+
+def test_a_needed_large_row_group_is_read_in_pieces_once(
+    blobs,
+    store_log,  # noqa: F811
+    s3_options,  # noqa: F811
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 128 << 10)
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 64 << 10)
+    local, url = blobs
+    source = ParquetSource(url, storage_options=_options(s3_options), readahead=1)
+    len(source)
+    start = len(store_log)
+    loader = DataLoader(source, batch_size=ROWS)  # in order: batch 0 is row group 0
+    it = iter(loader)
+    batch = next(it)
+    assert batch["x"].tolist() == list(range(ROWS))
+    assert _settle(_no_read_threads)
+    reads = [(offset, n) for _, offset, n in store_log.reads[start:]]
+    a, b = _group_span(local, 0)
+    first = sorted((o, n) for o, n in reads if a <= o < b)
+    assert len(first) == 6, first  # 400 KB in pieces of at least 64 KiB
+    assert first[0][0] == a and all(o + n == o2 for (o, n), (o2, _) in itertools.pairwise(first))
+    assert sum(n for _, n in first) == b - a  # every byte once
+    # Row group 1, read ahead while batch 0 was cut, is one request.
+    c, d = _group_span(local, 1)
+    ahead = [(o, n) for o, n in reads if c <= o < d]
+    assert ahead in ([], [(c, d - c)]), ahead
+    del it
+
+
+def test_read_ahead_is_never_split(
+    blobs,
+    store_log,  # noqa: F811
+    s3_options,  # noqa: F811
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 128 << 10)
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 64 << 10)
+    local, url = blobs
+    source = ParquetSource(url, storage_options=_options(s3_options), readahead=2)
+    len(source)
+    start = len(store_log)
+    it = iter(DataLoader(source, batch_size=ROWS))
+    next(it)
+    assert _settle(_no_read_threads)
+    reads = [(offset, n) for _, offset, n in store_log.reads[start:]]
+    for group in (1, 2):
+        c, d = _group_span(local, group)
+        assert [(o, n) for o, n in reads if c <= o < d] in ([], [(c, d - c)])
+    del it
+
+
+def test_a_token_batch_reads_its_large_row_groups_in_pieces_once(
+    store_log,  # noqa: F811
+    s3_options,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+) -> None:
+    """PackedTokens' reads take the same path: a row group a batch waits for arrives in
+    pieces (a read ahead, promoted or not, in one piece or several), each byte once."""
+    from iolib.text import PackedTokens
+
+    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 128 << 10)
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 64 << 10)
+    local = tmp_path / "tokens"
+    local.mkdir()
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 30000, 1000, dtype=np.int32) for _ in range(300)]
+    pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}),
+                   local / "t.parquet", row_group_size=100, compression="none")  # fmt: skip
+    url = _upload(s3_options, local, f"pieces-tokens-{time.monotonic_ns()}")
+    windows = PackedTokens(url, column="tokens", seq_len=64, eos_id=0,
+                           storage_options=_options(s3_options))  # fmt: skip
+    len(windows)  # the token index: every row group read once, before the count
+    start = len(store_log)
+    it = iter(DataLoader(windows, batch_size=4))
+    next(it)
+    assert _settle(_no_read_threads)
+    reads = [(offset, n) for _, offset, n in store_log.reads[start:]]
+    split = 0
+    for group in range(3):
+        a, b = _group_span(local / "t.parquet", group)
+        mine = sorted((o, n) for o, n in reads if a <= o < b)
+        assert sum(n for _, n in mine) in (0, b - a), mine  # each byte once, if read
+        split += len(mine) > 1
+    assert split >= 1  # the batch's own row group, at least
+    del it
