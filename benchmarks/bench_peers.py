@@ -5,8 +5,10 @@ object store: MosaicML `streaming` (StreamingDataset over MDS), Lightning `litda
 The store: moto's S3 server on 127.0.0.1 behind a throttling reverse proxy
 (benchmarks/peers/proxy.py: 40 ms to first byte, 5 MB/s a connection, 20 MB/s in all
 by default), so every system pays the same per request and per byte, and the proxy
-counts the bytes and requests each epoch made. The data, in each system's own format at
-its recommended shard size (64 MB; benchmarks/peers/formats.py):
+counts the bytes and requests each run made. The data, as each system's user would
+write it (benchmarks/peers/formats.py): iolib's images by `iolib convert` with its
+defaults, its tokens by pyarrow's default writer (`--row-group-mb` sets row groups
+instead); the peers' by their own writers at their recommended shard size (64 MB).
 
 - tokens: documents of log-normal length, windows of --seq-len. iolib:
   `iolib.text.PackedTokens` over Parquet + `iolib.DataLoader`; streaming: MDS windows
@@ -16,12 +18,16 @@ its recommended shard size (64 MB; benchmarks/peers/formats.py):
   iolib: ParquetSource + `iolib.images.ImagePipeline` (DALI on the CPU where installed);
   peers: PIL decode + crop in their dataset transform (benchmarks/peers/systems.py).
 
-Each (system, workload) epoch runs shuffled with --workers workers in a fresh process
-with an empty local cache folder (the caches are emptied between epochs); rounds are
-interleaved, the order reversed every other round. Reported per system: time to first
-batch, epoch and steady (after the first batch) tokens or samples/s as min-max over
-rounds, peak RSS and PSS of the process tree (psutil), bytes and requests through the
-proxy, and for iolib what `loader.stats()` counted.
+Each (system, workload) runs shuffled with --workers workers in a fresh process with an
+empty local cache folder, every system with its default settings: a warm-up epoch cut
+after its first batch (a `break`), then a whole epoch of the same loader, so what the
+cut epoch leaves in flight counts. Rounds are interleaved, the order reversed every
+other round. Reported per system (median [min-max] over rounds): the epoch rate, the
+time to the first batch beside its physical floor (the bytes of the read units it needs
+over the whole link, plus one request's latency), the bytes through the proxy before the
+first batch, the link's MB/s during the epoch, the bytes fetched in the whole run
+against those stored, peak PSS of the process tree (psutil, its timeline kept in the
+JSON), the load average, and for iolib what `loader.stats()` counted.
 
 Install (the peers never go into the project's venv: they may pull another torch):
 
@@ -30,14 +36,14 @@ Install (the peers never go into the project's venv: they may pull another torch
     /work/peers-venv/bin/pip install -e '.[test,s3]' -r benchmarks/requirements-peers.txt \\
         -c benchmarks/constraints-peers.txt                  # why: requirements-peers.txt
 
-Run (about 10 minutes here with the defaults; --tokens/--images scale it up):
+Run (about 15 minutes here with the defaults; --tokens/--images scale it up):
 
     /work/peers-venv/bin/python benchmarks/bench_peers.py
     /work/peers-venv/bin/python benchmarks/bench_peers.py --tokens 4000000 --images 300 \\
         --shard-mb 8 --rounds 1                              # a quick look
 
-Writes benchmarks/results/peers.md and peers.json. A peer that cannot be imported or
-run is reported with its error; the others still run.
+Writes benchmarks/results/peers-<date>.md and .json (--name another). A peer that
+cannot be imported or run is reported with its error; the others still run.
 """
 
 from __future__ import annotations
