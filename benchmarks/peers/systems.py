@@ -339,6 +339,7 @@ def main(spec: dict) -> dict:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix=f"peers-{spec['system']}-") as cache:
         spec = dict(spec, cache_dir=str(Path(cache) / "local"))
+        os.environ["IOLIB_CACHE_DIR"] = str(Path(cache) / "iolib")  # nothing from a past run
         IMPORTS[spec["system"]]()
         start = time.perf_counter()
         loader, count, notes = LOADERS[spec["system"]](spec)
