@@ -124,6 +124,18 @@ def upload(options: dict, folder: str, prefix: str) -> list[str]:
     return keys
 
 
+def index_beside(options: dict, prefix: str) -> None:
+    """`iolib index s3://.../prefix --tokens tokens`, straight to moto: the token index
+    (and `_metadata`) beside the data, as docs/tokens.md says to do once for a corpus read
+    more than once (the index is keyed by the stored files, so it is made where they are);
+    without it each run's first epoch reads the corpus once more to count its tokens."""
+    store = [a for k in ("endpoint_url", "key", "secret") for a in ("-o", f"{k}={options[k]}")]
+    subprocess.run(
+        [sys.executable, "-m", "iolib.cli", "index", f"s3://{BUCKET}/{prefix}", "--tokens",
+         "tokens", *store], cwd=ROOT, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+
+
 def presigned(proxy: str, keys: list[str]) -> list[str]:
     """GET URLs of `keys` through the proxy, as a WebDataset user hands `curl`."""
     import boto3
@@ -460,6 +472,8 @@ def main(**opts: Any) -> None:
         for workload, system in tqdm(plan, desc="upload", unit="dataset"):
             folder = made["folders"][workload][system]
             keys[workload, system] = upload(store["direct"], folder, f"{workload}/{system}")
+            if (workload, system) == ("tokens", "iolib"):
+                index_beside(store["direct"], f"{workload}/{system}")
             stored[workload, system] = formats.folder_bytes(folder)
             needed[workload, system] = formats.first_batch_bytes(
                 workload, system, folder, cfg, made["facts"]

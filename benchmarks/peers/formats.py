@@ -133,19 +133,6 @@ def tokens_parquet(directory: Path, values, offsets, shard_mb: float, rg_mb: flo
     write_parquet(directory, pa.table({"tokens": column}), shard_mb, rg_mb)
 
 
-def index_beside(directory: Path) -> None:
-    """`iolib index DIR --tokens tokens`: the token index (and `_metadata`) beside the data,
-    as docs/tokens.md says to do once for a corpus read more than once; without it each
-    run's first epoch reads the corpus once more to count its tokens."""
-    import subprocess
-    import sys
-
-    subprocess.run(
-        [sys.executable, "-m", "iolib.cli", "index", str(directory), "--tokens", "tokens"],
-        check=True,
-    )
-
-
 def _mds_writer():
     from benchmarks.peers.systems import _torchvision_or_stand_in
 
@@ -290,7 +277,6 @@ def _make_tokens(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict
             folder = folders[system]
             if system == "iolib":
                 tokens_parquet(folder, values, offsets, cfg["shard_mb"], rg_mb)
-                index_beside(folder)
             elif system == "streaming":
                 tokens_mds(folder, stream, cfg["seq_len"], cfg["shard_mb"])
             elif system == "litdata":

@@ -335,8 +335,36 @@ def run_epoch(loader: Iterable, count: Callable[[Any], int], spec: dict) -> dict
     }
 
 
+class ArrowTrace:
+    """Arrow's allocations in this process over time, every 0.2 s: (s, bytes allocated,
+    the pool's peak so far), to tell Arrow's share of the tree's PSS from the rest."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import pyarrow as pa
+
+        self.samples: list[tuple[float, int, int]] = []
+        self.stop = threading.Event()
+        began, pool = time.perf_counter(), pa.default_memory_pool()
+
+        def run() -> None:
+            while not self.stop.wait(0.2):
+                now = round(time.perf_counter() - began, 2)
+                self.samples.append((now, pa.total_allocated_bytes(), pool.max_memory()))
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def close(self) -> list[tuple[float, int, int]]:
+        self.stop.set()
+        self.thread.join()
+        return self.samples
+
+
 def main(spec: dict) -> dict:
     torch.set_num_threads(1)
+    trace = ArrowTrace()
     with tempfile.TemporaryDirectory(prefix=f"peers-{spec['system']}-") as cache:
         spec = dict(spec, cache_dir=str(Path(cache) / "local"))
         os.environ["IOLIB_CACHE_DIR"] = str(Path(cache) / "iolib")  # nothing from a past run
@@ -351,6 +379,7 @@ def main(spec: dict) -> dict:
         del loader
         time.sleep(spec.get("settle_s", 0.0))  # what the dropped loader still reads counts
         result["bytes_total"] = proxy_bytes(spec)
+    result["arrow_timeline"] = trace.close()
     return result
 
 
