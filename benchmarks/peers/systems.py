@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import inspect
 import io
 import json
 import math
@@ -109,10 +108,8 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
     common = dict(shuffle=True, seed=spec["round"], num_workers=spec["workers"])
     if spec["workload"] == "tokens":
         kwargs: dict[str, Any] = dict(column="tokens", seq_len=spec["seq_len"], eos_id=0)
-        if "cache_bytes" in inspect.signature(PackedTokens).parameters and spec["cache_mb"]:
+        if spec["cache_mb"]:  # memory only: the order follows shuffle_window, kept default
             kwargs["cache_bytes"] = int(spec["cache_mb"] * 2**20)
-            if "shuffle_window" in inspect.signature(PackedTokens).parameters:
-                kwargs["shuffle_window"] = kwargs["cache_bytes"] // 2  # the order it had
         notes["packed_tokens_kwargs"] = sorted(kwargs)
         windows = PackedTokens(url, storage_options=options, **kwargs)
         loader = iolib.DataLoader(windows, batch_size=spec["batch"], **common)
