@@ -52,6 +52,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import threading
@@ -257,15 +258,15 @@ def summarize(runs: list[dict], stored: dict, needed: dict) -> dict:
     return out
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def _med(values: list[float], fmt: str) -> str:
     """Median [min–max] of `values` in `fmt` (the median alone for one value)."""
     if not values:
         return "-"
-    mid = (
-        sorted(values)[len(values) // 2]
-        if len(values) % 2
-        else (sorted(values)[len(values) // 2 - 1] + sorted(values)[len(values) // 2]) / 2
-    )
+    mid = _median(values)
     if len(values) == 1:
         return fmt.format(mid)
     return f"{fmt.format(mid)} [{_span(values, fmt)}]"
@@ -285,7 +286,7 @@ def _row(system: str, entry: dict, unit: str, best_peer: float | None, cfg: dict
     epoch = [r["epoch_rate"] / scale for r in runs]
     ratio = "-"
     if best_peer and system == "iolib":
-        ratio = f"{sorted(epoch)[len(epoch) // 2] * scale / best_peer:.2f}x"
+        ratio = f"{_median(epoch) * scale / best_peer:.2f}x"
     floor = floor_s(entry["first_batch_bytes"], cfg)
     total = cfg["total_mbps"]
     link = [r["link_mbps"] for r in runs]
@@ -298,7 +299,7 @@ def _row(system: str, entry: dict, unit: str, best_peer: float | None, cfg: dict
         f"| {_med([r['first_batch_s'] for r in runs], '{:.1f}')} "
         f"| {floor:.1f} ({entry['first_batch_bytes'] / 1e6:.1f} MB) "
         f"| {_med([r['bytes_before_first_batch'] / 1e6 for r in runs], '{:.0f}')} "
-        f"| {_med(link, '{:.1f}')} ({100 * sorted(link)[len(link) // 2] / total:.0f}%) "
+        f"| {_med(link, '{:.1f}')} ({100 * _median(link) / total:.0f}%) "
         f"| {_med(fetched, '{:.0f}')} / {stored / 1e6:.0f} "
         f"({_span(ratio_fetched, '{:.2f}')}x) "
         f"| {_med([r['peak_pss'] / 1e6 for r in runs], '{:,.0f}')} "
@@ -357,7 +358,7 @@ def write_report(results: dict, out: Path, name: str) -> str:
                 "`iolib convert` with its defaults.",
             ]
         peers = [
-            sorted(r["epoch_rate"] for r in e["runs"])[len(e["runs"]) // 2]
+            _median([r["epoch_rate"] for r in e["runs"]])
             for s, e in systems.items() if e["runs"] and s != "iolib"
         ]  # fmt: skip
         best_peer = max(peers, default=None)
@@ -516,6 +517,12 @@ def main(**opts: Any) -> None:
     }  # fmt: skip
     name = opts["name"] or f"peers-{datetime.now(timezone.utc):%Y-%m-%d}"
     click.echo(write_report(results, opts["out"], name))
+
+
+def rewrite(json_path: Path) -> str:
+    """The report again from a run's JSON (after a change to how it is written)."""
+    results = json.loads(json_path.read_text())
+    return write_report(results, json_path.parent, json_path.stem)
 
 
 if __name__ == "__main__":
