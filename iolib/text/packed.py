@@ -74,7 +74,7 @@ def check_ignore_index_and_seed(ignore_index: Any, seed: Any) -> None:
         raise ConfigError(f"`seed` must be an integer >= 0. Found: {seed!r}.")
 
 
-DEFAULT_CACHE_BYTES = 1 << 30  # per process: two default shuffle windows
+DEFAULT_CACHE_BYTES = 1 << 30  # per process, at most: two default shuffle windows
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ class PackedTokens(Source):
         it): chunks of as many whole row groups as it holds, chunks in a random order;
         a corpus that fits is shuffled as a whole. Raising it mixes more widely and
         needs a larger cache.
-    cache_bytes: decoded row groups kept per process (default 1 GiB): memory only, the
+    cache_bytes: decoded row groups kept per process (default: the least that runs, at
+        most 1 GiB; more only keeps the last epoch's row groups, which the next epoch
+        does not read): memory only, the
         windows are the same at any `cache_bytes` that runs. It must hold two chunks of
         the shuffle window (this one, and the next read ahead), or the whole corpus and
         three row groups where the corpus fits the window, and four of the largest row
@@ -167,6 +169,7 @@ class PackedTokens(Source):
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self._cache_default = cache_bytes is None  # sized from the index once it is known
         self.shuffle_window = parse_bytes(shuffle_window, "shuffle_window")
         self.lanes = check_lanes(lanes)
         self._index: tokenindex.TokenIndex | None = None
@@ -206,6 +209,11 @@ class PackedTokens(Source):
             self._check_column()
             index = tokenindex.load_or_compute(self.parquet, self.column)
             self._check_budget(index)  # refused every time, not only the first
+            if self._cache_default:
+                # What the order reads together, not 1 GiB: a cache larger than that only
+                # keeps the last epoch's segments, which the next epoch never reads.
+                self.cache_bytes = min(DEFAULT_CACHE_BYTES, self._cache_need(index)[0])
+                self._reader.set_budget(self.cache_bytes)
             self._index = index
         return self._index
 
@@ -251,10 +259,10 @@ class PackedTokens(Source):
             sizes = self.__dict__["_group_bytes_"] = self._segment_bytes(self.index)
         return sizes
 
-    def _check_budget(self, index: tokenindex.TokenIndex) -> None:
-        """Refuse a cache that cannot hold what the order reads together: four of the
-        largest row groups, and two chunks of the shuffle window (or the whole corpus and
-        three row groups, where it fits the window); the message names both sizes."""
+    def _cache_need(self, index: tokenindex.TokenIndex) -> tuple[int, str]:
+        """(bytes, why): what the order reads together, the least cache that runs: four
+        of the largest row groups, and two chunks of the shuffle window (or the whole
+        corpus and three row groups, where it fits the window)."""
         sizes = self._segment_bytes(index)
         largest = int(sizes.max(initial=0))
         need, why = (
@@ -284,6 +292,14 @@ class PackedTokens(Source):
                     f"is shuffled whole ({whole:,} bytes decoded with three row groups in flight)"
                 ),
             )
+        return need, why
+
+    def _check_budget(self, index: tokenindex.TokenIndex) -> None:
+        """Refuse a cache that cannot hold what the order reads together (`_cache_need`);
+        the message names both sizes."""
+        sizes = self._segment_bytes(index)
+        largest = int(sizes.max(initial=0))
+        need, why = self._cache_need(index)
         if need <= self.cache_bytes:
             return
         smaller = min(self.cache_bytes // 2, int(sizes.sum()) - 1)
