@@ -5,8 +5,10 @@ object store: MosaicML `streaming` (StreamingDataset over MDS), Lightning `litda
 The store: moto's S3 server on 127.0.0.1 behind a throttling reverse proxy
 (benchmarks/peers/proxy.py: 40 ms to first byte, 5 MB/s a connection, 20 MB/s in all
 by default), so every system pays the same per request and per byte, and the proxy
-counts the bytes and requests each epoch made. The data, in each system's own format at
-its recommended shard size (64 MB; benchmarks/peers/formats.py):
+counts the bytes and requests each run made. The data, as each system's user would
+write it (benchmarks/peers/formats.py): iolib's images by `iolib convert` with its
+defaults, its tokens by pyarrow's default writer (`--row-group-mb` sets row groups
+instead); the peers' by their own writers at their recommended shard size (64 MB).
 
 - tokens: documents of log-normal length, windows of --seq-len. iolib:
   `iolib.text.PackedTokens` over Parquet + `iolib.DataLoader`; streaming: MDS windows
@@ -16,12 +18,16 @@ its recommended shard size (64 MB; benchmarks/peers/formats.py):
   iolib: ParquetSource + `iolib.images.ImagePipeline` (DALI on the CPU where installed);
   peers: PIL decode + crop in their dataset transform (benchmarks/peers/systems.py).
 
-Each (system, workload) epoch runs shuffled with --workers workers in a fresh process
-with an empty local cache folder (the caches are emptied between epochs); rounds are
-interleaved, the order reversed every other round. Reported per system: time to first
-batch, epoch and steady (after the first batch) tokens or samples/s as min-max over
-rounds, peak RSS and PSS of the process tree (psutil), bytes and requests through the
-proxy, and for iolib what `loader.stats()` counted.
+Each (system, workload) runs shuffled with --workers workers in a fresh process with an
+empty local cache folder, every system with its default settings: a warm-up epoch cut
+after its first batch (a `break`), then a whole epoch of the same loader, so what the
+cut epoch leaves in flight counts. Rounds are interleaved, the order reversed every
+other round. Reported per system (median [min-max] over rounds): the epoch rate, the
+time to the first batch beside its physical floor (the bytes of the read units it needs
+over the whole link, plus one request's latency), the bytes through the proxy before the
+first batch, the link's MB/s during the epoch, the bytes fetched in the whole run
+against those stored, peak PSS of the process tree (psutil, its timeline kept in the
+JSON), the load average, and for iolib what `loader.stats()` counted.
 
 Install (the peers never go into the project's venv: they may pull another torch):
 
@@ -30,14 +36,14 @@ Install (the peers never go into the project's venv: they may pull another torch
     /work/peers-venv/bin/pip install -e '.[test,s3]' -r benchmarks/requirements-peers.txt \\
         -c benchmarks/constraints-peers.txt                  # why: requirements-peers.txt
 
-Run (about 10 minutes here with the defaults; --tokens/--images scale it up):
+Run (about 15 minutes here with the defaults; --tokens/--images scale it up):
 
     /work/peers-venv/bin/python benchmarks/bench_peers.py
     /work/peers-venv/bin/python benchmarks/bench_peers.py --tokens 4000000 --images 300 \\
         --shard-mb 8 --rounds 1                              # a quick look
 
-Writes benchmarks/results/peers.md and peers.json. A peer that cannot be imported or
-run is reported with its error; the others still run.
+Writes benchmarks/results/peers-<date>.md and .json (--name another). A peer that
+cannot be imported or run is reported with its error; the others still run.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import threading
@@ -118,6 +125,18 @@ def upload(options: dict, folder: str, prefix: str) -> list[str]:
     return keys
 
 
+def index_beside(options: dict, prefix: str) -> None:
+    """`iolib index s3://.../prefix --tokens tokens`, straight to moto: the token index
+    (and `_metadata`) beside the data, as docs/tokens.md says to do once for a corpus read
+    more than once (the index is keyed by the stored files, so it is made where they are);
+    without it each run's first epoch reads the corpus once more to count its tokens."""
+    store = [a for k in ("endpoint_url", "key", "secret") for a in ("-o", f"{k}={options[k]}")]
+    subprocess.run(
+        [sys.executable, "-m", "iolib.cli", "index", f"s3://{BUCKET}/{prefix}", "--tokens",
+         "tokens", *store], cwd=ROOT, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+
+
 def presigned(proxy: str, keys: list[str]) -> list[str]:
     """GET URLs of `keys` through the proxy, as a WebDataset user hands `curl`."""
     import boto3
@@ -139,6 +158,8 @@ class TreeMemory:
     def __init__(self, pid: int, every: float = 0.2) -> None:
         self.root, self.every = psutil.Process(pid), every
         self.rss = self.pss = 0
+        self.began = time.perf_counter()
+        self.timeline: list[tuple[float, int, int]] = []  # (s, PSS bytes, processes)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -156,16 +177,18 @@ class TreeMemory:
                     rss += info.rss
                     pss += getattr(info, "pss", 0)
             self.rss, self.pss = max(self.rss, rss), max(self.pss, pss)
+            self.timeline.append((round(time.perf_counter() - self.began, 2), pss, len(tree)))
             self.stop.wait(self.every)
 
     def close(self) -> dict:
         self.stop.set()
         self.thread.join()
-        return {"peak_rss": self.rss, "peak_pss": self.pss}
+        return {"peak_rss": self.rss, "peak_pss": self.pss, "pss_timeline": self.timeline}
 
 
 def run_one(spec: dict, proxy: str, timeout: float) -> dict:
     proxy_call(proxy, "reset")
+    spec = dict(spec, proxy_stats=f"{proxy}/__proxy__/stats")
     load_before = os.getloadavg()[0]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
     child = subprocess.Popen(
@@ -222,42 +245,69 @@ def _span(values: list[float], fmt: str) -> str:
     )
 
 
-def summarize(runs: list[dict], stored: dict) -> dict:
+def summarize(runs: list[dict], stored: dict, needed: dict) -> dict:
     """{workload: {system: summary}} from the runs, errors kept."""
     out: dict = {}
     for run in runs:
+        key = (run["workload"], run["system"])
         entry = out.setdefault(run["workload"], {}).setdefault(
-            run["system"], {"runs": [], "errors": [], "stored_bytes": stored.get(
-                (run["workload"], run["system"]), 0)}
+            run["system"], {"runs": [], "errors": [], "stored_bytes": stored.get(key, 0),
+                            "first_batch_bytes": needed.get(key, 0)}
         )  # fmt: skip
         (entry["errors"] if "error" in run else entry["runs"]).append(run)
     return out
 
 
-def _row(system: str, entry: dict, unit: str, best: float | None) -> str:
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _med(values: list[float], fmt: str) -> str:
+    """Median [min–max] of `values` in `fmt` (the median alone for one value)."""
+    if not values:
+        return "-"
+    mid = _median(values)
+    if len(values) == 1:
+        return fmt.format(mid)
+    return f"{fmt.format(mid)} [{_span(values, fmt)}]"
+
+
+def floor_s(needed: int, cfg: dict) -> float:
+    """The physical floor of a first batch: the bytes it needs over the whole link, plus
+    one request's latency."""
+    return needed / (cfg["total_mbps"] * 1e6) + cfg["latency"]
+
+
+def _row(system: str, entry: dict, unit: str, best_peer: float | None, cfg: dict) -> str:
     runs = entry["runs"]
     if not runs:
-        return f"| {system} | failed: {entry['errors'][0]['error'][:300]} |" + " |" * 9
-    first = [r["first_batch_s"] for r in runs]
-    epoch = [r["epoch_rate"] for r in runs]
-    steady = [r["steady_rate"] for r in runs]
-    scale, fmt = (1e6, "{:.2f}M") if unit == "tokens" else (1, "{:.0f}")
-    ratio = f"{max(epoch) / best:.2f}x" if best else "-"
-    fetched = [r["proxy"]["bytes"] for r in runs]
-    link = [r["proxy"]["bytes"] / r["epoch_s"] / 1e6 for r in runs]
-    over = max(fetched) / max(entry["stored_bytes"], 1)
+        return f"| {system} | failed: {entry['errors'][0]['error'][:300]} |" + " |" * 8
+    scale, fmt = (1e6, "{:.2f}") if unit == "tokens" else (1, "{:.0f}")
+    epoch = [r["epoch_rate"] / scale for r in runs]
+    ratio = "-"
+    if best_peer and system == "iolib":
+        ratio = f"{_median(epoch) * scale / best_peer:.2f}x"
+    floor = floor_s(entry["first_batch_bytes"], cfg)
+    total = cfg["total_mbps"]
+    link = [r["link_mbps"] for r in runs]
+    stored = max(entry["stored_bytes"], 1)
+    fetched = [r["bytes_total"] / 1e6 for r in runs]
+    ratio_fetched = [r["bytes_total"] / stored for r in runs]
+    loads = [x for r in runs for x in r.get("load_avg_1min", [])]
     return (
-        f"| {system} | {_span(first, '{:.1f}')} | {_span([e / scale for e in epoch], fmt)} "
-        f"| {ratio} | {_span([s / scale for s in steady], fmt)} "
-        f"| {max(r['peak_rss'] for r in runs) / 1e6:,.0f} "
-        f"| {max(r['peak_pss'] for r in runs) / 1e6:,.0f} "
-        f"| {_span([f / 1e6 for f in fetched], '{:.0f}')} ({over:.2f}x) "
-        f"| {_span([r['proxy']['requests'] for r in runs], '{:.0f}')} "
-        f"| {_span(link, '{:.1f}')} | {max(r['proxy']['max_concurrent_requests'] for r in runs)} |"
+        f"| {system} | {_med(epoch, fmt)} | {ratio} "
+        f"| {_med([r['first_batch_s'] for r in runs], '{:.1f}')} "
+        f"| {floor:.1f} ({entry['first_batch_bytes'] / 1e6:.1f} MB) "
+        f"| {_med([r['bytes_before_first_batch'] / 1e6 for r in runs], '{:.0f}')} "
+        f"| {_med(link, '{:.1f}')} ({100 * _median(link) / total:.0f}%) "
+        f"| {_med(fetched, '{:.0f}')} / {stored / 1e6:.0f} "
+        f"({_span(ratio_fetched, '{:.2f}')}x) "
+        f"| {_med([r['peak_pss'] / 1e6 for r in runs], '{:,.0f}')} "
+        f"| {_span(loads, '{:.1f}')} |"
     )
 
 
-def write_report(results: dict, out: Path) -> str:
+def write_report(results: dict, out: Path, name: str) -> str:
     cfg, facts = results["config"], results["facts"]
     lines = [
         "# iolib and its peers on one throttled object store",
@@ -266,16 +316,21 @@ def write_report(results: dict, out: Path) -> str:
         "",
         f"Store: moto's S3 server on 127.0.0.1 behind a throttling proxy: "
         f"{cfg['latency'] * 1000:.0f} ms to first byte, {cfg['conn_mbps']:g} MB/s a connection, "
-        f"{cfg['total_mbps']:g} MB/s in all. Shuffled, {cfg['workers']} workers, each epoch in "
-        f"a fresh process with an empty local cache; {cfg['rounds']} interleaved rounds, "
-        "figures are min–max over them. Peers: " + ", ".join(
-            f"{k} {v}" for k, v in results["versions"].items()) + ".",
+        f"{cfg['total_mbps']:g} MB/s in all. Shuffled, {cfg['workers']} workers. Each run, in "
+        "a fresh process with an empty local cache: a warm-up epoch cut after its first "
+        "batch, then a whole epoch of the same loader. "
+        f"{cfg['rounds']} interleaved rounds; figures are median [min–max] over them. "
+        "Peers: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".",
         "",
-        "Columns: first batch (s from the dataset's construction); epoch rate (the whole "
-        "epoch, first batch included) and its ratio to the best system's; steady rate (after "
-        "the first batch); peak RSS and PSS of the process tree (MB); MB through the proxy "
-        "(and its ratio to the bytes stored in that system's format); requests; the link's "
-        "mean MB/s over the epoch; the most requests in flight at once.",
+        "Columns: epoch rate (the measured epoch, its first batch included) and iolib's ratio "
+        "to the fastest peer; first batch (s from the dataset's construction, the warm-up "
+        "epoch); the physical floor of a first batch (the bytes of the read units it needs, "
+        "as the format lays them out, over the whole link, plus one request's latency); MB "
+        "through the proxy before the first batch; the link's mean MB/s over the measured "
+        "epoch (and its share of the total); MB fetched in the whole run, warm-up included, "
+        "/ MB stored in that system's format; peak PSS of the process tree (MB, sampled "
+        "every 0.2 s); the 1-minute load average before and after the run "
+        f"({os.cpu_count()} cores).",
         "",
     ]  # fmt: skip
     for workload, systems in results["summary"].items():
@@ -288,35 +343,34 @@ def write_report(results: dict, out: Path) -> str:
                 f"{t.get('documents', 0):,} documents of log-normal length (median "
                 f"{t.get('median_document', 0):.0f} tokens), {t.get('tokens_with_eos', 0):,} "
                 f"tokens with eos ({t.get('raw_bytes', 0) / 1e6:.0f} MB as int32). Rates in "
-                "M tokens/s.",
-            ]
+                "M tokens/s. iolib's Parquet: "
+                + (f"row groups of {cfg['row_group_mb']:g} MB" if cfg["row_group_mb"] else
+                   "pyarrow's default writer (`pq.write_table`, one row group a file)")
+                + f", files of {cfg['shard_mb']:g} MB.",
+            ]  # fmt: skip
         else:
             i = facts.get("images", {})
             lines += [
                 f"## Images: JPEG to 224x224, batch {cfg['image_batch']}",
                 "",
                 f"{i.get('images', 0):,} JPEGs of 192–320 px sides, "
-                f"{i.get('jpeg_bytes', 0) / 1e6:.0f} MB. Rates in samples/s.",
+                f"{i.get('jpeg_bytes', 0) / 1e6:.0f} MB. Rates in samples/s. iolib's Parquet: "
+                "`iolib convert` with its defaults.",
             ]
-        best = max(
-            (max(r["epoch_rate"] for r in e["runs"]) for e in systems.values() if e["runs"]),
-            default=None,
-        )
+        peers = [
+            _median([r["epoch_rate"] for r in e["runs"]])
+            for s, e in systems.items() if e["runs"] and s != "iolib"
+        ]  # fmt: skip
+        best_peer = max(peers, default=None)
         lines += [
             "",
-            f"| system | first batch s | epoch {unit}/s | vs best | steady {unit}/s "
-            "| peak RSS MB | peak PSS MB | MB fetched | requests | link MB/s | in flight |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            f"| system | epoch {unit}/s | vs fastest peer | first batch s | floor s "
+            f"| MB before first batch | link MB/s (of {cfg['total_mbps']:g}) "
+            "| MB fetched / stored | peak PSS MB | load |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
-        lines += [_row(s, e, unit, best) for s, e in systems.items()]
-        loads = [x for e in systems.values() for r in e["runs"] + e["errors"]
-                 for x in r.get("load_avg_1min", [])]  # fmt: skip
+        lines += [_row(s, e, unit, best_peer, cfg) for s, e in systems.items()]
         lines.append("")
-        if loads:
-            lines.append(
-                f"- 1-minute load average around these epochs: {min(loads):.1f}–{max(loads):.1f} "
-                f"({os.cpu_count()} cores; other jobs shared the machine)."
-            )
         for system, entry in systems.items():
             for run in entry["runs"]:
                 if system == "iolib" and "iolib_stats" in run:
@@ -338,8 +392,9 @@ def write_report(results: dict, out: Path) -> str:
         lines.append("")
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "peers.md").write_text(text)
-    (out / "peers.json").write_text(json.dumps(results, indent=2, default=str))
+    (out / f"{name}.md").write_text(text)
+    # One line: the memory timelines (a sample every 0.2 s a run) would take ~80,000 lines.
+    (out / f"{name}.json").write_text(json.dumps(results, default=str) + "\n")
     return text
 
 
@@ -363,13 +418,17 @@ def versions() -> dict:
 @click.option("--workers", default=2, help="Loader workers of every system.")
 @click.option("--rounds", default=2, help="Interleaved rounds (one epoch per system each).")
 @click.option("--shard-mb", default=64.0, help="Shard size of every format.")
-@click.option("--row-group-mb", default=8.0, help="iolib's Parquet row group size.")
-@click.option("--cache-mb", default=256.0, help="PackedTokens(cache_bytes=) where it exists.")
-@click.option("--image-row-group-mb", default=1.0,
-              help="iolib's Parquet row group size for images (0: --row-group-mb).")  # fmt: skip
-@click.option("--image-cache-mb", default=32.0,
+@click.option(
+    "--row-group-mb",
+    default=0.0,
+    help="Row group size of iolib's token Parquet (0: pyarrow's default writer).",
+)
+@click.option("--cache-mb", default=0.0, help="PackedTokens(cache_bytes=) (0: its default).")
+@click.option("--image-cache-mb", default=0.0,
               help="iolib's ParquetSource(cache_bytes=) for images (0: its default).")  # fmt: skip
-@click.option("--decode-threads", default=1, help="DALI threads per iolib worker.")
+@click.option(
+    "--decode-threads", default=0, help="ImagePipeline(threads=) of iolib (0: its default)."
+)
 @click.option("--image-backend", default="auto", type=click.Choice(["auto", "dali", "pil"]),
               help="iolib's ImagePipeline(backend=) for images.")  # fmt: skip
 @click.option("--latency", default=0.04, help="Seconds to first byte of each response.")
@@ -381,6 +440,16 @@ def versions() -> dict:
               default=WORKLOADS, help="Workloads to run (repeat the option).")  # fmt: skip
 @click.option("--data", type=click.Path(path_type=Path), default=HERE / "data" / "peers")
 @click.option("--out", type=click.Path(path_type=Path), default=HERE / "results")
+@click.option(
+    "--iolib-path",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Run iolib from this checkout (its iolib/ ahead of this one's).",
+)
+@click.option("--settle-s", default=3.0,
+              help="Seconds the process waits after dropping the loader, so what it still "
+              "reads is counted.")  # fmt: skip
+@click.option("--name", default=None, help="Results file name under --out (default peers-<date>).")
 @click.option("--timeout", default=900.0, help="Seconds one epoch may take before it is killed.")
 @click.option("--streaming-start-method", default="spawn",
               type=click.Choice(["fork", "spawn", "forkserver"]),
@@ -388,7 +457,8 @@ def versions() -> dict:
 def main(**opts: Any) -> None:
     """iolib against MosaicML streaming, litdata and WebDataset on one throttled store."""
     began = time.perf_counter()
-    cfg = {k: v for k, v in opts.items() if k not in ("data", "out", "systems", "workloads")}
+    skip = ("data", "out", "systems", "workloads", "name")
+    cfg = {k: v for k, v in opts.items() if k not in skip}
     skipped = {s: why for s in opts["systems"] if (why := importable(s))}
     systems = [s for s in opts["systems"] if s not in skipped]
     for system, why in skipped.items():
@@ -398,13 +468,18 @@ def main(**opts: Any) -> None:
         (w, s) for w in opts["workloads"] for s in systems
         if not (w == "tokens" and s == "webdataset")
     ]  # fmt: skip
-    runs, stored = [], {}
+    runs, stored, needed = [], {}, {}
     with throttled_store(cfg["latency"], cfg["conn_mbps"], cfg["total_mbps"]) as store:
         keys = {}
         for workload, system in tqdm(plan, desc="upload", unit="dataset"):
             folder = made["folders"][workload][system]
             keys[workload, system] = upload(store["direct"], folder, f"{workload}/{system}")
+            if (workload, system) == ("tokens", "iolib"):
+                index_beside(store["direct"], f"{workload}/{system}")
             stored[workload, system] = formats.folder_bytes(folder)
+            needed[workload, system] = formats.first_batch_bytes(
+                workload, system, folder, cfg, made["facts"]
+            )
         jobs = []
         for r in range(cfg["rounds"]):
             order = plan if r % 2 == 0 else plan[::-1]
@@ -419,6 +494,7 @@ def main(**opts: Any) -> None:
                 "batch": cfg["token_batch"] if workload == "tokens" else cfg["image_batch"],
                 "cache_mb": cfg["cache_mb"], "decode_threads": cfg["decode_threads"],
                 "image_cache_mb": cfg["image_cache_mb"], "image_backend": cfg["image_backend"],
+                "iolib_path": cfg["iolib_path"], "settle_s": cfg["settle_s"],
             }  # fmt: skip
             if system == "streaming":
                 # Forked workers stalled ~60 s before their first request (none in flight
@@ -437,10 +513,17 @@ def main(**opts: Any) -> None:
         f"Python {platform.python_version()}",
         "command": " ".join(["python benchmarks/bench_peers.py", *sys.argv[1:]]),
         "config": cfg, "facts": made["facts"], "versions": versions(), "skipped": skipped,
-        "summary": summarize(runs, stored), "runs": runs,
+        "summary": summarize(runs, stored, needed), "runs": runs,
         "wall_s": time.perf_counter() - began,
     }  # fmt: skip
-    click.echo(write_report(results, opts["out"]))
+    name = opts["name"] or f"peers-{datetime.now(timezone.utc):%Y-%m-%d}"
+    click.echo(write_report(results, opts["out"], name))
+
+
+def rewrite(json_path: Path) -> str:
+    """The report again from a run's JSON (after a change to how it is written)."""
+    results = json.loads(json_path.read_text())
+    return write_report(results, json_path.parent, json_path.stem)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """The benchmark's data, made once under a local folder, in each system's own format.
 
 - tokens: documents of log-normal length (median ~400 tokens, ids 1..49,999, eos 0).
-  iolib: Parquet, one `list<int32>` column, row groups of about `row_group_mb`.
+  iolib: Parquet, one `list<int32>` column, written by pyarrow's default writer
+  (`pq.write_table`: one row group a file here) or with row groups of `row_group_mb`.
   MDS (streaming's MDSWriter) and WebDataset-free litdata (`optimize` with
   `TokensLoader`): the same documents, each followed by eos, concatenated; MDS holds
   them as windows of seq_len (llm-foundry's `concat_tokens`), litdata as its token
   chunks, which it cuts into windows when read.
-- images: JPEGs of 192..320 px sides with a label. iolib: Parquet (image binary,
-  label int64); MDS (bytes, int); litdata (bytes, int); WebDataset tars (.jpg, .cls).
+- images: JPEGs of 192..320 px sides with a label. iolib: an image folder converted
+  by `iolib convert` with its defaults (image, label, path); MDS (bytes, int);
+  litdata (bytes, int); WebDataset tars (.jpg, .cls).
 
-Shards (Parquet files, MDS shards, litdata chunks, tars) are `shard_mb` each: 64 MB,
+Shards (MDS shards, litdata chunks, tars, token Parquet files) are `shard_mb` each: 64 MB,
 MosaicML's default `size_limit` and litdata's documented `chunk_bytes`.
 """
 
@@ -72,16 +74,56 @@ def _fresh(directory: Path) -> Path:
 
 
 def write_parquet(directory: Path, table, shard_mb: float, row_group_mb: float) -> None:
-    """`table` as Parquet files of about `shard_mb`, row groups of about `row_group_mb`."""
+    """`table` as Parquet files of about `shard_mb`, row groups of about `row_group_mb`
+    (0: pyarrow's default writer, `pq.write_table(part, path)`: up to 1 Mi rows a group,
+    so one group a file for these tables)."""
     import pyarrow.parquet as pq
 
     _fresh(directory)
     per_row = max(1.0, table.nbytes / max(1, table.num_rows))
-    group = max(1, int(row_group_mb * 1e6 / per_row))
-    per_file = max(group, int(shard_mb * 1e6 / per_row) // group * group)
+    per_file = max(1, int(shard_mb * 1e6 / per_row))
+    group = None
+    if row_group_mb:
+        group = max(1, int(row_group_mb * 1e6 / per_row))
+        per_file = max(group, per_file // group * group)
     for f, lo in enumerate(range(0, table.num_rows, per_file)):
         part = table.slice(lo, per_file)
         pq.write_table(part, directory / f"part-{f:05d}.parquet", row_group_size=group)
+
+
+def row_groups(folder: str) -> list[tuple[int, int]]:
+    """(compressed bytes, rows) of every row group of the Parquet files under `folder`."""
+    import pyarrow.parquet as pq
+
+    groups = []
+    for path in sorted(Path(folder).rglob("*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            size = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+            groups.append((size, group.num_rows))
+    return groups
+
+
+def first_batch_bytes(workload: str, system: str, folder: str, cfg: dict, facts: dict) -> int:
+    """The bytes a first batch needs, in the read units of the system's format: whole
+    row groups (iolib), a whole shard or chunk (streaming, litdata download one before
+    reading it) or the batch's samples (WebDataset streams a tar)."""
+    files = [p for p in Path(folder).rglob("*") if p.is_file() and p.name != ".done"]
+    if system == "iolib":
+        groups = row_groups(folder)
+        size = sorted(g for g, _ in groups)[len(groups) // 2]
+        rows = sorted(r for _, r in groups)[len(groups) // 2]
+        if workload == "tokens":
+            per_token = size / max(1, facts["tokens"]["tokens_with_eos"] / len(groups))
+            need = cfg["token_batch"] * cfg["seq_len"] * per_token
+        else:
+            need = cfg["image_batch"] * size / max(1, rows)
+        return int(size * max(1, -(-need // size)))
+    if system == "webdataset":
+        return int(folder_bytes(folder) * cfg["image_batch"] / max(1, facts["images"]["images"]))
+    shards = sorted(p.stat().st_size for p in files if not p.name.endswith(".json"))
+    return shards[len(shards) // 2]
 
 
 def tokens_parquet(directory: Path, values, offsets, shard_mb: float, rg_mb: float) -> None:
@@ -141,16 +183,22 @@ def tokens_litdata(directory: Path, values, offsets, shard_mb: float) -> None:
     shutil.rmtree(work)
 
 
-def images_parquet(directory: Path, images: list[tuple[bytes, int]], shard_mb, rg_mb) -> None:
-    import pyarrow as pa
+def images_convert(directory: Path, images: list[tuple[bytes, int]]) -> None:
+    """The JPEGs as an image folder (SRC/<class>/<file>), then `iolib convert SRC DST`
+    with its defaults, as a new user would."""
+    import subprocess
+    import sys
 
-    table = pa.table(
-        {
-            "image": pa.array([b for b, _ in images], type=pa.binary()),
-            "label": pa.array([c for _, c in images], type=pa.int64()),
-        }
+    folder = _fresh(directory.with_name(directory.name + "-folder"))
+    for i, (data, label) in enumerate(images):
+        (folder / f"{label:03d}").mkdir(exist_ok=True)
+        (folder / f"{label:03d}" / f"{i:06d}.jpg").write_bytes(data)
+    if directory.exists():
+        shutil.rmtree(directory)
+    subprocess.run(
+        [sys.executable, "-m", "iolib.cli", "convert", str(folder), str(directory)], check=True
     )
-    write_parquet(directory, table, shard_mb, rg_mb)
+    shutil.rmtree(folder)
 
 
 def images_mds(directory: Path, images: list[tuple[bytes, int]], shard_mb: float) -> None:
@@ -189,7 +237,7 @@ def images_wds(directory: Path, images: list[tuple[bytes, int]], shard_mb: float
 def make_all(root: Path, cfg: dict, systems: list[str], workloads: list[str]) -> dict:
     """Write every (workload, system) folder missing under `root` (keyed by the config);
     return {workload: {system: folder}} and what the data holds."""
-    key = "-".join(f"{k}{cfg[k]}" for k in ("tokens", "images", "shard_mb", "row_group_mb"))
+    key = "-".join(f"{k}{cfg[k]}" for k in ("tokens", "images", "shard_mb"))
     base = root / key
     out: dict = {"folders": {}, "facts": {}}
     facts_file = base / "facts.json"
@@ -213,7 +261,9 @@ def _mark(folder: Path) -> None:
 
 
 def _make_tokens(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict:
-    folders = {s: base / s for s in systems if s != "webdataset"}
+    rg_mb = cfg["row_group_mb"]
+    name = {"iolib": f"iolib-rg{rg_mb:g}" if rg_mb else "iolib-pyarrow"}
+    folders = {s: base / name.get(s, s) for s in systems if s != "webdataset"}
     missing = [s for s, f in folders.items() if not _done(f)]
     if missing:
         values, offsets = token_documents(cfg["tokens"])
@@ -226,7 +276,7 @@ def _make_tokens(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict
         for system in missing:
             folder = folders[system]
             if system == "iolib":
-                tokens_parquet(folder, values, offsets, cfg["shard_mb"], cfg["row_group_mb"])
+                tokens_parquet(folder, values, offsets, cfg["shard_mb"], rg_mb)
             elif system == "streaming":
                 tokens_mds(folder, stream, cfg["seq_len"], cfg["shard_mb"])
             elif system == "litdata":
@@ -236,8 +286,7 @@ def _make_tokens(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict
 
 
 def _make_images(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict:
-    rg_mb = cfg.get("image_row_group_mb") or cfg["row_group_mb"]
-    folders = {s: base / (f"iolib-rg{rg_mb:g}" if s == "iolib" else s) for s in systems}
+    folders = {s: base / ("iolib-convert" if s == "iolib" else s) for s in systems}
     missing = [s for s, f in folders.items() if not _done(f)]
     if missing:
         made = jpeg_images(cfg["images"])
@@ -246,7 +295,7 @@ def _make_images(base: Path, cfg: dict, systems: list[str], facts: dict) -> dict
             "images": len(images), "jpeg_bytes": int(sum(len(b) for b, _ in images)),
         }  # fmt: skip
         writers = {
-            "iolib": lambda f: images_parquet(f, images, cfg["shard_mb"], rg_mb),
+            "iolib": lambda f: images_convert(f, images),
             "streaming": lambda f: images_mds(f, images, cfg["shard_mb"]),
             "litdata": lambda f: images_litdata(f, images, cfg["shard_mb"]),
             "webdataset": lambda f: images_wds(f, images, cfg["shard_mb"]),

@@ -5,14 +5,16 @@
 The benchmark runs each (system, round) in a fresh process with a fresh local cache
 folder, removed afterwards: nothing survives from one epoch to the next (the caches
 are emptied between epochs), and the process tree's memory is that run's alone.
-Times start after the imports, at the dataset's construction.
+Times start after the imports, at the dataset's construction. Each run is a warm-up
+epoch cut after its first batch (a `break`: the time to a first batch), then a whole
+epoch of the same loader (the epoch rate), in one process, so what the cut epoch left
+in flight counts in the bytes and in the link's use.
 """
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import inspect
 import io
 import json
 import math
@@ -102,14 +104,12 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
     from iolib.text import PackedTokens
 
     url = f"s3://{spec['bucket']}/{spec['prefix']}/*.parquet"
-    options, notes = _s3_options(spec), {}
+    options, notes = _s3_options(spec), {"iolib": os.path.dirname(iolib.__file__)}
     common = dict(shuffle=True, seed=spec["round"], num_workers=spec["workers"])
     if spec["workload"] == "tokens":
         kwargs: dict[str, Any] = dict(column="tokens", seq_len=spec["seq_len"], eos_id=0)
-        if "cache_bytes" in inspect.signature(PackedTokens).parameters and spec["cache_mb"]:
+        if spec["cache_mb"]:  # memory only: the order follows shuffle_window, kept default
             kwargs["cache_bytes"] = int(spec["cache_mb"] * 2**20)
-            if "shuffle_window" in inspect.signature(PackedTokens).parameters:
-                kwargs["shuffle_window"] = kwargs["cache_bytes"] // 2  # the order it had
         notes["packed_tokens_kwargs"] = sorted(kwargs)
         windows = PackedTokens(url, storage_options=options, **kwargs)
         loader = iolib.DataLoader(windows, batch_size=spec["batch"], **common)
@@ -117,7 +117,8 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
     from iolib.images import ImagePipeline
 
     backend = spec.get("image_backend") or "auto"
-    decode = ImagePipeline(size=224, device="cpu", threads=spec["decode_threads"], backend=backend)
+    threads = {"threads": spec["decode_threads"]} if spec.get("decode_threads") else {}
+    decode = ImagePipeline(size=224, device="cpu", backend=backend, **threads)
     notes["image_backend"] = decode.backend
     if decode.backend == "auto":
         dali = importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali")
@@ -282,7 +283,33 @@ IMPORTS = {
 }
 
 
-def run_epoch(loader: Iterable, count: Callable[[Any], int], start: float) -> dict:
+def proxy_bytes(spec: dict) -> int:
+    """Response bytes the proxy has passed since the run began (its control calls are
+    not counted)."""
+    import urllib.request
+
+    url = spec.get("proxy_stats")
+    if not url:
+        return 0
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return int(json.loads(response.read())["bytes"])
+
+
+def warm_up(loader: Iterable, start: float, spec: dict) -> dict:
+    """The first batch of an epoch, then the epoch dropped (a `break` out of the loop):
+    what a user pays to start, and what a cut epoch leaves behind."""
+    iterator = iter(loader)
+    next(iterator)
+    first = time.perf_counter() - start
+    fetched = proxy_bytes(spec)
+    del iterator
+    return {"first_batch_s": first, "bytes_before_first_batch": fetched}
+
+
+def run_epoch(loader: Iterable, count: Callable[[Any], int], spec: dict) -> dict:
+    """One whole epoch; the proxy's bytes during it give the link's use."""
+    before = proxy_bytes(spec)
+    start = time.perf_counter()
     first_at, first_units, units, batches = None, 0, 0, 0
     for batch in loader:
         n = count(batch)
@@ -292,28 +319,64 @@ def run_epoch(loader: Iterable, count: Callable[[Any], int], start: float) -> di
             first_at, first_units = time.perf_counter(), n
     end = time.perf_counter()
     first_at = first_at or end
+    during = proxy_bytes(spec) - before
     return {
-        "first_batch_s": first_at - start,
+        "epoch_first_batch_s": first_at - start,
         "epoch_s": end - start,
         "units": units,
         "batches": batches,
         "epoch_rate": units / (end - start),
         "steady_rate": (units - first_units) / max(end - first_at, 1e-9),
+        "epoch_bytes": during,
+        "link_mbps": during / (end - start) / 1e6,
     }
+
+
+class ArrowTrace:
+    """Arrow's allocations in this process over time, every 0.2 s: (s, bytes allocated,
+    the pool's peak so far), to tell Arrow's share of the tree's PSS from the rest."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import pyarrow as pa
+
+        self.samples: list[tuple[float, int, int]] = []
+        self.stop = threading.Event()
+        began, pool = time.perf_counter(), pa.default_memory_pool()
+
+        def run() -> None:
+            while not self.stop.wait(0.2):
+                now = round(time.perf_counter() - began, 2)
+                self.samples.append((now, pa.total_allocated_bytes(), pool.max_memory()))
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def close(self) -> list[tuple[float, int, int]]:
+        self.stop.set()
+        self.thread.join()
+        return self.samples
 
 
 def main(spec: dict) -> dict:
     torch.set_num_threads(1)
+    trace = ArrowTrace()
     with tempfile.TemporaryDirectory(prefix=f"peers-{spec['system']}-") as cache:
         spec = dict(spec, cache_dir=str(Path(cache) / "local"))
+        os.environ["IOLIB_CACHE_DIR"] = str(Path(cache) / "iolib")  # nothing from a past run
         IMPORTS[spec["system"]]()
         start = time.perf_counter()
         loader, count, notes = LOADERS[spec["system"]](spec)
-        result = run_epoch(loader, count, start)
+        result = warm_up(loader, start, spec)
+        result.update(run_epoch(loader, count, spec))
         if spec["system"] == "iolib":
             result["iolib_stats"] = _jsonable(loader.stats())
         result["notes"] = notes
         del loader
+        time.sleep(spec.get("settle_s", 0.0))  # what the dropped loader still reads counts
+        result["bytes_total"] = proxy_bytes(spec)
+    result["arrow_timeline"] = trace.close()
     return result
 
 
@@ -330,4 +393,7 @@ def _jsonable(value: Any) -> Any:
 
 
 if __name__ == "__main__":
-    print("PEERS-RESULT " + json.dumps(main(json.loads(sys.argv[1]))), flush=True)
+    SPEC = json.loads(sys.argv[1])
+    if SPEC.get("iolib_path"):  # another checkout's iolib ahead of this one's (cwd)
+        sys.path.insert(0, SPEC["iolib_path"])
+    print("PEERS-RESULT " + json.dumps(main(SPEC)), flush=True)

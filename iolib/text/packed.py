@@ -29,6 +29,7 @@ from iolib.sources.parquet_description import checked_cache_bytes
 from iolib.text import tokenindex
 from iolib.text.packed_checks import (
     MIN_GROUPS_HELD,
+    cache_need,
     check_arguments,
     check_budget,
     check_column,
@@ -41,7 +42,7 @@ from iolib.text.seeded import check_lanes
 __all__ = ["FETCH_THREADS", "MIN_GROUPS_HELD", "PackedTokens", "Segment", "cu_seqlens"]
 
 IGNORE_INDEX = -100  # torch's cross_entropy default ignore_index
-DEFAULT_CACHE_BYTES = 1 << 30  # per process: two default shuffle windows
+DEFAULT_CACHE_BYTES = 1 << 30  # per process, at most: two default shuffle windows
 log = logging.getLogger(__name__)
 
 
@@ -74,7 +75,8 @@ class PackedTokens(Source):
     shuffle_window: decoded bytes (an int, or a size like "256MiB"; default 512 MiB)
         whose windows the loader's shuffle mixes: chunks of whole row groups, in a random
         order; a corpus that fits is shuffled whole.
-    cache_bytes: decoded row groups kept per process (default 1 GiB): memory only. Too
+    cache_bytes: decoded row groups kept per process (default: the least that runs, at
+        most 1 GiB; more keeps only row groups the next epoch reads again): memory only. Too
         small for two chunks of the window (and four of the largest row groups) is
         refused when the loader starts, with the sizes to change.
     lanes: contiguous shares of the stream the windows are dealt from ("auto": the
@@ -112,6 +114,7 @@ class PackedTokens(Source):
         self.shuffle_documents, self.document_ids = bool(shuffle_documents), bool(document_ids)
         self.ignore_index, self.seed = int(ignore_index), int(seed)
         self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self._cache_default = cache_bytes is None  # sized from the index once it is known
         self.shuffle_window = parse_bytes(shuffle_window, "shuffle_window")
         self.lanes = check_lanes(lanes)
         self._index: tokenindex.TokenIndex | None = None
@@ -153,8 +156,15 @@ class PackedTokens(Source):
             check_column(kind, self.column, self.eos_id, self.parquet.describe())
             index = tokenindex.load_or_compute(self.parquet, self.column)
             # Refused every time, not only the first.
-            check_budget(self._segment_bytes(index), self.column, self.shuffle_window,
-                         self.cache_bytes, self.describe())  # fmt: skip
+            sizes = self._segment_bytes(index)
+            check_budget(sizes, self.column, self.shuffle_window, self.cache_bytes,
+                         self.describe())  # fmt: skip
+            if self._cache_default:
+                # What the order reads together, not 1 GiB: a cache larger than that only
+                # keeps the last epoch's segments, which the next epoch never reads.
+                need = cache_need(sizes, self.column, self.shuffle_window)[0]
+                self.cache_bytes = min(DEFAULT_CACHE_BYTES, need)
+                self._reader.set_budget(self.cache_bytes)
             self._index = index
         return self._index
 

@@ -69,12 +69,10 @@ def check_column(kind: pa.DataType, column: str, eos_id: int, where: str) -> Non
         )
 
 
-def check_budget(
-    sizes: np.ndarray, column: str, shuffle_window: int, cache_bytes: int, where: str
-) -> None:
-    """Refuse a cache that cannot hold what the order reads together: four of the largest
-    row groups (decoded `sizes`), and two chunks of the shuffle window (or the whole
-    corpus and three row groups, where it fits the window); the message names both."""
+def cache_need(sizes: np.ndarray, column: str, shuffle_window: int) -> tuple[int, str]:
+    """(bytes, why): what the order reads together, the least cache that runs: four of
+    the largest row groups (decoded `sizes`), and two chunks of the shuffle window (or
+    the whole corpus and three row groups, where it fits the window)."""
     largest = int(sizes.max(initial=0))
     need, why = (
         MIN_GROUPS_HELD * largest,
@@ -103,8 +101,17 @@ def check_budget(
                 f"is shuffled whole ({whole:,} bytes decoded with three row groups in flight)"
             ),
         )
+    return need, why
+
+
+def check_budget(
+    sizes: np.ndarray, column: str, shuffle_window: int, cache_bytes: int, where: str
+) -> None:
+    """Refuse a cache smaller than `cache_need`; the message names both sizes."""
+    need, why = cache_need(sizes, column, shuffle_window)
     if need <= cache_bytes:
         return
+    largest = int(sizes.max(initial=0))
     smaller = min(cache_bytes // 2, int(sizes.sum()) - 1)
     lower = (
         f", or lower shuffle_window to {smaller} or less (the order follows "

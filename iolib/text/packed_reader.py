@@ -130,6 +130,16 @@ class TokenReader:
         # No lock: this may run from a finalizer on a thread that holds it.
         self._ahead, self._stalled = (-1, -1), (-1, -1)
 
+    def set_budget(self, nbytes: int) -> None:
+        """Bound the cache at `nbytes` (the source's default, sized once the index is
+        known); what it holds beyond that goes, least recently used first."""
+        with self._lock:
+            held = list(self._segments.items())
+            self._segments = cachetools.LRUCache(nbytes, getsizeof=lambda seg: seg.nbytes)
+            for key, segment in held:
+                if segment.nbytes <= nbytes:
+                    self._segments[key] = segment
+
     def cache_stats(self) -> dict[str, int]:
         with self._lock:
             return {"cache_budget_bytes": self.d.cache_bytes,

@@ -43,6 +43,11 @@ SWEEP = {
 }
 
 
+# The demo's (`iolib bench` with no --profile or --step-ms) step on a profile, where it
+# differs from --step-ms: 5 ms on the object store, where the loader sets the pace.
+DEMO_STEPS = {"object-store": 5.0}
+
+
 # Bounds of the numeric options: far past any real use, short of what would run for hours
 # or start a process per core of a cluster. A wait never exceeds the run's --max-seconds.
 MAX_WORKERS = 256
@@ -389,8 +394,14 @@ def _spec(kw: dict[str, Any]) -> BenchSpec:
         "depths": kw["depth"], "step_ms": kw["step_ms"], "batch_sizes": kw["batch_size"],
         "shuffles": kw["shuffle"],
     }  # fmt: skip
+    ctx = click.get_current_context()
+    demo = all(ctx.get_parameter_source(n) == click.core.ParameterSource.DEFAULT
+               for n in ("profile", "step_ms", "sweep", "data"))  # fmt: skip
+    profile_steps: tuple[tuple[str, float], ...] = ()
+    if demo:  # the loader as the bottleneck too: a short step on the object store
+        grid["step_ms"] = tuple(dict.fromkeys((*kw["step_ms"], *DEMO_STEPS.values())))
+        profile_steps = tuple((p, DEMO_STEPS.get(p, kw["step_ms"][0])) for p in kw["profile"])
     if kw["sweep"]:
-        ctx = click.get_current_context()
         for key, name in (("workloads", "workload"), ("profiles", "profile"),
                           ("workers", "workers"), ("depths", "depth"), ("step_ms", "step_ms"),
                           ("batch_sizes", "batch_size"), ("shuffles", "shuffle")):  # fmt: skip
@@ -410,7 +421,7 @@ def _spec(kw: dict[str, Any]) -> BenchSpec:
         step_mode=kw["step_mode"], seed=kw["seed"], data_dir=kw["data_dir"],
         command=_command_line(secrets_in([kw["data"] or ""], options)),
         sweep_minutes=kw["sweep_minutes"] if kw["sweep"] else None,
-        torch_reads=kw["torch_reads"],
+        torch_reads=kw["torch_reads"], profile_steps=profile_steps,
     )  # fmt: skip
 
 

@@ -91,18 +91,22 @@ def _num(value: float) -> str:
 
 
 def _costs(iolib: list[dict[str, Any]], torch: list[dict[str, Any]]) -> str:
-    """What the throughput does not say: peak memory of the process tree and the time to
-    the first batch, iolib's against torch's (medians of the repeats)."""
+    """What the throughput does not say: peak memory of the process tree, the time to the
+    first batch and the bytes read, iolib's against torch's (medians of the repeats)."""
 
     def med(rows: list[dict[str, Any]], name: str) -> float:
         return float(np.median([r[name] for r in rows]))
 
     mem = [med(rows, "peak_rss_bytes") / 2**20 for rows in (iolib, torch)]
     first = [med(rows, "first_batch_s") for rows in (iolib, torch)]
-    return (
+    text = (
         f" Peak memory {mem[0]:,.0f} MiB for iolib against {mem[1]:,.0f} MiB for torch; "
-        f"first batch after {first[0]:.2f} s against {first[1]:.2f} s."
+        f"first batch after {first[0]:.2f} s against {first[1]:.2f} s"
     )
+    if all(r.get("tree_read_bytes", -1) >= 0 for r in iolib + torch):
+        read = [med(rows, "tree_read_bytes") / 1e6 for rows in (iolib, torch)]
+        text += f"; {read[0]:,.0f} MB read against {read[1]:,.0f} MB"
+    return text + "."
 
 
 def verdict(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
@@ -138,6 +142,12 @@ def verdict(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
             )
             if min(iu, tu) >= 0.95:
                 text += " (both keep up: the step, not the loader, sets the pace here)"
+            else:
+                text += (
+                    " (the loader, not the step, sets the pace here: a batch takes "
+                    f"{step / max(iu, 1e-9):.0f} ms with iolib against {step / max(tu, 1e-9):.0f} "
+                    "ms with torch)"
+                )
         else:
             text += "; with no training step (--step-ms 0) this is the loaders flat out"
         text += "." + _costs(by["iolib"], by["torch"])

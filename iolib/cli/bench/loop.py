@@ -62,7 +62,8 @@ class ResourceMonitor:
 
     peak_rss: the largest sum of RSS over the tree (an upper bound: forked workers share
     pages). cpu_percent: CPU seconds used by the tree per wall second x 100 (above 100
-    means more than one core).
+    means more than one core). read_bytes(): bytes the tree read through read calls
+    (/proc's rchar) since the start: one measure for both loaders, whatever their stats.
     """
 
     def __init__(self, period_s: float = 0.1) -> None:
@@ -71,6 +72,8 @@ class ResourceMonitor:
         self.peak_rss = 0
         self._cpu: dict[int, float] = {}
         self._cpu0 = 0.0
+        self._read: dict[int, int] = {}  # pid -> rchar; a worker's last value stays
+        self._read0 = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="bench-monitor")
 
@@ -82,12 +85,16 @@ class ResourceMonitor:
                     rss += p.memory_info().rss
                     t = p.cpu_times()
                     self._cpu[p.pid] = t.user + t.system
-            except psutil.Error:
+                    self._read[p.pid] = getattr(p.io_counters(), "read_chars", 0)
+            except (psutil.Error, AttributeError):  # no io_counters on some platforms
                 continue
         self.peak_rss = max(self.peak_rss, rss)
 
     def cpu_seconds(self) -> float:
         return sum(self._cpu.values()) - self._cpu0
+
+    def read_bytes(self) -> int:
+        return sum(self._read.values()) - self._read0
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -96,6 +103,7 @@ class ResourceMonitor:
     def __enter__(self) -> ResourceMonitor:
         self.sample()
         self._cpu0 = sum(self._cpu.values())
+        self._read0 = sum(self._read.values())
         self._t0 = time.perf_counter()
         self._thread.start()
         return self
@@ -132,6 +140,7 @@ class Measurement:
     interrupted: bool = False
     timed_out: bool = False  # no batch within max_seconds: the loader was left behind
     peak_rss_bytes: int = 0
+    read_bytes: int = -1
     cpu_percent: float = 0.0
     loader_stats: dict[str, Any] = field(default_factory=dict)
 
@@ -156,6 +165,7 @@ class Measurement:
             "p99_batch_ms": float(np.percentile(stalls, 99) * 1000) if n else float("nan"),
             "first_batch_s": self.first_batch_s,
             "peak_rss_bytes": int(self.peak_rss_bytes),
+            "tree_read_bytes": int(self.read_bytes),
             "memory_bytes": int(peak) if peak is not None else int(max(depth, 1) * mean_batch),
             "cpu_percent": self.cpu_percent,
             "batch_bytes": mean_batch,
@@ -205,6 +215,7 @@ def measure(
     if failed and not m.timed_out:
         raise failed[0]
     m.peak_rss_bytes = monitor.peak_rss
+    m.read_bytes = monitor.read_bytes()
     m.cpu_percent = 100.0 * monitor.cpu_seconds() / max(monitor.wall_s, 1e-9)
     return m
 

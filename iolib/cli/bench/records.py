@@ -55,6 +55,10 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     "p99_batch_ms": ("float64", "99th percentile wait in next() per batch, ms"),
     "first_batch_s": ("float64", "iterator creation to the first batch, s"),
     "peak_rss_bytes": ("int64", "peak RSS summed over the process and its workers"),
+    "tree_read_bytes": (
+        "int64",
+        "bytes the process and its workers read through read calls (/proc rchar; -1 unknown)",
+    ),
     "memory_bytes": (
         "int64",
         "peak bytes held in flight by the loader (torch: max(depth,1) x mean batch bytes)",

@@ -87,6 +87,13 @@ class BenchSpec:
     command: str = ""
     sweep_minutes: float | None = None  # time-bounded; the grid runs in a seeded random order
     torch_reads: str = "row-groups"  # a key of TORCH_READS; --data always reads row groups
+    # (profile, step_ms) pairs: a profile named here runs that step only (the demo: a
+    # step both loaders keep up with on local disk, a short one on the object store).
+    profile_steps: tuple[tuple[str, float], ...] = ()
+
+    def runs_step(self, profile: str, step_ms: float) -> bool:
+        steps = dict(self.profile_steps)
+        return profile not in steps or steps[profile] == step_ms
 
     def __post_init__(self) -> None:
         # The command line lands in observations, run.json and reports: never a credential
@@ -269,7 +276,8 @@ def run_bench(
             "command": spec.command, "schema_version": 1}  # fmt: skip
     configs = spec.configs()
     n_work = len(spec.workloads) if spec.data is None else 1
-    total = n_work * len(spec.profiles) * len(configs) * spec.repeats
+    pairs = sum(spec.runs_step(p, c.step_ms) for p in spec.profiles for c in configs)
+    total = n_work * pairs * spec.repeats
     bar = progress(total) if progress else None
     deadline = time.monotonic() + 60 * spec.sweep_minutes if spec.sweep_minutes else None
     with contextlib.ExitStack() as stack:
@@ -277,7 +285,10 @@ def run_bench(
         s3_options = stack.enter_context(_s3_if_needed(spec))
         try:
             preps = list(_prepared(spec, base, s3_options))
-            work = [(p, i, c) for p in preps for i, c in enumerate(configs)]
+            work = [
+                (p, i, c) for p in preps for i, c in enumerate(configs)
+                if spec.runs_step(p.storage.name, c.step_ms)
+            ]  # fmt: skip
             if spec.sweep_minutes is not None:  # interleave profiles and workloads
                 random.Random(spec.seed).shuffle(work)
             for prep, i, cfg in work:
