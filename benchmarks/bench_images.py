@@ -197,7 +197,7 @@ def iolib_loader_leg(urls: list[str], size: int, batch: int, workers: int, threa
         from iolib.sources import ParquetSource
     except ImportError as exc:
         return None, f"skipped: iolib.loader not importable ({exc})"
-    from iolib.images import ImagePipeline
+    from iolib.decode.images import ImagePipeline
 
     decode = ImagePipeline(size=size, device="cpu", threads=threads)
     source = ParquetSource(urls)
@@ -219,7 +219,7 @@ def iolib_decoder_leg(urls: list[str], size: int, batch: int, threads: int) -> C
     """ImagePipeline alone, fed from the Parquet bytes in one thread (no loader)."""
     import pyarrow.parquet as pq
 
-    from iolib.images import ImagePipeline
+    from iolib.decode.images import ImagePipeline
 
     table = pq.read_table(urls[0]) if len(urls) == 1 else _concat(urls)
     images = table.column("image").to_pylist()

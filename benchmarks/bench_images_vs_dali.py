@@ -144,7 +144,7 @@ def figures(n: int, start: float, first: float, end: float, c0: tuple, c1: tuple
 
 def iolib_leg(shards: Path, size: int, batch: int, workers: int, warmup: int) -> dict:
     import iolib
-    from iolib.images import ImagePipeline
+    from iolib.decode.images import ImagePipeline
     from iolib.loader import DataLoader
     from iolib.sources import ParquetSource
 

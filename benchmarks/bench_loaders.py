@@ -39,8 +39,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 import iolib
+from iolib.decode.images import ImagePipeline
 from iolib.decode.resize import resize_window
-from iolib.images import ImagePipeline
 from iolib.sources import ParquetSource
 
 HERE = Path(__file__).parent

@@ -15,7 +15,7 @@ instead); the peers' by their own writers at their recommended shard size (64 MB
   (llm-foundry's concat_tokens layout); litdata: `optimize()` token chunks read with
   `TokensLoader(block_size=seq_len)`.
 - images: JPEGs decoded, random-resized-cropped to 224x224, flipped, normalized.
-  iolib: ParquetSource + `iolib.images.ImagePipeline` (DALI on the CPU where installed);
+  iolib: ParquetSource + `iolib.decode.images.ImagePipeline` (DALI on the CPU where installed);
   peers: PIL decode + crop in their dataset transform (benchmarks/peers/systems.py).
 
 Each (system, workload) runs shuffled with --workers workers in a fresh process with an

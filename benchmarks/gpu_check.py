@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_images import PillowFolder, make_images  # noqa: E402
-from iolib.images import ImagePipeline  # noqa: E402
+from iolib.decode.images import ImagePipeline  # noqa: E402
 
 
 def feeder(pipe: ImagePipeline, blobs: list[bytes], batch: int, depth: int = 3) -> Iterator:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from iolib import DataLoader
-from iolib.resources import parse_bytes
+from iolib.base.resources import parse_bytes
 from iolib.sources import ParquetSource
 from iolib.storage import RetryPolicy, wrap_url
 

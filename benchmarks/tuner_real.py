@@ -82,7 +82,7 @@ def _tuners(max_workers: int) -> dict[str, dict[str, Any]]:
 
 
 def _cases(tmp: Path) -> dict[str, dict[str, Any]]:
-    from iolib.images import ImagePipeline
+    from iolib.decode.images import ImagePipeline
 
     tokens, images = make_tokens(tmp), make_images(tmp)
     return {

@@ -29,7 +29,7 @@ API: list[tuple[str, list[str]]] = [
         "iolib.sources",
         ["ParquetSource", "ImageFolderSource", "TorchDatasetSource", "as_source", "Source"],
     ),
-    ("iolib.images", ["ImagePipeline"]),
+    ("iolib.decode.images", ["ImagePipeline"]),
     ("iolib.text", ["PackedTokens", "TokenBudgetBatches", "cu_seqlens"]),
     ("iolib.collate", ["ListFormat"]),
     ("iolib.storage", ["RetryPolicy"]),

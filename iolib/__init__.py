@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
 
         return DataLoader
     if name == "sample_rng":
-        from iolib.rng import sample_rng
+        from iolib.plan.rng import sample_rng
 
         return sample_rng
     if name == "sources":

@@ -20,7 +20,7 @@ import numpy as np
 from iolib.collate import batch_nbytes, collate_rows, collate_table, table_rows
 from iolib.decode.protocol import Decoder
 from iolib.errors import DataError, OnError, WorkerError, blamed_samples, tag_sample
-from iolib.rng import sample_rng
+from iolib.plan.rng import sample_rng
 from iolib.sources.base import Source
 from iolib.storage import helper_cpu_s, take_counters
 

@@ -73,7 +73,7 @@ def _snippet(r: dict[str, Any], target: float) -> str:
         inner = "".join(f"    {k}={v},\n" for k, v in values.items())
         return f"loader = DataLoader(\n    dataset,\n{inner})"
 
-    head = "from iolib.images import ImagePipeline\n\n" if "decode" in args else ""
+    head = "from iolib.decode.images import ImagePipeline\n\n" if "decode" in args else ""
     return head + call(fixed) + "\n# or let the loader keep adjusting on its own:\n" + call(auto)
 
 

@@ -118,7 +118,7 @@ class Episode:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Candidates:
     """The last plan's candidates and what was predicted of them, for reports: the
     prior's point, a model's change and its standard deviation (0 without one), the
     final point and lower bound after measurements, and memory."""
@@ -229,7 +229,7 @@ class QueueingTuner:
         self._contention: dict[tuple[int, int], float] = {}
         self._since_plan = 0
         self._calibration = Calibration()
-        self._last: Plan | None = None
+        self._last: Candidates | None = None
         self._unreachable_ms: float | None = None  # what an unreachable plan expected here
         # How far a prediction may be off in utilization: the prior's measured error.
         self._prior_spread = float(getattr(model, "utilization_error", constants.prior_spread))
@@ -541,7 +541,7 @@ class QueueingTuner:
             cpu_count=state.cpu_count,
             allowed=allowed,
         )
-        self._last = Plan(grid, prior, shift, sd, point, lower, memory, est)
+        self._last = Candidates(grid, prior, shift, sd, point, lower, memory, est)
         choice = self._with_model_part(choice, grid.index((choice.workers, choice.depth)))
         new = (choice.workers, choice.depth)
         i_here = grid.index(config)

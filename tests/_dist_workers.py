@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from iolib import DataLoader
-from iolib.distributed import pipeline_rank
 from iolib.errors import StateError
+from iolib.loader.distributed import pipeline_rank
 from iolib.sources import ParquetSource
 
 BATCH, SEED = 4, 7

@@ -8,7 +8,7 @@ import pytest
 
 from iolib import DataLoader
 from iolib.errors import ConfigError
-from iolib.permute import feistel, round_keys
+from iolib.plan.permute import feistel, round_keys
 from iolib.sources import ParquetSource
 from iolib.text import PackedTokens, TokenBudgetBatches
 from tests.token_data import doc_lengths, write_documents

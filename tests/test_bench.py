@@ -142,7 +142,7 @@ def test_ctrl_c_keeps_what_was_measured():
 
 
 def test_ctrl_c_in_cli_writes_observations(tmp_path, capsys, monkeypatch):
-    import iolib.cli.bench.runner as runner
+    import iolib.cli.bench.harness as runner
 
     real = runner.run_one
     calls = []
@@ -263,8 +263,8 @@ def test_both_loaders_read_the_same_samples_in_order(tmp_path):
     """The row-group baseline and iolib hand over the same images and labels (no shuffle)."""
     import torch
 
+    from iolib.cli.bench.harness import BenchSpec, Config, make_loader
     from iolib.cli.bench.profiles import prepare_storage
-    from iolib.cli.bench.runner import BenchSpec, Config, make_loader
     from iolib.cli.bench.workloads import make_images
 
     wl = make_images(str(tmp_path / "d"), 48, size=16, rows_per_group=16, seed=2)

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from iolib import DataLoader
-from iolib.resources import thread_budget
+from iolib.base.resources import thread_budget
 from iolib.sources import ParquetSource
 from iolib.storage.throttle import ThrottledFileSystem
 from iolib.text import PackedTokens

@@ -1,14 +1,14 @@
 """The loader-state validator: each key that must match is checked and named, the
 cursor's bounds hold at both ends, and a state from another iolib says its version
-differs. Each case fails if its check is dropped from iolib/checkpoint.py."""
+differs. Each case fails if its check is dropped from iolib/loader/checkpoint.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from iolib import DataLoader
-from iolib.checkpoint import STATE_VERSION
 from iolib.errors import StateError
+from iolib.loader.checkpoint import STATE_VERSION
 
 N = 45
 
@@ -60,7 +60,7 @@ def test_each_key_that_must_match_is_refused_by_name(key) -> None:
 
 
 def test_every_key_that_must_match_has_a_case() -> None:
-    from iolib.checkpoint import _MUST_MATCH
+    from iolib.loader.checkpoint import _MUST_MATCH
 
     assert set(_MUST_MATCH) == set(OTHER_VALUES)
 

@@ -77,7 +77,7 @@ def test_sorted_labels_told_by_statistics_without_converts_metadata(tmp_path: Pa
     pq.write_table(pa.table({"label": labels}), tmp_path / "sorted.parquet", row_group_size=40)
     mixed = np.random.default_rng(0).permutation(labels)
     pq.write_table(pa.table({"label": mixed}), tmp_path / "mixed.parquet", row_group_size=40)
-    from iolib.layout import sorted_labels
+    from iolib.sources.layout import sorted_labels
 
     assert "statistics" in sorted_labels(ParquetSource(str(tmp_path / "sorted.parquet")).files)
     assert sorted_labels(ParquetSource(str(tmp_path / "mixed.parquet")).files) is None

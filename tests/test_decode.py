@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from iolib.decode import geometry as geo
+from iolib.decode.images import ImagePipeline
 from iolib.errors import ConfigError, DataError
-from iolib.images import ImagePipeline
 from tests.image_samples import bad_blob, encode, make_batch, make_image
 
 dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")
@@ -83,7 +83,7 @@ def test_center_crop_matches_resize_then_crop():
 
 
 def test_crops_draw_window_then_flip_from_sample_rng():
-    from iolib.rng import sample_rng
+    from iolib.plan.rng import sample_rng
 
     pipe = _pil()
     windows, flips = pipe.draw_crops([(128, 96)] * 3, np.array([5, 6, 7]), seed=3, epoch=1)
@@ -317,7 +317,7 @@ def test_augmentation_depends_on_seed_and_epoch_only(blobs):
 
 
 def test_fallback_to_pillow_when_dali_disabled(blobs, monkeypatch, caplog):
-    import iolib.images as images
+    import iolib.decode.images as images
 
     monkeypatch.setenv("IOLIB_DISABLE_DALI", "1")
     monkeypatch.setattr(images, "_notice_logged", False)

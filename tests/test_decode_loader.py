@@ -15,7 +15,7 @@ loader_mod = pytest.importorskip("iolib.loader", reason="iolib.loader not presen
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from iolib.images import ImagePipeline  # noqa: E402
+from iolib.decode.images import ImagePipeline  # noqa: E402
 from iolib.sources import ParquetSource  # noqa: E402
 from tests.image_samples import bad_blob, encode, make_image  # noqa: E402
 
@@ -92,13 +92,13 @@ def test_epochs_draw_new_crops(shard):
 
 def test_exit_after_an_epoch_with_persistent_dali_workers_is_clean(shard):
     """DALI's exit hook asserts that no pipeline is alive; persistent workers reading the
-    next epoch ahead held one. iolib's hook (iolib.shutdown) stops them first."""
+    next epoch ahead held one. iolib's hook (iolib.base.shutdown) stops them first."""
     import subprocess
     import sys
 
     script = f"""
 from iolib import DataLoader
-from iolib.images import ImagePipeline
+from iolib.decode.images import ImagePipeline
 from iolib.sources import ParquetSource
 decode = ImagePipeline(size=32, device="cpu", threads=1, on_error="skip", backend="dali")
 loader = DataLoader(ParquetSource({shard!r}), batch_size=8, shuffle=True, seed=3,

@@ -15,8 +15,8 @@ import torch
 import iolib.decode.protocol
 from iolib import DataLoader
 from iolib.decode import Decoder, FunctionDecoder
+from iolib.decode.images import ImagePipeline
 from iolib.errors import ConfigError, DataError, OnError
-from iolib.images import ImagePipeline
 from iolib.sources import ParquetSource
 from tests.conftest import jpeg_bytes
 

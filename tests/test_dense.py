@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from iolib import DataLoader
+from iolib.loader.testing import assert_batches_equal, epoch_batches
 from iolib.sources import ParquetSource
-from iolib.testing import assert_batches_equal, epoch_batches
 
 
 def write_mixed(directory: Path, rows: int = 90, nulls: bool = False) -> str:

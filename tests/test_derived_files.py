@@ -23,8 +23,8 @@ from click.testing import CliRunner
 
 from iolib import DataLoader
 from iolib.cli import cli
+from iolib.loader.testing import epoch_batches
 from iolib.sources import ParquetSource
-from iolib.testing import epoch_batches
 from iolib.text import PackedTokens
 from iolib.text.tokenindex import TokenIndex
 from tests.token_data import doc_lengths, write_documents

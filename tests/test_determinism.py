@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
 from iolib import DataLoader
-from iolib.sources import ImageFolderSource, ParquetSource
-from iolib.testing import (
+from iolib.loader.testing import (
     assert_batches_equal,
     assert_checkpoint_roundtrip,
     assert_same_batches_across_workers,
     epoch_batches,
 )
+from iolib.sources import ImageFolderSource, ParquetSource
 
 
 class NoisyDataset(Dataset):

@@ -17,8 +17,8 @@ import pytest
 import torch.multiprocessing as mp
 
 from iolib import DataLoader
-from iolib.distributed import resolve_rank
 from iolib.errors import ConfigError
+from iolib.loader.distributed import resolve_rank
 from iolib.plan import RankSchedule
 from tests import _dist_workers as workers
 
@@ -113,7 +113,7 @@ def test_tail_padding_is_accounted_when_fewer_samples_than_ranks() -> None:
     assert rest[0] == [order[24]] and [r[0] for r in rest[1:]] == order[:4]
 
 
-# -- torchrun: ranks from the env and the group; disjoint, complete; stage feeds ---------
+# -- torchrun: ranks from the env and the group; disjoint, complete; stage loaders ---------
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("dist")

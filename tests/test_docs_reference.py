@@ -42,7 +42,7 @@ def test_reference_page_is_what_the_code_renders() -> None:
 
 def test_reference_covers_every_public_name() -> None:
     listed = {module: set(names) for module, names in _generator().API}
-    for module in ("iolib", "iolib.sources", "iolib.images", "iolib.text"):
+    for module in ("iolib", "iolib.sources", "iolib.decode.images", "iolib.text"):
         public = set(importlib.import_module(module).__all__) - {"sources"}
         assert public <= listed[module], f"{module}: {public - listed[module]} not in the page"
 
@@ -64,7 +64,7 @@ def _drained(loader: DataLoader) -> dict:
 
 @pytest.fixture(scope="module")
 def every_kind_of_stats(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    from iolib.images import ImagePipeline
+    from iolib.decode.images import ImagePipeline
     from iolib.sources import ParquetSource
     from iolib.text import PackedTokens
 

@@ -1,4 +1,4 @@
-"""A forked worker inherits no read in flight and no held lock (iolib.forks)."""
+"""A forked worker inherits no read in flight and no held lock (iolib.base.forks)."""
 
 from __future__ import annotations
 

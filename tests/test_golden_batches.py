@@ -25,9 +25,9 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from iolib import DataLoader
-from iolib.images import ImagePipeline
+from iolib.decode.images import ImagePipeline
+from iolib.loader.testing import to_numpy_tree
 from iolib.sources import ImageFolderSource, ParquetSource
-from iolib.testing import to_numpy_tree
 from iolib.text import PackedTokens, TokenBudgetBatches
 from tests.conftest import write_image_folder, write_parquet_shards
 from tests.image_samples import bad_blob, encode, make_image

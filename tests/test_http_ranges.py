@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from iolib import DataLoader
+from iolib.loader.testing import assert_batches_equal
 from iolib.sources import ParquetSource
-from iolib.testing import assert_batches_equal
 
 pytest.importorskip("aiohttp")
 

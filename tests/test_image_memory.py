@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from iolib import DataLoader
 from iolib.decode.heap import trim_heap
-from iolib.images import ImagePipeline
+from iolib.decode.images import ImagePipeline
 from iolib.sources import ParquetSource
 from tests.conftest import jpeg_bytes
 
@@ -171,13 +171,13 @@ def test_an_image_pipeline_caps_the_malloc_arenas_unless_the_user_chose() -> Non
 
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return
-    from iolib.resources import cpu_count
+    from iolib.base.resources import cpu_count
 
     cap = max(2, cpu_count())
     threads = cap + 6  # more than the cap, each alive at once with an arena of its own
     code = textwrap.dedent(f"""
         import ctypes, os, tempfile, threading
-        from iolib.images import ImagePipeline
+        from iolib.decode.images import ImagePipeline
         ImagePipeline(size=32, device="cpu", backend="pil")
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc.restype = ctypes.c_void_p

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from iolib import DataLoader
 from iolib.collate import ListFormat, collate_table
 from iolib.errors import ConfigError, DataError
+from iolib.loader.testing import assert_checkpoint_roundtrip, assert_same_batches_across_workers
 from iolib.sources import ParquetSource
-from iolib.testing import assert_checkpoint_roundtrip, assert_same_batches_across_workers
 from tests.token_data import doc_lengths, document, write_documents
 
 LENGTHS = doc_lengths(60)

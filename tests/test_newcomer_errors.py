@@ -15,8 +15,8 @@ import torch
 from PIL import Image
 
 from iolib import DataLoader
+from iolib.decode.images import ImagePipeline
 from iolib.errors import ConfigError, DataError, failure_text
-from iolib.images import ImagePipeline
 from iolib.sources import ImageFolderSource, ParquetSource
 from iolib.text import PackedTokens
 from tests.conftest import run_cli as run

@@ -13,7 +13,7 @@ import torch
 
 from iolib import DataLoader
 from iolib.errors import ConfigError, DataError
-from iolib.testing import (
+from iolib.loader.testing import (
     assert_checkpoint_roundtrip,
     assert_same_batches_across_workers,
     epoch_batches,

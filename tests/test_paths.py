@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from iolib import DataLoader
 from iolib.cli import cli
 from iolib.errors import DataError
+from iolib.loader.testing import epoch_batches
 from iolib.sources import ParquetSource
-from iolib.testing import epoch_batches
 from iolib.text import PackedTokens
 from tests.token_data import doc_lengths, write_documents
 

@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolib.permute import feistel, round_keys
 from iolib.plan import EpochOrder, RankSchedule
+from iolib.plan.permute import feistel, round_keys
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from iolib.errors import ConfigError
 from iolib.plan import EpochOrder, RankSchedule, batches_per_epoch, epoch_order
-from iolib.rng import sample_rng, sample_seed
+from iolib.plan.rng import sample_rng, sample_seed
 
 
 def rank_positions(total: int, start: int, batch: int, world: int, drop_last: bool):
@@ -122,7 +122,7 @@ def test_golden_orders() -> None:
     assert sample_seed(1, 2, 3) == GOLDEN_SEED
 
 
-# Since 0.2 the shuffles are keyed bijections (iolib.permute), not stored permutations:
+# Since 0.2 the shuffles are keyed bijections (iolib.plan.permute), not stored permutations:
 # these values changed once, on purpose, with that release.
 GOLDEN_GLOBAL = [2, 6, 10, 5, 7, 3, 8, 11, 4, 1, 9, 0]
 GOLDEN_BLOCK = [6, 10, 11, 9, 8, 7, 4, 5, 3, 2, 0, 1]

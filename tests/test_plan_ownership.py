@@ -14,9 +14,9 @@ import pytest
 import iolib.sources
 import iolib.text
 from iolib import DataLoader
+from iolib.loader.testing import to_numpy_tree
 from iolib.plan import Layout
 from iolib.sources.base import Source
-from iolib.testing import to_numpy_tree
 from iolib.text import PackedTokens, TokenBudgetBatches
 from tests.token_data import doc_lengths, write_documents
 

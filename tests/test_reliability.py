@@ -29,12 +29,12 @@ import torch
 from torch.utils.data import Dataset
 
 from iolib import DataLoader
+from iolib.base.redact import Redactor, redact_options, redact_text
+from iolib.decode.images import ImagePipeline
 from iolib.errors import DataError, WorkerDied, failure_text
-from iolib.images import ImagePipeline
-from iolib.redact import Redactor, redact_options, redact_text
+from iolib.loader.testing import assert_batches_equal
 from iolib.sources import ParquetSource
 from iolib.storage import RetryPolicy, call_with_retries, wrap_url
-from iolib.testing import assert_batches_equal
 from tests.conftest import jpeg_bytes, write_parquet_shards
 from tests.failures import raises_failure
 from tests.fixtures_s3 import s3_options  # noqa: F401
@@ -650,7 +650,7 @@ def test_credentials_in_storage_options_never_reach_errors() -> None:
 
 def test_bench_command_and_observations_are_redacted(tmp_path: Path) -> None:
     from iolib.cli.bench import records
-    from iolib.cli.bench.runner import BenchSpec
+    from iolib.cli.bench.harness import BenchSpec
 
     options = {"key": "AKIAFAKEKEY", "secret": "SECRETVALUE9"}
     command = (

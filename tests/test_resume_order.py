@@ -10,7 +10,7 @@ import pytest
 
 from iolib import DataLoader
 from iolib.errors import StateError
-from iolib.testing import assert_batches_equal, epoch_batches, to_numpy_tree
+from iolib.loader.testing import assert_batches_equal, epoch_batches, to_numpy_tree
 from iolib.text import PackedTokens, TokenBudgetBatches
 from tests.token_data import doc_lengths, write_documents
 

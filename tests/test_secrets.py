@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from iolib import DataLoader
+from iolib.base.redact import Redactor, redact_text, userinfo
 from iolib.errors import ConfigError, failure_text
-from iolib.redact import Redactor, redact_text, userinfo
 from iolib.sources import ParquetSource
 from tests.conftest import jpeg_bytes, run_cli
 from tests.fixtures_s3 import s3_options  # noqa: F401
@@ -284,7 +284,7 @@ def test_the_range_warning_names_no_password_with_a_quote(caplog) -> None:
 def test_each_sensitive_option_name_is_masked_wherever_its_value_appears(name) -> None:
     """The value under a sensitive name is a known secret: masked in free text too, where
     no `name=value` pattern can find it."""
-    from iolib.redact import is_sensitive, redact_options, secrets_in
+    from iolib.base.redact import is_sensitive, redact_options, secrets_in
 
     assert is_sensitive(name)
     assert secrets_in(options={name: "Vq3zLm9w"}) == {"Vq3zLm9w"}

@@ -16,8 +16,8 @@ import pytest
 
 from iolib import DataLoader
 from iolib.errors import ConfigError, StateError
+from iolib.loader.testing import assert_batches_equal, epoch_batches, to_numpy_tree
 from iolib.sources import ParquetSource
-from iolib.testing import assert_batches_equal, epoch_batches, to_numpy_tree
 from iolib.text import PackedTokens, TokenBudgetBatches
 from tests.token_data import doc_lengths, write_documents
 

@@ -15,10 +15,10 @@ import torch
 from torch.utils.data import Dataset
 
 from iolib import DataLoader
+from iolib.decode.images import ImagePipeline
 from iolib.errors import DataError
-from iolib.images import ImagePipeline
+from iolib.loader.testing import assert_batches_equal
 from iolib.sources import ParquetSource
-from iolib.testing import assert_batches_equal
 from tests.conftest import jpeg_bytes
 from tests.failures import raises_failure
 

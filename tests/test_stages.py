@@ -1,4 +1,4 @@
-"""Pipeline-parallel stage feeds: roles, microbatches, what each stage reads and decodes."""
+"""Pipeline-parallel stage loaders: roles, microbatches, what each stage reads and decodes."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from iolib import DataLoader
-from iolib.distributed import PipelineRank, pipeline_rank
 from iolib.errors import ConfigError
+from iolib.loader.distributed import PipelineRank, pipeline_rank
+from iolib.loader.stages import microbatch_sizes, split_batch
+from iolib.loader.testing import epoch_batches
 from iolib.sources import ImageFolderSource, ParquetSource
-from iolib.stages import microbatch_sizes, split_batch
-from iolib.testing import epoch_batches
 
 
 def tokens_loader(token_dir: Path, **kwargs) -> DataLoader:

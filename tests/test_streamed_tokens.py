@@ -16,12 +16,12 @@ import pytest
 
 from iolib import DataLoader
 from iolib.errors import ConfigError
-from iolib.sources.parquet_fetch import decode_slots
-from iolib.testing import (
+from iolib.loader.testing import (
     assert_checkpoint_roundtrip,
     assert_same_batches_across_workers,
     epoch_batches,
 )
+from iolib.sources.parquet_fetch import decode_slots
 from iolib.text import PackedTokens
 from iolib.text.packed import FETCH_THREADS
 from iolib.text.tokenindex import beside_url, cache_dir

@@ -1,9 +1,9 @@
-"""One per-process thread budget (iolib/resources.py): the readers take their thread
+"""One per-process thread budget (iolib/base/resources.py): the readers take their thread
 counts from it, none keeps a constant of its own."""
 
 from __future__ import annotations
 
-from iolib.resources import ThreadBudget, cpu_count, thread_budget
+from iolib.base.resources import ThreadBudget, cpu_count, thread_budget
 from iolib.sources import parquet_reader
 from iolib.sources.parquet_fetch import decode_slots
 from iolib.text import packed_reader

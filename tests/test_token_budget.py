@@ -11,7 +11,7 @@ from torch.utils.data import BatchSampler, SequentialSampler
 
 from iolib import DataLoader
 from iolib.errors import ConfigError, DataError
-from iolib.testing import (
+from iolib.loader.testing import (
     assert_checkpoint_roundtrip,
     assert_same_batches_across_workers,
     epoch_batches,

@@ -233,7 +233,7 @@ def test_prediction_against_measurement_and_the_step_are_explained(tmp_path) -> 
         "persistent_workers=True,",
         "num_workers=2,",
         "prefetch=4,",
-        "from iolib.images import ImagePipeline",
+        "from iolib.decode.images import ImagePipeline",
     ):
         assert setting in snippet, (setting, snippet)
 

@@ -11,10 +11,10 @@ import torch
 from torch.utils.data import Dataset
 
 from iolib import DataLoader
+from iolib.base.resources import parse_bytes
 from iolib.errors import ConfigError
-from iolib.resources import parse_bytes
+from iolib.loader.testing import assert_batches_equal, epoch_batches
 from iolib.sources import ParquetSource
-from iolib.testing import assert_batches_equal, epoch_batches
 
 
 class SlowReads(Dataset):

@@ -523,7 +523,7 @@ import io, sys
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
 from PIL import Image
 from iolib import DataLoader
-from iolib.images import ImagePipeline
+from iolib.decode.images import ImagePipeline
 from iolib.sources import ParquetSource
 
 def jpeg(i):

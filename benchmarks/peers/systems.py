@@ -114,7 +114,7 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
         windows = PackedTokens(url, storage_options=options, **kwargs)
         loader = iolib.DataLoader(windows, batch_size=spec["batch"], **common)
         return loader, lambda b: int(b["input_ids"].numel()), notes
-    from iolib.images import ImagePipeline
+    from iolib.decode.images import ImagePipeline
 
     backend = spec.get("image_backend") or "auto"
     threads = {"threads": spec["decode_threads"]} if spec.get("decode_threads") else {}
@@ -252,7 +252,7 @@ LOADERS = {
 
 def _import_iolib() -> None:
     import iolib
-    import iolib.images
+    import iolib.decode.images
     import iolib.sources
     import iolib.text  # noqa: F401
 

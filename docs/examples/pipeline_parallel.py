@@ -10,7 +10,7 @@ information: each builds the same loader (same seed, same data-parallel rank) an
 ``loader.for_stage`` gives it its columns, split into the same microbatches. Stage 1
 neither reads the image column from storage nor decodes it: the script prints the
 bytes each stage read. With more processes (a multiple of 2), consecutive pairs form
-data-parallel replicas (``iolib.distributed.pipeline_rank``); gradients would then
+data-parallel replicas (``iolib.loader.distributed.pipeline_rank``); gradients would then
 also be averaged across replicas (left out here).
 """
 
@@ -29,8 +29,8 @@ import torch.distributed as dist
 from PIL import Image
 
 from iolib import DataLoader
-from iolib.distributed import pipeline_rank
-from iolib.images import ImagePipeline
+from iolib.decode.images import ImagePipeline
+from iolib.loader.distributed import pipeline_rank
 from iolib.sources import ParquetSource
 
 SIZE, HIDDEN, CLASSES = 32, 32, 4

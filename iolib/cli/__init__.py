@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
+from iolib.base.redact import Redactor, is_sensitive
 from iolib.cli.common import credentials_fix
 from iolib.errors import IolibError
-from iolib.redact import Redactor, is_sensitive
 
 # name -> "module:attribute" of a click.Command; loaded on first use.
 _COMMANDS = {

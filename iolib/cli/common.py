@@ -234,7 +234,7 @@ class ByteSize(click.ParamType):
     name = "size"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from iolib.resources import parse_bytes
+        from iolib.base.resources import parse_bytes
 
         text = str(value).strip()
         try:
@@ -271,7 +271,7 @@ def decoder_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def image_pipeline(size: int, decoder: str) -> Any:
     """The image decode both commands measure."""
-    from iolib.images import ImagePipeline
+    from iolib.decode.images import ImagePipeline
 
     return ImagePipeline(size=size, train=True, backend=decoder)
 

@@ -28,9 +28,9 @@ from PIL import Image
 from iolib.cli.common import Number, storage_options_option
 from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS, BadImage, probe
 from iolib.errors import DataError
-from iolib.layout import ORDER_KEY  # the order written, in the shards' metadata
-from iolib.rng import order_rng
+from iolib.plan.rng import order_rng
 from iolib.sources.files import SCHEMA, ImageFolderSource
+from iolib.sources.layout import ORDER_KEY  # the order written, in the shards' metadata
 from iolib.storage import open_filesystem
 
 SHARD_NAME = "part-{:05d}.parquet"

@@ -27,7 +27,7 @@ def _open(ctx: click.Context) -> Any:
 
 
 def _shown(at: str | None) -> str:
-    from iolib.run_history import where
+    from iolib.tuning.run_history import where
     from predictors.history import default_location
 
     return where(at or default_location())

@@ -68,7 +68,7 @@ def _recommend(request: TuneRequest) -> dict[str, Path]:
 
     from iolib.cli import tune_probe
     from iolib.loader import DataLoader
-    from iolib.run_history import HistoryAs, next_run_of, record_measured
+    from iolib.tuning.run_history import HistoryAs, next_run_of, record_measured
     from predictors.report import write_report
 
     source = _source(request.data, request.storage_options, request.column)

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from iolib.base.resources import cpu_count
 from iolib.errors import ConfigError
-from iolib.resources import cpu_count
 
 __all__ = [
     "TuneRequest",

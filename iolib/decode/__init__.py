@@ -2,16 +2,16 @@
 
 ``Decoder`` (protocol.py) is what ``DataLoader(decode=...)`` takes: ``ImagePipeline``,
 or any function ``decode(batch, indices, *, seed, epoch)``. The rest of this package is
-the image decoding behind ``iolib.images.ImagePipeline``: DALI (default), Pillow, nvJPEG.
+the image decoding behind ``iolib.decode.images.ImagePipeline``: DALI (default), Pillow, nvJPEG.
 
 Why several: DALI decodes on the GPU (``device="mixed"``) or on the CPU and is the
 default wherever it is installed; Pillow is the fallback where DALI cannot be
 installed (macOS, a user without the extra); torchvision's nvJPEG serves users with
 torchvision+CUDA but no DALI. All of them execute crop windows and flips drawn by
-``iolib.decode.geometry`` from ``iolib.rng.sample_rng``, so they crop the same pixels.
+``iolib.decode.geometry`` from ``iolib.sample_rng``, so they crop the same pixels.
 
 Module map:
-  protocol.py  Decoder: what the fetcher, the stage feeds and the loader may ask of a decoder
+  protocol.py  Decoder: what the fetcher, the stage loaders and the loader may ask of a decoder
   spec.py      OutputSpec and Backend: what a backend is asked for and must do
   batch.py     one batch through a backend: header checks, crops, bad-sample handling
   geometry.py  crop windows (RandomResizedCrop, eval center crop) and flips: pure numpy
@@ -20,7 +20,7 @@ Module map:
   pil.py       Pillow + numpy
   nvjpeg.py    ``torchvision.io.decode_jpeg(device="cuda")``
 
-The public entry point is ``iolib.images.ImagePipeline``; nothing here is imported
+The public entry point is ``iolib.decode.images.ImagePipeline``; nothing here is imported
 eagerly (DALI, torchvision and torch load on first use).
 """
 

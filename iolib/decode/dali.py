@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from iolib.base.shutdown import stop_all
 from iolib.decode.native_threads import cpu_seconds, started_threads
 from iolib.decode.probe import as_buffer
 from iolib.decode.spec import OutputSpec
-from iolib.shutdown import stop_all
 from iolib.storage.counters import count_helper_cpu
 
 # One iteration at a time (prefetch_queue_depth=1): run() returns when the batch is

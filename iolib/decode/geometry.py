@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from iolib.rng import sample_rng
+from iolib.plan.rng import sample_rng
 
 # torchvision's RandomResizedCrop defaults, and the classic ImageNet eval crop
 # (resize the shorter side to 256, center crop 224: 224 / 256 = 0.875).

@@ -85,7 +85,7 @@ def limit_arenas(arenas: int | None = None) -> bool:
     if _arenas_limited or libc is None or os.environ.get(ARENA_ENV):
         return False
     if arenas is None:
-        from iolib.resources import cpu_count
+        from iolib.base.resources import cpu_count
 
         arenas = max(2, cpu_count())
     _arenas_limited = bool(libc.mallopt(_M_ARENA_MAX, arenas))

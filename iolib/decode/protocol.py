@@ -1,6 +1,6 @@
 """The Decoder protocol: what the loader may ask of ``DataLoader(decode=...)``.
 
-Why a protocol: the fetcher, the stage feeds and the loader each need something of a
+Why a protocol: the fetcher, the stage loaders and the loader each need something of a
 decoder (to call it, to know whether it drops samples, to know what it reads), and a
 decoder can be iolib's ``ImagePipeline``, a user's class or a plain function. Naming
 those needs once here lets each of them ask by attribute, with types, and lets a
@@ -34,10 +34,10 @@ class Decoder(Protocol):
     - the fetcher (one batch in a worker) calls it on each collated batch, after
       transform and collate: ``decoder(batch, indices, seed=, epoch=)`` returns the
       new batch and the global indices of the samples it left out (``[]`` if none).
-      Any randomness comes from ``iolib.rng.sample_rng(seed, epoch, index)``.
+      Any randomness comes from ``iolib.sample_rng(seed, epoch, index)``.
     - the loader and the fetcher read `on_error`: under ``OnError.SKIP`` a batch can
       lose samples, so each batch carries reserve samples to refill an emptied one.
-    - the stage feeds (``loader.for_stage``) read `columns`: a stage that returns none
+    - the stage loaders (``loader.for_stage``) read `columns`: a stage that returns none
       of them runs without the decoder (``()``: unknown, every stage keeps it).
     - the fetcher calls ``prepare()`` before reading each batch where the decoder has
       one (optional): a hint that returns at once, to build what decoding needs (DALI)
@@ -86,7 +86,7 @@ def as_decoder(decode: Any) -> Decoder | None:
         return decode
     if not callable(decode):
         raise ConfigError(
-            "`decode` must be a Decoder (e.g. iolib.images.ImagePipeline) or a function "
+            "`decode` must be a Decoder (e.g. iolib.decode.images.ImagePipeline) or a function "
             f"decode(batch, indices, *, seed, epoch). Found: {decode!r}."
         )
     # Half a Decoder would lose the half it declares (a skip policy, its columns).

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from iolib.base.redact import Redactor
 from iolib.errors import refuse_loader_arguments
 from iolib.plan import Layout
-from iolib.redact import Redactor
 
 
 class Source(ABC):

@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from iolib.forks import reset_after_fork
+from iolib.base.forks import reset_after_fork
 from iolib.storage import take_counters
 
 IDLE_S = 1.0  # a thread with nothing to start waits this long, then exits

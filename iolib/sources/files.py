@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from iolib.base.redact import Redactor
 from iolib.errors import DataError
-from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.storage import (
     PERMANENT_ERRORS,

@@ -17,10 +17,10 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
+from iolib.base.redact import Redactor
 from iolib.collate import ListFormat
 from iolib.errors import DataError
 from iolib.plan import Layout
-from iolib.redact import Redactor
 from iolib.sources.base import Source
 from iolib.sources.dense import DenseColumns
 from iolib.sources.parquet_description import MIN_CACHE_BYTES, ParquetDescription

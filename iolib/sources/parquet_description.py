@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from iolib.base.redact import Redactor
+from iolib.base.resources import parse_bytes
 from iolib.collate import ListFormat
 from iolib.errors import ConfigError, DataError
 from iolib.plan import window_groups
-from iolib.redact import Redactor
-from iolib.resources import parse_bytes
 from iolib.sources.footer import arrow_bytes, exact_size, leaf_values
 from iolib.sources.parquet_files import FileMeta, list_files, pack_files, unpack_files
 from iolib.sources.ranges import Span

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iolib.base.forks import reset_after_fork
+from iolib.base.resources import thread_budget
 from iolib.collate import is_numeric_list
 from iolib.errors import DataError
-from iolib.forks import reset_after_fork
-from iolib.resources import thread_budget
 from iolib.sources.arrow_pool import prefer_releasing_pool
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_files import FileMeta, is_corrupt

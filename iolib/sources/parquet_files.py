@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iolib.base.redact import Redactor
 from iolib.errors import DataError
-from iolib.redact import Redactor
 from iolib.sources.footer import column_sizes
 from iolib.sources.ranges import Span, column_spans
 from iolib.sources.summary import (

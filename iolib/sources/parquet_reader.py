@@ -22,8 +22,8 @@ from functools import partial
 import numpy as np
 import pyarrow as pa
 
-from iolib.forks import reset_after_fork
-from iolib.resources import thread_budget
+from iolib.base.forks import reset_after_fork
+from iolib.base.resources import thread_budget
 from iolib.sources.dense import DenseColumns
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_fetch import RowGroupFetcher

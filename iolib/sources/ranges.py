@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from fsspec.utils import merge_offset_ranges
 
-from iolib.redact import redact_url
+from iolib.base.redact import redact_url
 from iolib.storage import ShortReadError
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from iolib.forks import reset_after_fork
+from iolib.base.forks import reset_after_fork
 from iolib.sources.fetch_pool import FetchPool, running_needed
 
 

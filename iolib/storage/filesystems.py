@@ -105,7 +105,7 @@ def _check_userinfo(url: str) -> None:
     """fsspec reads a URL's user info up to the first '/': a secret holding one (as AWS
     secret keys often do) becomes part of the bucket name, and the request fails with
     that piece of the secret quoted. Say how to pass it instead."""
-    from iolib.redact import redact_url, userinfo
+    from iolib.base.redact import redact_url, userinfo
 
     for part in url.split("::"):
         info = userinfo(part)

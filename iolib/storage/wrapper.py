@@ -19,7 +19,7 @@ import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.spec import AbstractBufferedFile
 
-from iolib.forks import reset_after_fork
+from iolib.base.forks import reset_after_fork
 
 T = TypeVar("T")
 

@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from iolib.base.redact import Redactor
+from iolib.base.resources import parse_bytes
 from iolib.collate import is_numeric_list
 from iolib.errors import ConfigError, DataError
 from iolib.plan import Layout, default_blocks, window_groups
-from iolib.redact import Redactor
-from iolib.resources import parse_bytes
 from iolib.sources.parquet import ParquetSource
 from iolib.sources.parquet_description import checked_cache_bytes
 from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD

@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from iolib.base.redact import Redactor
+from iolib.base.resources import parse_bytes
 from iolib.plan import DEFAULT_SHUFFLE_WINDOW, Layout, TokenStream, default_blocks, window_groups
-from iolib.redact import Redactor
-from iolib.resources import parse_bytes
 from iolib.sources.base import Source
 from iolib.sources.parquet import ParquetSource
 from iolib.sources.parquet_description import checked_cache_bytes

@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iolib.forks import reset_after_fork
+from iolib.base.forks import reset_after_fork
+from iolib.base.resources import thread_budget
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
-from iolib.resources import thread_budget
 from iolib.sources import ReadAhead, decode_slots
 from iolib.storage import count_bytes, is_local, open_filesystem
 from iolib.storage.counters import count_retries

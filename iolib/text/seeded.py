@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from iolib.base.forks import reset_after_fork
 from iolib.errors import ConfigError
-from iolib.forks import reset_after_fork
 from iolib.sources.base import Source
 
 

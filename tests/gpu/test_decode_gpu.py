@@ -14,7 +14,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from iolib.images import ImagePipeline
+from iolib.decode.images import ImagePipeline
 from tests.image_samples import bad_blob, encode, make_batch, make_image
 
 pytestmark = pytest.mark.gpu

@@ -17,8 +17,9 @@ from typing import Any
 
 import click
 
+from iolib.base.redact import redact_text, secrets_in
+from iolib.cli.bench.harness import SHUFFLES, TORCH_READS, BenchSpec
 from iolib.cli.bench.profiles import PROFILE_NAMES
-from iolib.cli.bench.runner import SHUFFLES, TORCH_READS, BenchSpec
 from iolib.cli.bench.workloads import WORKLOAD_KINDS
 from iolib.cli.common import (
     IMAGE_BATCH,
@@ -29,7 +30,6 @@ from iolib.cli.common import (
     require_report_extra,
     storage_options_option,
 )
-from iolib.redact import redact_text, secrets_in
 
 # The sweep behind `--sweep` (a training set for the predictor; time-bounded).
 SWEEP = {
@@ -311,7 +311,7 @@ def bench(**kw: Any) -> None:
     from tqdm import tqdm
 
     from iolib.cli.bench import display
-    from iolib.cli.bench.runner import run_bench
+    from iolib.cli.bench.harness import run_bench
 
     def progress(total: int):
         # disable=None: tqdm's "off unless stderr is a terminal", so a log of stdout and

@@ -113,7 +113,7 @@ def verdict(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
     """A paragraph a first-time reader can act on: per workload and storage, iolib's
     throughput against torch's with the spread over repeats, what a GPU step would see,
     and a warning where the spread makes the ratio unreliable. `baseline` says what
-    torch's Dataset read (runner.TORCH_READS), so no ratio stands without its baseline."""
+    torch's Dataset read (harness.TORCH_READS), so no ratio stands without its baseline."""
     sentences = []
 
     def key(r: dict[str, Any]) -> tuple:

@@ -128,7 +128,7 @@ def write_observations(rows: list[dict[str, Any]], out_dir: str, *, stem: str = 
     """Write `rows` as `<stem>.parquet` (and `<stem>.json` when there are few) in `out_dir`."""
     import pyarrow.parquet as pq
 
-    from iolib.redact import redact_text
+    from iolib.base.redact import redact_text
 
     # Defence in depth: BenchSpec already redacts its command line.
     rows = [

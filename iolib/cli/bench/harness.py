@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from iolib.base.redact import redact_text, secrets_in
+from iolib.base.resources import cpu_count
 from iolib.cli.bench import probes
 from iolib.cli.bench.datasets import (
     Collate,
@@ -30,8 +32,6 @@ from iolib.cli.bench.loop import BenchTimeout, bounded, measure
 from iolib.cli.bench.profiles import Storage, prepare_storage
 from iolib.cli.bench.records import machine_description, versions
 from iolib.cli.bench.workloads import Workload, inspect_dataset, make_images, make_tokens
-from iolib.redact import redact_text, secrets_in
-from iolib.resources import cpu_count
 
 LOADERS = ("iolib", "torch")
 SHUFFLES = ("none", "block", "global")
@@ -230,7 +230,7 @@ def run_one(cfg: Config, prep: _Prepared, spec: BenchSpec, on_batch=None) -> dic
         )
     depth, shuffle = effective(cfg)
     if cfg.loader == "iolib" and not m.interrupted:
-        from iolib.run_history import record_measured
+        from iolib.tuning.run_history import record_measured
 
         outcomes = m.outcomes(0.0, depth)
         record_measured(

@@ -24,13 +24,14 @@ from typing import Any, Protocol
 from torch.utils.data import BatchSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
-from iolib.checkpoint import dataset_fields
-from iolib.distributed import resolve_rank
+from iolib.engine.workers import worker_base_seed
 from iolib.errors import ConfigError
 from iolib.fetcher import BatchFetcher, skips
-from iolib.options import LoaderOptions, resolve_mode
-from iolib.runner import Runner, TaskMaker
-from iolib.sampling import (
+from iolib.loader.checkpoint import dataset_fields
+from iolib.loader.distributed import resolve_rank
+from iolib.loader.options import LoaderOptions, resolve_mode
+from iolib.loader.runner import Runner, TaskMaker
+from iolib.loader.sampling import (
     RESERVE_BATCHES,
     Cursor,
     EpochPlan,
@@ -39,10 +40,9 @@ from iolib.sampling import (
     StreamTasks,
     sampler_batches,
 )
+from iolib.loader.stream_feed import StreamFeed
 from iolib.sources.base import Source
 from iolib.sources.torchds import as_source
-from iolib.stream_feed import StreamFeed
-from iolib.workers import worker_base_seed
 
 CPU_EVERY = 8  # inline: the batches whose stages' CPU is measured (1 in CPU_EVERY)
 

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from iolib.autotune import AutoPrefetch
 from iolib.engine import Engine
+from iolib.engine.telemetry import Telemetry
 from iolib.fetcher import BatchFetcher, Failure, Fetched, key_list
-from iolib.options import Readahead
-from iolib.run_history import Recorder
-from iolib.sampling import Cursor, EpochTasks
-from iolib.telemetry import Telemetry
+from iolib.loader.options import Readahead
+from iolib.loader.sampling import Cursor, EpochTasks
+from iolib.tuning.autotune import AutoPrefetch
+from iolib.tuning.run_history import Recorder
 
 TaskMaker = Callable[[int, int], Sequence[Any]]  # (epoch, position) -> tasks
 

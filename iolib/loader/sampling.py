@@ -20,7 +20,6 @@ from torch.utils.data import BatchSampler, Sampler
 
 from iolib.errors import DataError
 from iolib.fetcher import BatchTask
-from iolib.layout import warn_if_block_shuffle_sorted
 from iolib.plan import (
     EpochOrder,
     LaneOrder,
@@ -30,6 +29,7 @@ from iolib.plan import (
     choose_order,
     plan_order,
 )
+from iolib.sources.layout import warn_if_block_shuffle_sorted
 
 # Batches' worth of spare samples a task carries under skip: the next batch's, then
 # batches spread over the epoch, so a run of bad data shorter than 7/8 of the epoch

@@ -33,10 +33,9 @@ from collections.abc import Callable, Sequence
 from multiprocessing.util import Finalize
 from typing import Any, Literal
 
-from iolib.errors import ConfigError, WorkerDied, WorkerError, require_non_negative_int
-from iolib.pool import Pool, drain, read_results
-from iolib.shutdown import register_stopper
-from iolib.workers import (
+from iolib.base.shutdown import register_stopper
+from iolib.engine.pool import Pool, drain, read_results
+from iolib.engine.workers import (
     RETIRE,
     Stop,
     WorkerSetup,
@@ -44,6 +43,7 @@ from iolib.workers import (
     process_worker,
     thread_worker,
 )
+from iolib.errors import ConfigError, WorkerDied, WorkerError, require_non_negative_int
 
 WorkerMode = Literal["thread", "process"]
 # How often a waiting consumer checks for dead workers and its timeout when nothing

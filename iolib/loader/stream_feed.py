@@ -19,11 +19,11 @@ import torch
 from torch.utils.data import BatchSampler, Sampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
+from iolib.engine.telemetry import Telemetry
 from iolib.errors import ConfigError
 from iolib.fetcher import BatchMeta
-from iolib.options import LoaderOptions
-from iolib.sampling import Cursor
-from iolib.telemetry import Telemetry
+from iolib.loader.options import LoaderOptions
+from iolib.loader.sampling import Cursor
 
 
 class _InfiniteConstantSampler(Sampler[None]):
@@ -36,7 +36,7 @@ class _InfiniteConstantSampler(Sampler[None]):
 
 class StreamFeed:
     """Runs an IterableDataset through torch's DataLoader with the loader's options (the
-    `iolib.feeds.Feed` protocol: the cursor counts batches, the fingerprint is the
+    `iolib.loader.feeds.Feed` protocol: the cursor counts batches, the fingerprint is the
     dataset's type)."""
 
     # What a script sees on the loader, as torch sets it for an IterableDataset.

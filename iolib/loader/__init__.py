@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, default_convert
 
-from iolib.checkpoint import LoaderState, check_state
 from iolib.errors import ConfigError, require_positive_int
-from iolib.feeds import make_feed
-from iolib.options import LoaderOptions
-from iolib.sampling import Cursor
+from iolib.loader.checkpoint import LoaderState, check_state
+from iolib.loader.feeds import make_feed
+from iolib.loader.options import LoaderOptions
+from iolib.loader.sampling import Cursor
 from iolib.sources.base import Source
 
 T_co = TypeVar("T_co", covariant=True)
@@ -53,7 +53,7 @@ class DataLoader(Generic[T_co]):
     (default: the generator's initial seed, else ``torch.initial_seed()`` at construction,
     so ``torch.manual_seed`` moves the shuffle as under torch), ``rank``/``world_size`` (default:
     torch.distributed or torchrun), ``shuffle="block"`` with ``shuffle_window`` row groups,
-    ``transform(sample, rng)``, ``decode`` (e.g. ``iolib.images.ImagePipeline``),
+    ``transform(sample, rng)``, ``decode`` (e.g. ``iolib.decode.images.ImagePipeline``),
     ``worker_mode`` ("auto", "thread", "process"), ``prefetch`` (batches in flight or
     ready, or "auto"), ``on_error`` ("raise" or "skip"), ``history`` (where a
     ``prefetch="auto"`` run records what it measured and starts from earlier runs of the same
@@ -306,10 +306,10 @@ class DataLoader(Generic[T_co]):
     def for_stage(self, stage: int, num_stages: int, microbatches: int = 1, **options: Any) -> Any:
         """What one stage of a pipeline-parallel replica needs, in the same order on every
         stage: the first stage the inputs, the last the labels, split into `microbatches`
-        (see iolib.stages.StageFeed for the options)."""
-        from iolib.stages import StageFeed
+        (see iolib.loader.stages.StageLoader for the options)."""
+        from iolib.loader.stages import StageLoader
 
-        return StageFeed(self, stage, num_stages, microbatches=microbatches, **options)
+        return StageLoader(self, stage, num_stages, microbatches=microbatches, **options)
 
     # -- observability -------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -322,7 +322,7 @@ class DataLoader(Generic[T_co]):
 
     @property
     def autotune(self) -> Any:
-        """The online tuner (`iolib.autotune.AutoPrefetch`) of prefetch="auto" or a tuner
+        """The online tuner (`iolib.tuning.autotune.AutoPrefetch`) of prefetch="auto" or a tuner
         object, once iteration started it; None otherwise."""
         return self._feed.autotune
 

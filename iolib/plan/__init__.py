@@ -27,8 +27,8 @@ from typing import Literal
 import numpy as np
 
 from iolib.errors import ConfigError, require_non_negative_int, require_positive_int
-from iolib.permute import feistel, round_keys
-from iolib.rng import order_rng
+from iolib.plan.permute import feistel, round_keys
+from iolib.plan.rng import order_rng
 
 ShuffleMode = Literal["none", "global", "block"]
 SHUFFLE_MODES: tuple[str, ...] = ("none", "global", "block")
@@ -104,7 +104,7 @@ class EpochOrder(_Order):
     positions in the epoch to sample indices, for an int, a slice or an int array.
 
     Memory is O(blocks), never O(samples): a global shuffle is a keyed bijection
-    (`iolib.permute`), a block shuffle permutes the blocks (a small array) and then
+    (`iolib.plan.permute`), a block shuffle permutes the blocks (a small array) and then
     samples within each window of blocks by the same bijection, keyed per window.
 
     >>> EpochOrder(6, seed=0, epoch=0)[np.arange(6)].tolist()

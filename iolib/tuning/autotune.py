@@ -22,9 +22,9 @@ import threading
 import time
 from typing import Any
 
+from iolib.base.resources import cpu_count
 from iolib.errors import ConfigError
 from iolib.fetcher import BatchMeta
-from iolib.resources import cpu_count
 
 # The documented logger name (docs/tuning.md), kept when the module was renamed.
 log = logging.getLogger("iolib.tuning")
@@ -51,7 +51,7 @@ class AutoPrefetch:
         recorder: Any = None,
     ) -> None:
         self.tuner = tuner
-        # The run history (iolib.run_history.Recorder): what this run measured, recorded.
+        # The run history (iolib.tuning.run_history.Recorder): what this run measured, recorded.
         self.recorder = recorder
         self._set_aside_said = False
         self.background = background

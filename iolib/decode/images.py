@@ -3,7 +3,7 @@
 ``ImagePipeline`` is what a training script passes to ``iolib.DataLoader(decode=...)``.
 It is a frozen, picklable description; the decoder it drives (a DALI pipeline, one per
 process, which loader threads take turns on) is built on first use. Each sample's crop
-window and flip come from ``iolib.rng.sample_rng(seed, epoch, index)``, so a batch is
+window and flip come from ``iolib.sample_rng(seed, epoch, index)``, so a batch is
 a pure function of its bytes and indices: the same for any worker count, prefetch depth
 or resume, and the same crop windows on every backend (pixels may differ by rounding
 between backends).
@@ -11,7 +11,7 @@ between backends).
 Example::
 
     from iolib import DataLoader
-    from iolib.images import ImagePipeline
+    from iolib.decode.images import ImagePipeline
     from iolib.sources import ParquetSource
 
     loader = DataLoader(
@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from iolib.base.resources import cpu_count
 from iolib.decode import BACKENDS, Backend, OutputSpec, dali_available, dali_package
 from iolib.decode import geometry as geo
 from iolib.decode.heap import limit_arenas
 from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS
 from iolib.errors import ConfigError, OnError, refuse_loader_arguments, require_positive_int
-from iolib.resources import cpu_count
 
 __all__ = ["ImagePipeline"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from multiprocessing import connection
 from typing import Any
 
-from iolib.workers import Fatal, Ready, Retired, Stop
+from iolib.engine.workers import Fatal, Ready, Retired, Stop
 
 log = logging.getLogger(__name__)
 # How often the reader re-checks the workers it waits on (new ones, shutdown).

@@ -24,9 +24,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from iolib.base.redact import redact_text, redact_url
+from iolib.base.resources import cpu_count
 from iolib.errors import ConfigError
-from iolib.redact import redact_text, redact_url
-from iolib.resources import cpu_count
 
 log = logging.getLogger("iolib.tuning")
 

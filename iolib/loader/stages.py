@@ -173,12 +173,12 @@ def _project(source: Source, columns: list[str]) -> Source | None:
     return None
 
 
-class StageFeed:
+class StageLoader:
     """What one stage of a pipeline-parallel replica needs, batch by batch, as a list of
     microbatches; the same samples in the same order on every stage, with no collective.
 
     Example (two stages, each in its own process; the loader's rank and world size are
-    the *data-parallel* replica's, see ``iolib.distributed.pipeline_rank``)::
+    the *data-parallel* replica's, see ``iolib.loader.distributed.pipeline_rank``)::
 
         where = pipeline_rank(num_stages=2)
         loader = DataLoader(ParquetSource("data/"), batch_size=32, shuffle=True, seed=0,
@@ -396,6 +396,9 @@ class StageFeed:
             self._inner.close()
 
 
+StageFeed = StageLoader  # the old name
+
+
 def _warn_if_ranks_span_stages(loader: Any, num_stages: int) -> None:
     """Stages of one replica must share the loader's rank: a loader sharded over every
     process of a pipeline gives each stage other samples."""
@@ -407,6 +410,7 @@ def _warn_if_ranks_span_stages(loader: Any, num_stages: int) -> None:
         warnings.warn(
             f"The loader is sharded over all {loader.world_size} processes, but a pipeline of "
             f"{num_stages} stages needs the stages of a replica to share one shard: pass "
-            "rank=/world_size= of the data-parallel replica (iolib.distributed.pipeline_rank).",
+            "rank=/world_size= of the data-parallel replica "
+            "(iolib.loader.distributed.pipeline_rank).",
             stacklevel=3,
         )

@@ -8,7 +8,7 @@ and after a resume.
 
 Example::
 
-    >>> from iolib.rng import sample_rng
+    >>> from iolib.plan.rng import sample_rng
     >>> a = sample_rng(seed=7, epoch=0, index=42).random()
     >>> b = sample_rng(seed=7, epoch=0, index=42).random()
     >>> a == b

@@ -1,7 +1,7 @@
 """The DataLoader's arguments, validated once: torch's rules and exception types, then
 iolib's additions.
 
-Why frozen dataclasses: the loader, a stage feed and a resumed run all need the same
+Why frozen dataclasses: the loader, a stage loader and a resumed run all need the same
 validated configuration, and rebuilding a loader with one argument changed
 (`DataLoader.replace`) starts from `arguments()`. torch's arguments stay flat; iolib's
 own are grouped by what they change (`OrderOptions`: which samples in which order;
@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from iolib.base.resources import cpu_count, parse_bytes
 from iolib.decode.protocol import as_decoder
 from iolib.errors import ConfigError, OnError
 from iolib.plan import SHUFFLE_MODES
-from iolib.resources import cpu_count, parse_bytes
-from iolib.run_history import check_history
+from iolib.tuning.run_history import check_history
 
 WORKER_MODES = ("auto", "thread", "process")
 
@@ -81,7 +81,7 @@ class OrderOptions:
 @dataclass(frozen=True)
 class SampleOptions:
     """How a sample becomes what a batch holds: ``transform(sample, rng)``, a decoder
-    (e.g. ``iolib.images.ImagePipeline``) and what a bad sample does ("raise", "skip")."""
+    (e.g. ``iolib.decode.images.ImagePipeline``) and what a bad sample does ("raise", "skip")."""
 
     transform: Callable[[Any, np.random.Generator], Any] | None = None
     decode: Any = None
@@ -97,7 +97,8 @@ class PaceOptions:
     """How batches are made: worker kind and read-ahead. They change pace and memory,
     never content. ``prefetch``: batches in flight or ready (an int), "auto" (the learned
     tuner) or a tuner object; ``memory_budget`` (bytes or "2GiB") is parsed once here;
-    ``history``: where a tuned run records itself and warm-starts from (iolib.run_history)."""
+    ``history``: where a tuned run records itself and warm-starts from
+    (iolib.tuning.run_history)."""
 
     worker_mode: str = "auto"
     prefetch: int | str | Any = None
