@@ -1,10 +1,12 @@
 """The import graph of iolib and predictors, by layer: what docs/architecture.md draws.
 
-Every module belongs to one layer (LAYERS, by module-name prefix; the longest prefix
-wins). An arrow A --> B means a module of A imports one of B, at any depth of the file
-(lazy imports included: they are dependencies too). `python -m tests.import_graph`
-prints the Mermaid block the guide holds; tests/test_architecture_doc.py checks the two
-agree and that the layers form no cycle.
+The layers are the folders: every top-level package (or module) of `iolib/` is one
+layer, named by its folder (`iolib/engine/...` is the layer "engine"), the package's own
+`__init__.py` is "iolib" (the public names) and `predictors/` is one more. ORDER only
+says which way they may import: down the list, never up. An arrow A --> B means a
+module of A imports one of B, at any depth of the file (lazy imports included: they are
+dependencies too). `python -m tests.import_graph` prints the Mermaid block;
+docs/make_architecture.py writes it and the layers' table into docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -18,46 +20,41 @@ PACKAGES = ("iolib", "predictors")
 LAB = "benchmarks"  # research and benchmarks: the packages never import it
 LAB_NAME = re.compile(rf"^{LAB}(\.[A-Za-z_][\w.]*)?(:\w+)?$")
 
-# Layer of each module, by the longest matching prefix of its dotted name.
-LAYERS: dict[str, str] = {
-    "iolib.cli": "cli",
-    "iolib.loader": "loader",
-    "iolib.loader.options": "loader",
-    "iolib.loader.checkpoint": "loader",
-    "iolib.loader.feeds": "loader",
-    "iolib.loader.runner": "loader",
-    "iolib.loader.stream_feed": "loader",
-    "iolib.base.resources": "base",
-    "iolib.base.shutdown": "base",
-    "iolib.loader.sampling": "loader",
-    "iolib.loader.stages": "loader",
-    "iolib.loader.testing": "loader",
-    "iolib.loader.distributed": "loader",
-    "iolib.tuning.autotune": "tuning",
-    "iolib.tuning.run_history": "tuning",
-    "iolib.engine": "engine",
-    "iolib.engine.workers": "engine",
-    "iolib.engine.pool": "engine",
-    "iolib.engine.telemetry": "engine",
-    "iolib.fetcher": "fetcher",
-    "iolib.collate": "collate",
-    "iolib.decode.images": "decode",
-    "iolib.decode": "decode",
-    "iolib.text": "text",
-    "iolib.sources": "sources",
-    "iolib.sources.layout": "sources",  # label-sorted shards, from footers (loader and convert)
-    "iolib.storage": "storage",
-    "iolib.plan": "plan",
-    "iolib.plan.permute": "plan",
-    "iolib.plan.rng": "plan",
-    "iolib.errors": "base",
-    "iolib.base.forks": "base",
-    "iolib.base.redact": "base",
-    "iolib": "loader",  # the package's __init__: the public names
-    "predictors": "predictors",
-}
+# The layers, top to bottom: a module imports its own layer and those below it, never
+# one above (so no two layers import each other). A new top-level package of iolib gets
+# a place here, and tests/test_architecture_doc.py says so until it has one.
+ORDER: tuple[str, ...] = (
+    "cli",  # the commands
+    "iolib",  # the package's __init__: the public names, loaded lazily
+    "loader",  # DataLoader and what it composes: options, feeds, runner, checkpoint
+    "tuning",  # the loader's side of predictors
+    "engine",  # workers, queues, telemetry
+    "fetcher",  # one batch, start to end
+    "text",  # token sources, on top of sources' public surface
+    "decode",
+    "sources",
+    "collate",
+    "storage",
+    "plan",  # pure functions of integers: numpy only
+    "predictors",  # numbers in, numbers out: imports nothing of iolib
+    "base",
+    "errors",
+)
 # Imported by nearly every layer; drawn once in words rather than as a dozen arrows.
-UNDRAWN = ("base",)
+UNDRAWN = ("base", "errors")
+
+
+def folder_layers() -> dict[str, Path]:
+    """The layers the tree holds: each top-level package or module of iolib, by name."""
+    found = {"iolib": ROOT / "iolib" / "__init__.py", "predictors": ROOT / "predictors"}
+    for path in sorted((ROOT / "iolib").iterdir()):
+        if path.name.startswith(("_", ".")):
+            continue
+        if path.is_dir() and (path / "__init__.py").exists():
+            found[path.name] = path
+        elif path.suffix == ".py":
+            found[path.stem] = path
+    return found
 
 
 def modules() -> dict[str, Path]:
@@ -73,14 +70,24 @@ def modules() -> dict[str, Path]:
 
 
 def layer_of(module: str) -> str:
-    """The module's layer; KeyError for a module no prefix places (place it in LAYERS).
-    The bare package names match only their own __init__."""
-    matches = [p for p in LAYERS if module == p or ("." in p and module.startswith(p + "."))]
-    if not matches and module.startswith("predictors."):
-        matches = ["predictors"]
-    if not matches:
-        raise KeyError(f"{module}: no layer in tests/import_graph.py LAYERS")
-    return LAYERS[max(matches, key=len)]
+    """The module's layer: its top-level folder under iolib/ (or "iolib", "predictors")."""
+    parts = module.split(".")
+    if parts[0] not in PACKAGES:
+        raise KeyError(f"{module}: not a module of {PACKAGES}")
+    if parts[0] == "predictors":
+        return "predictors"
+    return parts[1] if len(parts) > 1 else "iolib"
+
+
+def order_breaks() -> list[tuple[str, str]]:
+    """(importer, imported) module pairs whose layers go up ORDER (or a layer not in it)."""
+    rank = {layer: i for i, layer in enumerate(ORDER)}
+    out = []
+    for a, b in module_edges():
+        la, lb = layer_of(a), layer_of(b)
+        if la != lb and rank.get(la, -1) >= rank.get(lb, -1):
+            out.append((a, b))
+    return sorted(out)
 
 
 def cycle(edges: set[tuple[str, str]]) -> list[str]:
@@ -227,7 +234,7 @@ def layer_edges() -> set[tuple[str, str]]:
     return {
         (layer_of(a), layer_of(b))
         for a, b in module_edges()
-        if layer_of(a) != layer_of(b) and UNDRAWN[0] not in (layer_of(a), layer_of(b))
+        if layer_of(a) != layer_of(b) and not {layer_of(a), layer_of(b)} & set(UNDRAWN)
     }
 
 
