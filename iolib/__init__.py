@@ -10,6 +10,11 @@ at import time).
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from types import ModuleType
 from typing import Any
 
 __all__ = ["DataLoader", "sample_rng", "sources"]
@@ -32,6 +37,37 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'iolib' has no attribute {name!r}")
 
 
+# Modules that moved into their layer's package (0.2): the old path still imports the
+# same module object, so a script written against the old layout keeps running.
+_MOVED = {
+    "iolib.images": "iolib.decode.images",  # old path
+    "iolib.rng": "iolib.plan.rng",  # old path
+    "iolib.distributed": "iolib.loader.distributed",  # old path
+    "iolib.stages": "iolib.loader.stages",  # old path
+    "iolib.autotune": "iolib.tuning.autotune",  # old path
+}
+
+
+class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a moved module's old path as the module at its new place."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(name, self) if name in _MOVED else None
+
+    def create_module(self, spec: Any) -> ModuleType:
+        module = importlib.import_module(_MOVED[spec.name])
+        self.spec = module.__spec__  # the import system overwrites it with the alias's
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__spec__ = self.spec
+
+
+if not any(isinstance(f, _OldPaths) for f in sys.meta_path):
+    sys.meta_path.append(_OldPaths())
+
+
 def __dir__() -> list[str]:
     """The lazy public names too, so that dir() and completion offer them."""
-    return sorted({*globals(), *__all__} - {"Any", "annotations"})
+    helpers = {"Any", "annotations", "importlib", "sys", "ModuleType", "_MOVED", "_OldPaths"}
+    return sorted({*globals(), *__all__} - helpers)
