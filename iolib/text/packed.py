@@ -19,9 +19,7 @@ import pyarrow as pa
 from iolib.base.redact import Redactor
 from iolib.base.resources import parse_bytes
 from iolib.plan import DEFAULT_SHUFFLE_WINDOW, Layout, TokenStream, default_blocks, window_groups
-from iolib.sources.base import Source
-from iolib.sources.parquet import ParquetSource
-from iolib.sources.parquet_description import checked_cache_bytes
+from iolib.sources import ParquetSource, Source, checked_cache_bytes
 from iolib.text import tokenindex
 from iolib.text.packed_checks import (
     MIN_GROUPS_HELD,
