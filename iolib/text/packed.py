@@ -56,7 +56,8 @@ class PackedTokens(Source):
     shuffle_window: decoded bytes (an int, or a size like "256MiB"; default 512 MiB)
         whose windows the loader's shuffle mixes; a corpus that fits is shuffled whole.
     cache_bytes: decoded row groups kept per process (default: the least that runs, at
-        most 1 GiB): memory only. Too small for the window is refused, with the sizes.
+        most 1 GiB): memory only. Less than two chunks of the window (and four of the
+        largest row groups) is refused when the loader starts, with the sizes to change.
     lanes: contiguous shares of the stream ("auto": the world size; rank r then reads
         share r). The order depends on it: to resume at another world size, pass the
         first run's.
