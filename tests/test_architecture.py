@@ -106,3 +106,17 @@ def test_string_imports_are_seen(tmp_path: Path) -> None:
     )
     assert string_imports(path) == {"benchmarks.tuner_lab.training", "benchmarks"}
     assert path_changes(path) == [3]
+
+
+def test_text_reaches_sources_only_through_the_package() -> None:
+    """Modules of `iolib.text` import `iolib.sources` (its `__init__.py`), never a module
+    inside it: the sources may rearrange their files without breaking the token layer."""
+    known = modules()
+    found = sorted(
+        (module, target)
+        for module, path in known.items()
+        if module.split(".")[:2] == ["iolib", "text"]
+        for target, _ in imported_names(module, path, known)
+        if target.startswith("iolib.sources.")
+    )
+    assert not found, f"text/ imports inside sources/ (import from iolib.sources): {found}"

@@ -39,7 +39,7 @@ def test_the_default_cache_is_what_the_order_needs_and_batches_are_unchanged(tmp
     got, stats = _epochs(default)
     want, wide_stats = _epochs(wide)
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    sizes = default._segment_bytes(default.index)
+    sizes = default._group_bytes
     need = int(sizes.sum()) + 3 * int(sizes.max())  # the corpus fits the window: whole + 3
     assert default.cache_bytes == need == stats["cache_budget_bytes"]
     assert stats["cache_held_bytes"] <= need

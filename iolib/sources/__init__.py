@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from iolib.sources.base import Source
 from iolib.sources.files import ImageFolderSource
+from iolib.sources.footer import leaf_values as leaf_values
 from iolib.sources.parquet import ParquetSource
+from iolib.sources.parquet_description import checked_cache_bytes as checked_cache_bytes
 from iolib.sources.parquet_fetch import decode_slots as decode_slots
+from iolib.sources.parquet_files import is_pattern as is_pattern
 from iolib.sources.readahead import ReadAhead as ReadAhead
+from iolib.sources.summary import regular_file as regular_file
+from iolib.sources.summary import write_atomic as write_atomic
 from iolib.sources.torchds import TorchDatasetSource, as_source
 
-# For other layers of iolib (the token reader), not users: `ReadAhead`, `decode_slots`.
+# For other layers of iolib (the token sources in iolib.text), not users, so not in
+# __all__: `ReadAhead`, `decode_slots`, `checked_cache_bytes`, `leaf_values`,
+# `is_pattern`, `regular_file`, `write_atomic`.
 
 __all__ = ["ImageFolderSource", "ParquetSource", "Source", "TorchDatasetSource", "as_source"]

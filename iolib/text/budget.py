@@ -38,8 +38,7 @@ from iolib.base.resources import parse_bytes
 from iolib.collate import is_numeric_list
 from iolib.errors import ConfigError, DataError
 from iolib.plan import Layout, default_blocks, window_groups
-from iolib.sources.parquet import ParquetSource
-from iolib.sources.parquet_description import checked_cache_bytes
+from iolib.sources import ParquetSource, checked_cache_bytes
 from iolib.text.packed import DEFAULT_CACHE_BYTES, MIN_GROUPS_HELD
 from iolib.text.seeded import SeededSource, check_lanes
 

@@ -1,12 +1,9 @@
 """Packed token windows for language-model pretraining: `PackedTokens`, streamed.
 
-Documents are concatenated in a per-epoch order, each followed by `eos_id`, and the
-stream is cut into windows of `seq_len` tokens: window k of epoch e is a pure function
-of (seed, e, seq_len, data, shuffle_window), so workers, prefetch, resumes and world
-sizes cannot change it. `PackedTokens` is the description, which pickles into workers;
-each process reads through its own `TokenReader` (`iolib.text.packed_reader`); the
-order is the plan's (`iolib.plan.stream_*`). How the stream, the chunks and the reads
-work, with an example: docs/tokens.md, "Corpora larger than memory".
+`PackedTokens` is the description (corpus, column, `seq_len`, eos, shuffle window), which
+pickles into workers; each process reads through its own `TokenReader`
+(`iolib.text.packed_reader`), along the plan's order (`iolib.plan.stream_*`). How the
+stream, the chunks and the reads work, with an example: docs/tokens.md.
 """
 
 from __future__ import annotations
@@ -18,14 +15,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from iolib.base.redact import Redactor
 from iolib.base.resources import parse_bytes
 from iolib.plan import DEFAULT_SHUFFLE_WINDOW, Layout, TokenStream, default_blocks, window_groups
-from iolib.sources.base import Source
-from iolib.sources.parquet import ParquetSource
-from iolib.sources.parquet_description import checked_cache_bytes
+from iolib.sources import ParquetSource, Source, checked_cache_bytes
 from iolib.text import tokenindex
 from iolib.text.packed_checks import (
     MIN_GROUPS_HELD,
@@ -38,6 +32,7 @@ from iolib.text.packed_checks import (
 )
 from iolib.text.packed_reader import FETCH_THREADS, Segment, TokenReader
 from iolib.text.seeded import check_lanes
+from iolib.text.varlen import cu_seqlens
 
 __all__ = ["FETCH_THREADS", "MIN_GROUPS_HELD", "PackedTokens", "Segment", "cu_seqlens"]
 
@@ -49,39 +44,23 @@ log = logging.getLogger(__name__)
 class PackedTokens(Source):
     """Fixed windows of `seq_len` tokens cut from the documents of a token column,
     concatenated (each followed by `eos_id`) in a per-epoch document order, streamed
-    with memory bounded by `cache_bytes`.
-
-    Example::
-
-        from iolib import DataLoader
-        from iolib.text import PackedTokens
-
-        windows = PackedTokens("s3://bucket/corpus/*.parquet", column="input_ids",
-                               seq_len=2048, eos_id=tokenizer.eos_token_id)
-        loader = DataLoader(windows, batch_size=16, shuffle=True, seed=0)
-        batch = next(iter(loader))   # input_ids, labels, position_ids: int64 [16, 2048]
+    with memory bounded by `cache_bytes` (docs/tokens.md, "Packed windows").
 
     Each batch holds int64 [B, seq_len] ``input_ids``; ``labels``, already shifted (do
     not shift again), `ignore_index` at each eos; ``position_ids``, restarting at each
     document and window (`cu_seqlens` gives varlen attention its boundaries); and with
-    `document_ids=True` ``document_ids`` (docs/tokens.md, "Packed windows").
-
-    Guarantees: every token of every non-empty document appears exactly once per epoch
-    (only the last partial window is dropped); windows depend on (seed, epoch, seq_len,
-    data, shuffle_window, lanes), never on `cache_bytes`, workers or timing; documents
-    longer than `seq_len` are split, empty ones add nothing (docs/tokens.md).
+    `document_ids=True` ``document_ids``. Windows depend on (seed, epoch, seq_len, data,
+    shuffle_window, lanes), never on `cache_bytes`, workers or timing.
 
     source: a ParquetSource, or its URL(s). column: the `list<int>` token column.
     shuffle_window: decoded bytes (an int, or a size like "256MiB"; default 512 MiB)
-        whose windows the loader's shuffle mixes: chunks of whole row groups, in a random
-        order; a corpus that fits is shuffled whole.
+        whose windows the loader's shuffle mixes; a corpus that fits is shuffled whole.
     cache_bytes: decoded row groups kept per process (default: the least that runs, at
-        most 1 GiB; more keeps only row groups the next epoch reads again): memory only. Too
-        small for two chunks of the window (and four of the largest row groups) is
-        refused when the loader starts, with the sizes to change.
-    lanes: contiguous shares of the stream the windows are dealt from ("auto": the
-        world size; at world size == lanes rank r reads only share r). The order
-        depends on it: to resume at another world size, pass the first run's.
+        most 1 GiB): memory only. Less than two chunks of the window (and four of the
+        largest row groups) is refused when the loader starts, with the sizes to change.
+    lanes: contiguous shares of the stream ("auto": the world size; rank r then reads
+        share r). The order depends on it: to resume at another world size, pass the
+        first run's.
     seed: only for use outside a loader; a DataLoader sets its own `seed`.
     """
 
@@ -132,8 +111,7 @@ class PackedTokens(Source):
         self._reader = TokenReader(self)
 
     def with_seed(self, seed: int) -> PackedTokens:
-        """This source under the loader's seed (a copy, with its own reader: what was
-        counted, the token index, is shared)."""
+        """This source under the loader's seed: a copy with its own reader (and the index)."""
         if seed == self.seed:
             return self
         clone = copy.copy(self)  # through __getstate__: a reader of its own
@@ -156,7 +134,7 @@ class PackedTokens(Source):
             check_column(kind, self.column, self.eos_id, self.parquet.describe())
             index = tokenindex.load_or_compute(self.parquet, self.column)
             # Refused every time, not only the first.
-            sizes = self._segment_bytes(index)
+            sizes = segment_bytes(index, kind)
             check_budget(sizes, self.column, self.shuffle_window, self.cache_bytes,
                          self.describe())  # fmt: skip
             if self._cache_default:
@@ -165,20 +143,16 @@ class PackedTokens(Source):
                 need = cache_need(sizes, self.column, self.shuffle_window)[0]
                 self.cache_bytes = min(DEFAULT_CACHE_BYTES, need)
                 self._reader.set_budget(self.cache_bytes)
+            self._sizes = sizes  # before the index: a thread that sees it sees them
             self._index = index
         return self._index
 
-    def _segment_bytes(self, index: tokenindex.TokenIndex) -> np.ndarray:
-        return segment_bytes(index, self.parquet.schema.field(self.column).type)
-
     @property
     def _group_bytes(self) -> np.ndarray:
-        """`_segment_bytes` of this source's index, computed once: reads ask it for
-        every row group they start."""
-        sizes = self.__dict__.get("_group_bytes_")
-        if sizes is None:
-            sizes = self.__dict__["_group_bytes_"] = self._segment_bytes(self.index)
-        return sizes
+        """Decoded bytes of each row group's segment: reads ask for every one they start."""
+        if self._index is None:
+            _ = self.index  # loading the index sets them
+        return self._sizes
 
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the
@@ -197,30 +171,23 @@ class PackedTokens(Source):
     @property
     def _stream(self) -> TokenStream:
         """The stream as the plan sees it (row groups' stream tokens, chunking), once."""
-        found = self.__dict__.get("_stream_")
-        if found is None:
-            found = self.__dict__["_stream_"] = TokenStream(
-                self.index.stream, self.seq_len, self.shuffle_window_groups(),
-                self.shuffle_documents,
-            )  # fmt: skip
-        return found
+        if "_stream_" not in self.__dict__:
+            self.__dict__["_stream_"] = TokenStream(self.index.stream, self.seq_len,
+                self.shuffle_window_groups(), self.shuffle_documents)  # fmt: skip
+        return self.__dict__["_stream_"]
 
     def layout(self) -> Layout:
-        """Windows dealt to lanes a batch at a time (lanes="auto": one per rank); a
-        shuffled loader mixes them within chunks of whole row groups (the stream's), one
-        chunk at a time, so that a batch's row groups fit the cache; a full shuffle where
-        the corpus fits the window. The document order follows the epoch."""
+        """Windows dealt to lanes a batch at a time; a shuffled loader mixes them within
+        chunks of whole row groups, one chunk at a time (a batch's row groups fit the
+        cache), or all where the corpus fits the window. Documents' order: per epoch."""
         windowed = len(self.blocks()) > 1
         if windowed and not self._windowed_said:
             self._windowed_said = True
-            log.info(
-                "%s: the corpus is larger than shuffle_window (%d bytes decoded): windows "
-                "are shuffled within %d-row-group chunks, chunks in a random order, where the "
-                "loader shuffles (raise shuffle_window to shuffle more widely; docs/tokens.md).",
-                self.describe(),
-                self.shuffle_window,
-                self.shuffle_window_groups(),
-            )
+            log.info("%s: the corpus is larger than shuffle_window (%d bytes decoded): windows "
+                     "are shuffled within %d-row-group chunks, chunks in a random order, where "
+                     "the loader shuffles (raise shuffle_window to shuffle more widely; "
+                     "docs/tokens.md).", self.describe(), self.shuffle_window,
+                     self.shuffle_window_groups())  # fmt: skip
         modes = (("global", "block", 1), ("block", "block", 1)) if windowed else (
             ("block", "global", 0),
         )  # fmt: skip
@@ -275,13 +242,3 @@ class PackedTokens(Source):
     def plan_epoch(self, epoch: int, batches: Any) -> None:
         """This rank's batches of windows: the reader reads ahead along them."""
         self._reader.plan_epoch(epoch, batches)
-
-
-def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:
-    """Cumulative sequence boundaries (int32 [n + 1]) of a packed batch, from its
-    `position_ids` (a new sequence wherever they restart at 0), over the flattened
-    batch: what flash-attention's variable-length kernels take as `cu_seqlens_q/k`."""
-    flat = position_ids.reshape(-1)
-    starts = torch.nonzero(flat == 0).flatten()
-    end = torch.tensor([flat.numel()], dtype=starts.dtype, device=flat.device)
-    return torch.cat([starts, end]).to(torch.int32)

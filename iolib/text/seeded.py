@@ -16,7 +16,7 @@ import numpy as np
 
 from iolib.base.forks import reset_after_fork
 from iolib.errors import ConfigError
-from iolib.sources.base import Source
+from iolib.sources import Source
 
 
 def check_lanes(lanes: int | str) -> int | str:

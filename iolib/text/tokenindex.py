@@ -25,10 +25,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from iolib.errors import DataError
-from iolib.sources.footer import leaf_values
-from iolib.sources.parquet import ParquetSource
-from iolib.sources.parquet_files import is_pattern
-from iolib.sources.summary import regular_file, write_atomic
+from iolib.sources import ParquetSource, is_pattern, leaf_values, regular_file, write_atomic
 from iolib.storage import open_filesystem
 
 log = logging.getLogger(__name__)
