@@ -35,7 +35,9 @@ def test_a_script_written_for_the_old_layout_runs() -> None:
         "__import__('iolib').sample_rng(1, 2, 3).integers(1 << 30)\n"
         "print('ok', iolib.autotune.__name__)\n"  # old path
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ok", "iolib.tuning.autotune"]
 
