@@ -51,16 +51,22 @@ _MOVED = {
 class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports a moved module's old path as the module at its new place."""
 
+    def __init__(self) -> None:
+        # Each module's own spec by old path, between the two calls below: the import
+        # system overwrites it with the alias's. Keyed, since two threads may import two
+        # old paths at once (each old path's import lock keeps one of them at a time).
+        self._specs: dict[str, Any] = {}
+
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         return importlib.util.spec_from_loader(name, self) if name in _MOVED else None
 
     def create_module(self, spec: Any) -> ModuleType:
         module = importlib.import_module(_MOVED[spec.name])
-        self.spec = module.__spec__  # the import system overwrites it with the alias's
+        self._specs[spec.name] = module.__spec__
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = self.spec
+        module.__spec__ = self._specs.pop(module.__spec__.name)
 
 
 if not any(isinstance(f, _OldPaths) for f in sys.meta_path):

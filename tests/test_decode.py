@@ -506,3 +506,36 @@ def test_dali_cpu_float_batches_are_owned_by_torch(blobs):
     ref = weakref.ref(image)
     del out, image
     assert ref() is None
+
+
+def test_a_forked_worker_decodes_while_a_parent_thread_holds_the_pipeline(blobs):
+    """A worker forked while a parent thread ran the process's one DALI pipeline (its
+    lock held) and another built a backend (`_RESOLVING` held) decodes with a pipeline
+    of its own, the same pixels: it never waits for a thread it does not have."""
+    import multiprocessing as mp
+
+    from iolib.decode import images
+
+    idx = np.arange(8)
+    resolved = _dali(layout="NHWC")
+    parent, _ = _run(resolved, blobs[:8], idx)  # the parent's pipeline is built
+    backend = resolved._resolved()[1]
+    fork = mp.get_context("fork")
+    results = fork.Queue()
+
+    def child() -> None:
+        for pipe in (resolved, _dali(layout="NHWC")):  # inherited, then built here
+            out, _ = _run(pipe, blobs[:8], idx)
+            results.put(out["image"].numpy().tobytes())
+
+    with backend._lock, images._RESOLVING:  # as a parent thread holds them at the fork
+        proc = fork.Process(target=child, daemon=True)
+        proc.start()
+    try:
+        got = [results.get(timeout=60) for _ in range(2)]
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+    assert got == [parent["image"].numpy().tobytes()] * 2

@@ -89,3 +89,23 @@ def test_reads_queued_at_exit_are_dropped_and_the_process_exits(tmp_path: Path) 
     assert "terminate called" not in done.stderr
     ran = log.read_text().split() if log.exists() else []
     assert len(ran) <= 2, ran  # the one on the wire (and at most one more that started)
+
+
+def test_a_cancel_right_after_a_read_ahead_starts_makes_it_late() -> None:
+    """The cancel generation a read starts in is read with the read taken: a cancel
+    that lands just after (here, as soon as the thread took it) counts the read's bytes
+    apart (`bytes_after_cancel`), never in the batch of the loader that asked again."""
+    from iolib.storage import count_bytes
+
+    class CancelledOnTake(FetchPool):
+        def _next(self):  # type: ignore[no-untyped-def]
+            taken = super()._next()
+            if taken is not None:
+                self.cancel()  # the loader was dropped as the read left the queue
+            return taken
+
+    deposited: list[int] = []
+    pool = CancelledOnTake(1, "iolib-late-test", lambda read, retries: deposited.append(read))
+    pool.submit(lambda: count_bytes(1000), ahead=True).result(10)
+    pool.close()
+    assert pool.bytes_after_cancel == 1000 and deposited == []

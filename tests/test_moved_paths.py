@@ -36,7 +36,7 @@ def test_a_script_written_for_the_old_layout_runs() -> None:
         "print('ok', iolib.autotune.__name__)\n"  # old path
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ok", "iolib.tuning.autotune"]
@@ -45,3 +45,22 @@ def test_a_script_written_for_the_old_layout_runs() -> None:
 def test_an_unknown_old_name_still_fails() -> None:
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("iolib.no_such_module")
+
+
+def test_two_old_paths_imported_at_once_keep_their_own_specs() -> None:
+    """Two threads importing two old paths interleave the finder's calls (each old
+    path's import lock serializes only its own): each module gets its own spec back."""
+    finder = next(f for f in sys.meta_path if isinstance(f, iolib._OldPaths))
+    olds = ["iolib.rng", "iolib.autotune"]  # old paths
+    aliases = [finder.find_spec(old) for old in olds]
+    modules = [finder.create_module(alias) for alias in aliases]
+    own = [module.__spec__ for module in modules]
+    try:
+        for alias, module in zip(aliases, modules, strict=True):
+            module.__spec__ = alias  # as the import system does before exec_module
+        for module in modules:
+            finder.exec_module(module)
+        assert [m.__spec__.name for m in modules] == [iolib._MOVED[old] for old in olds]
+    finally:
+        for module, spec in zip(modules, own, strict=True):
+            module.__spec__ = spec

@@ -5,6 +5,7 @@ order of need"). Counted at moto's S3 through a `throttled::` wrapper, never tim
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 from iolib import DataLoader
 from iolib.sources import ParquetSource, ranges
 from iolib.sources.ranges import coalesce, column_spans, pieces
+from iolib.storage import ShortReadError, open_filesystem
 from tests.fixtures_s3 import s3_options  # noqa: F401 - the fixture
 from tests.test_cancel import _no_read_threads, _options, _settle, _upload, store_log  # noqa: F401
 
@@ -136,3 +138,26 @@ def test_a_token_batch_reads_its_large_row_groups_in_pieces_once(
         split += len(mine) > 1
     assert split >= 1  # the batch's own row group, at least
     del it
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "message"),
+    [
+        ({"truncate_rate": 1.0}, ShortReadError, r"read of \S*data\.bin \[\d+:\d+\] returned"),
+        ({"error_rate": 1.0}, ConnectionResetError, r"read \S*data\.bin \[\d+:\d+\]"),
+    ],
+)
+def test_a_failed_piece_is_raised_naming_the_file_and_its_range(
+    tmp_path, monkeypatch, fault, error, message
+) -> None:
+    """A piece's failure reaches the read that split it (never swallowed, never short
+    bytes handed on), naming the file and the piece's range; no piece thread is left."""
+    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 1000)
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 1000)
+    (tmp_path / "data.bin").write_bytes(bytes(range(256)) * 40)  # 10,240 bytes: 8 pieces
+    fs, path = open_filesystem(f"faulty::file://{tmp_path}/data.bin", {"faulty": fault})
+    ranged = ranges.RangedFile(fs, path, 10240)
+    with pytest.raises(error, match=message):
+        ranged.load([(0, 10240)], split=True)
+    assert ranged.held_bytes == 0  # nothing short kept
+    assert not [t for t in threading.enumerate() if t.name == "iolib-piece" and t.is_alive()]

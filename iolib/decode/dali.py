@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from iolib.base.forks import reset_after_fork
 from iolib.base.shutdown import stop_all
 from iolib.decode.native_threads import cpu_seconds, started_threads
 from iolib.decode.probe import as_buffer
@@ -152,6 +153,9 @@ def _build(spec: OutputSpec, batch_size: int, device_id: int | None) -> Any:
     return pipe, pool
 
 
+_FORKED_AWAY: list[Any] = []  # pipelines a forked process inherited (see _after_fork)
+
+
 class DaliBackend:
     """One DALI pipeline, run by one calling thread at a time, rebuilt for a larger batch
     or after an error."""
@@ -167,6 +171,17 @@ class DaliBackend:
             device = torch.device(spec.device)
             index = device.index
             self._device_id = index if index is not None else torch.cuda.current_device()
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """A forked worker has none of its parent's threads: not the one that held the lock
+        for a run at the fork (the lock would stay held), nor the pipeline's decode pool.
+        The pipeline is built anew; the parent's is kept, never run nor destroyed here
+        (its destructor would wait for threads this process does not have)."""
+        self._lock = threading.Lock()
+        if self._pipe is not None:
+            _FORKED_AWAY.append(self._pipe)
+        self._pipe, self._threads, self._capacity = None, None, 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("iolib.images")
 _notice_logged = False
 _RESOLVING = threading.Lock()  # one backend per ImagePipeline, however many threads ask
+
+
+def _unlock_after_fork() -> None:
+    """A forked worker starts with `_RESOLVING` free: a parent thread that held it (a
+    backend being built) does not exist there to let it go."""
+    global _RESOLVING
+    _RESOLVING = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_after_fork)
 _LAYOUT_DTYPES = {"NCHW": "float32", "NHWC": "uint8"}
 _DTYPES = ("float16", "float32", "uint8")
 

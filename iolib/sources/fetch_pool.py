@@ -204,10 +204,11 @@ class FetchPool:
         """Wait up to `timeout` s for this pool's threads to exit; whether they did."""
         deadline = time.monotonic() + timeout
         me = threading.current_thread()
-        for thread in list(self._started):
-            if thread is not me:
-                thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in list(self._started) if t is not me)
+        with self._cv:  # a submit on another thread may add one meanwhile (`_grow`)
+            threads = [t for t in self._started if t is not me]
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
 
     def pending(self) -> int:
         """Reads queued or running."""
@@ -276,8 +277,9 @@ class FetchPool:
         self._entries.pop(head[4], None)
         return head
 
-    def _next(self) -> list[Any] | None:
-        """The next read for this thread, waiting up to IDLE_S for one; None: exit."""
+    def _next(self) -> tuple[list[Any], int] | None:
+        """The next read for this thread and the cancel generation it starts in, waiting
+        up to IDLE_S for one; None: exit."""
         dropped: list[Future] = []
         try:
             with self._cv:
@@ -286,7 +288,8 @@ class FetchPool:
                     entry = self._startable()
                     if entry is not None:
                         self._running[entry[0]] += 1
-                        return entry
+                        # Read with the read taken: a cancel after it makes this read late.
+                        return entry, self.generation
                     queued = any(e[5] for e in self._queue)
                     if not queued and self._closed:
                         break
@@ -302,10 +305,11 @@ class FetchPool:
 
     def _work(self) -> None:
         while True:
-            entry = self._next()
-            if entry is None:
+            taken = self._next()
+            if taken is None:
                 return
-            kind, generation, future = entry[0], self.generation, entry[4]
+            entry, generation = taken
+            kind, future = entry[0], entry[4]
             _current.need = kind == NEED
             if future.set_running_or_notify_cancel():
                 try:
@@ -323,7 +327,7 @@ class FetchPool:
             if not late and deposit is not None:
                 deposit(read, retries)
             # Nothing of the read kept while idle: its closure may hold a dropped reader.
-            del entry, future, deposit
+            del taken, entry, future, deposit
 
 
 def _cancel(futures: list[Future]) -> None:

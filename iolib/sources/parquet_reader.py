@@ -109,10 +109,10 @@ class ParquetReader:
             self._dense = None
 
     def cancel(self) -> None:
-        """Drop the queued reads (a loader closed, dropped or left): reads on the wire
-        finish (their bytes: `bytes_after_close`); read-ahead starts again from the next
-        batch read."""
-        self._ahead.cancel()  # claimed reads let their waiters go (`_drop_if_cancelled`)
+        """Drop the queued read-ahead (a loader closed, dropped or left): reads on the
+        wire finish (their bytes: `bytes_after_close`) and a batch's own reads are kept;
+        read-ahead starts again with the next plan (`plan_epoch`: the next pass)."""
+        self._ahead.cancel()
         # No lock: this may run from a finalizer on a thread that holds it.
         self._ahead_sent = set()
 

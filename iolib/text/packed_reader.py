@@ -124,8 +124,9 @@ class TokenReader:
             self._pieces.clear()
 
     def cancel(self) -> None:
-        """Drop the queued reads (a loader closed, dropped or left): reads on the wire
-        finish, and read-ahead starts again from the next batch read."""
+        """Drop the queued read-ahead (a loader closed, dropped or left): reads on the
+        wire finish; read-ahead starts again with the next plan (`plan_epoch`: the next
+        pass)."""
         self._reads.cancel()
         # No lock: this may run from a finalizer on a thread that holds it.
         self._ahead, self._stalled = (-1, -1), (-1, -1)
