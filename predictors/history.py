@@ -489,17 +489,31 @@ def _read_file(fs: Any, path: str, workload: str) -> list[RunRecord]:
     return records
 
 
+def _launcher() -> str:
+    """The parent process (torchrun's agent for its ranks) as pid and start time: the
+    ranks of one launch share it, two launches never do, even with one `--rdzv-id`."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat", "rb") as f:
+            started = f.read().rsplit(b")", 1)[1].split()[19].decode()  # field 22
+    except (OSError, IndexError):
+        started = ""
+    return f"{ppid}:{started}"
+
+
 def new_run_id(environ: dict[str, str] | None = None) -> str:
     """A run id unique across processes and hosts, ordered by time for people reading it.
     Under torchrun (``TORCHELASTIC_RUN_ID``, with ``TORCHELASTIC_RESTART_COUNT``) every
-    rank of one job, and of one restart of it, gets the same id: they are one run of the
-    workload (for the last K runs and the model's leave-one-run-out weight)."""
+    rank of one launch on a node, and of one restart of it, gets the same id: they are
+    one run of the workload (for the last K runs and the model's leave-one-run-out
+    weight). The launching agent is part of the id, because scripts often pass the same
+    `--rdzv-id` to every launch; the nodes of a multi-node job count as a run each."""
     env = os.environ if environ is None else environ
     job = env.get("TORCHELASTIC_RUN_ID", "").strip()
     if job and job.lower() != "none":  # torchrun's default id when none is given
         restart = env.get("TORCHELASTIC_RESTART_COUNT", "0").strip() or "0"
-        digest = hashlib.sha256(f"{job}\0{restart}".encode()).hexdigest()[:12]
-        return f"elastic-{digest}"
+        launch = f"{job}\0{restart}\0{_launcher()}"
+        return f"elastic-{hashlib.sha256(launch.encode()).hexdigest()[:12]}"
     return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
 

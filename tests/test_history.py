@@ -7,6 +7,8 @@ import dataclasses
 import json
 import logging
 import multiprocessing
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -428,6 +430,31 @@ def test_the_ranks_of_one_torchrun_job_are_one_run(tmp_path) -> None:
     # A later job (another id) is another run: the last one run is that job alone.
     store.append([record("job-42"), record("job-42", rank=1)])
     assert {r.run_id for r in store.runs(KEY.digest(), max_runs=1)} == {"job-42"}
+
+
+def test_two_launches_with_one_rdzv_id_are_two_runs() -> None:
+    """Scripts often pass the same `--rdzv-id` to every launch: the ranks of a launch
+    share a run id, and the next launch is another run."""
+    rank = "from predictors.history import new_run_id; print(new_run_id())"
+    launch = (
+        "import os, subprocess, sys\n"
+        "env = dict(os.environ, TORCHELASTIC_RUN_ID='fixed-id', TORCHELASTIC_RESTART_COUNT='0')\n"
+        "ids = [subprocess.run([sys.executable, '-c', sys.argv[1]], env=env, text=True,\n"
+        "       capture_output=True, timeout=120, check=True).stdout.strip() for _ in (0, 1)]\n"
+        "print(*ids)\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", launch, rank],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout.split()
+        for _ in (0, 1)
+    ]
+    assert all(len(ids) == 2 and ids[0] == ids[1] for ids in runs), runs
+    assert runs[0][0] != runs[1][0], runs
 
 
 def test_the_report_says_what_the_next_run_tries_and_it_does(tmp_path) -> None:
