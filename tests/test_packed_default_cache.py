@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 
 from iolib import DataLoader
@@ -52,3 +53,14 @@ def test_a_given_cache_is_kept(tmp_path):
     given = PackedTokens(url, column="tokens", seq_len=64, eos_id=0, cache_bytes=64 << 20)
     len(given)
     assert given.cache_bytes == 64 << 20
+
+
+def test_a_default_cache_too_small_is_refused_saying_none_was_given():
+    from iolib.errors import ConfigError
+    from iolib.text.packed_checks import check_budget
+
+    sizes = np.full(4, 1 << 29)  # four 512 MiB row groups: 2 GiB held together
+    with pytest.raises(ConfigError, match=r"`cache_bytes` \(not given; its default is at most"):
+        check_budget(sizes, "tokens", 1 << 29, 1 << 30, "corpus", given=False)
+    with pytest.raises(ConfigError, match=r"`cache_bytes`=1073741824 holds"):
+        check_budget(sizes, "tokens", 1 << 29, 1 << 30, "corpus")

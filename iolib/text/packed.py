@@ -136,7 +136,7 @@ class PackedTokens(Source):
             # Refused every time, not only the first.
             sizes = segment_bytes(index, kind)
             check_budget(sizes, self.column, self.shuffle_window, self.cache_bytes,
-                         self.describe())  # fmt: skip
+                         self.describe(), given=not self._cache_default)  # fmt: skip
             if self._cache_default:
                 # What the order reads together, not 1 GiB: a cache larger than that only
                 # keeps the last epoch's segments, which the next epoch never reads.

@@ -105,9 +105,16 @@ def cache_need(sizes: np.ndarray, column: str, shuffle_window: int) -> tuple[int
 
 
 def check_budget(
-    sizes: np.ndarray, column: str, shuffle_window: int, cache_bytes: int, where: str
+    sizes: np.ndarray,
+    column: str,
+    shuffle_window: int,
+    cache_bytes: int,
+    where: str,
+    *,
+    given: bool = True,
 ) -> None:
-    """Refuse a cache smaller than `cache_need`; the message names both sizes."""
+    """Refuse a cache smaller than `cache_need`; the message names both sizes, and says
+    so where the user passed none (`given=False`: the default's ceiling ran short)."""
     need, why = cache_need(sizes, column, shuffle_window)
     if need <= cache_bytes:
         return
@@ -119,9 +126,13 @@ def check_budget(
         if MIN_GROUPS_HELD * largest <= cache_bytes and smaller > 0
         else " or write the data with smaller row groups"
     )
+    held = (
+        f"`cache_bytes`={cache_bytes}"
+        if given
+        else (f"`cache_bytes` (not given; its default is at most {cache_bytes})")
+    )
     raise ConfigError(
-        f"{where}: `cache_bytes`={cache_bytes} holds {why}. Raise "
-        f"`cache_bytes` to at least {need}{lower}."
+        f"{where}: {held} holds {why}. Raise `cache_bytes` to at least {need}{lower}."
     )
 
 
