@@ -316,7 +316,7 @@ class ParquetSource(Source):
                 table = self.row_group(group)
             except DataError as exc:
                 log.info("%s: sizing the cache without row group %d: %s", self.describe(),
-                         group, exc)  # fmt: skip
+                         group, str(exc))  # fmt: skip
                 continue
             self._reader.defer_counts()  # this thread makes no batch: the next one counts it
             return max(1.0, table.nbytes / max(sizes[group], 1))

@@ -107,8 +107,10 @@ def _open_summary(fs: Any, where: str) -> pq.FileMetaData | None:
     except FileNotFoundError:
         return None
     except (OSError, EOFError, ValueError, pa.ArrowException) as exc:
+        # The text, not the exception: a kept log record would keep its traceback's
+        # frames, and the file handle open in them, alive.
         log.warning("%s cannot be read (%s: %s): reading every footer. `iolib index` writes "
-                    "it again.", where, type(exc).__name__, exc)  # fmt: skip
+                    "it again.", where, type(exc).__name__, str(exc))  # fmt: skip
         return None
 
 

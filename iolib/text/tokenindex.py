@@ -295,7 +295,7 @@ def load_or_compute(source: ParquetSource, column: str) -> TokenIndex:
         fs, path = open_filesystem(str(local), {})
         write_atomic(fs, path, index.to_bytes())  # a concurrent reader sees all or nothing
     except OSError as exc:
-        log.warning("Could not keep the token index in %s: %s", local, exc)
+        log.warning("Could not keep the token index in %s: %s", local, str(exc))
     return index
 
 
