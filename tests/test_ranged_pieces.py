@@ -45,6 +45,13 @@ def _group_span(path, group: int) -> tuple[int, int]:
     return span
 
 
+@pytest.fixture
+def small_pieces(monkeypatch) -> None:
+    """Needed reads above 128 KiB split into 64 KiB pieces: the test data's row groups."""
+    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 128 << 10)
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 64 << 10)
+
+
 def test_pieces_cut_only_what_is_larger_and_cover_it_exactly() -> None:
     assert pieces([(0, 100)], above=100, piece=10, most=4) == [(0, 100)]
     cut = pieces([(5, 106), (200, 210)], above=100, piece=10, most=4)
@@ -55,10 +62,8 @@ def test_a_needed_large_row_group_is_read_in_pieces_once(
     blobs,
     store_log,  # noqa: F811
     s3_options,  # noqa: F811
-    monkeypatch,
+    small_pieces,
 ) -> None:
-    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 128 << 10)
-    monkeypatch.setattr(ranges, "PIECE_BYTES", 64 << 10)
     local, url = blobs
     source = ParquetSource(url, storage_options=_options(s3_options), readahead=1)
     len(source)
@@ -85,10 +90,8 @@ def test_read_ahead_is_never_split(
     blobs,
     store_log,  # noqa: F811
     s3_options,  # noqa: F811
-    monkeypatch,
+    small_pieces,
 ) -> None:
-    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 128 << 10)
-    monkeypatch.setattr(ranges, "PIECE_BYTES", 64 << 10)
     local, url = blobs
     source = ParquetSource(url, storage_options=_options(s3_options), readahead=2)
     len(source)
@@ -106,15 +109,13 @@ def test_read_ahead_is_never_split(
 def test_a_token_batch_reads_its_large_row_groups_in_pieces_once(
     store_log,  # noqa: F811
     s3_options,  # noqa: F811
-    monkeypatch,
+    small_pieces,
     tmp_path,
 ) -> None:
     """PackedTokens' reads take the same path: a row group a batch waits for arrives in
     pieces (a read ahead, promoted or not, in one piece or several), each byte once."""
     from iolib.text import PackedTokens
 
-    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 128 << 10)
-    monkeypatch.setattr(ranges, "PIECE_BYTES", 64 << 10)
     local = tmp_path / "tokens"
     local.mkdir()
     rng = np.random.default_rng(0)
