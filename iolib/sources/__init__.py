@@ -14,12 +14,14 @@ from iolib.sources.parquet_description import checked_cache_bytes as checked_cac
 from iolib.sources.parquet_fetch import decode_slots as decode_slots
 from iolib.sources.parquet_files import is_pattern as is_pattern
 from iolib.sources.readahead import ReadAhead as ReadAhead
+from iolib.sources.rgcache import EpochUses as EpochUses
+from iolib.sources.rgcache import PlannedCache as PlannedCache
 from iolib.sources.summary import regular_file as regular_file
 from iolib.sources.summary import write_atomic as write_atomic
 from iolib.sources.torchds import TorchDatasetSource, as_source
 
 # For other layers of iolib (the token sources in iolib.text), not users, so not in
-# __all__: `ReadAhead`, `decode_slots`, `checked_cache_bytes`, `leaf_values`,
-# `is_pattern`, `regular_file`, `write_atomic`.
+# __all__: `ReadAhead`, `PlannedCache`, `EpochUses`, `decode_slots`,
+# `checked_cache_bytes`, `leaf_values`, `is_pattern`, `regular_file`, `write_atomic`.
 
 __all__ = ["ImageFolderSource", "ParquetSource", "Source", "TorchDatasetSource", "as_source"]

@@ -232,6 +232,22 @@ class PlannedCache:
         """Bytes the cache can take without evicting."""
         return self.budget - self.held
 
+    def make_room(self, size: int, until: tuple[int, int], reserved: int = 0) -> bool:
+        """Evict held row groups next used after `until` ((epoch, batch): when a read
+        ahead is needed), the one needed furthest ahead first, until `size` bytes fit
+        beside `reserved` (reads in flight); whether they fit. A read ahead thus never
+        displaces what is needed sooner than itself. False without a plan."""
+        now = min(self.active.values()) if self.active else self.last
+        while self.held + reserved + size > self.budget:
+            if now is None or not self.plans or not self.tables:
+                return False
+            victim, when = max(((g, self._distance(g, now)) for g in self.tables),
+                               key=lambda x: x[1])  # fmt: skip
+            if when <= until:
+                return False
+            self._evict(victim)
+        return True
+
     def still_used(self, epoch: int, group: int) -> bool:
         """Whether a batch from the earliest one in progress on reads `group` (in view
         of the plan); True without a plan or a batch in progress."""

@@ -138,8 +138,8 @@ class PackedTokens(Source):
             check_budget(sizes, self.column, self.shuffle_window, self.cache_bytes,
                          self.describe(), given=not self._cache_default)  # fmt: skip
             if self._cache_default:
-                # What the order reads together, not 1 GiB: a cache larger than that only
-                # keeps the last epoch's segments, which the next epoch never reads.
+                # What the order reads together, not 1 GiB: the cache keeps a row group's
+                # segment across epochs, and more than the corpus holds nothing more.
                 need = cache_need(sizes, self.column, self.shuffle_window)[0]
                 self.cache_bytes = min(DEFAULT_CACHE_BYTES, need)
                 self._reader.set_budget(self.cache_bytes)
@@ -148,8 +148,9 @@ class PackedTokens(Source):
         return self._index
 
     @property
-    def _group_bytes(self) -> np.ndarray:
-        """Decoded bytes of each row group's segment: reads ask for every one they start."""
+    def group_bytes(self) -> np.ndarray:
+        """Decoded bytes of each row group's segment (its tokens and 16 a document): what
+        the reader's cache counts for it."""
         if self._index is None:
             _ = self.index  # loading the index sets them
         return self._sizes
@@ -157,8 +158,8 @@ class PackedTokens(Source):
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the
         largest as `shuffle_window` holds; all where the corpus fits in it."""
-        groups = window_groups(self._group_bytes, self.shuffle_window)
-        return int(self._group_bytes.size) if groups is None else groups
+        groups = window_groups(self.group_bytes, self.shuffle_window)
+        return int(self.group_bytes.size) if groups is None else groups
 
     def blocks(self) -> np.ndarray:
         """Chunks of consecutive windows, each about one shuffle window of row groups:
@@ -169,7 +170,7 @@ class PackedTokens(Source):
         return default_blocks(windows, max(1, per_chunk // self.seq_len))
 
     @property
-    def _stream(self) -> TokenStream:
+    def stream(self) -> TokenStream:
         """The stream as the plan sees it (row groups' stream tokens, chunking), once."""
         if "_stream_" not in self.__dict__:
             self.__dict__["_stream_"] = TokenStream(self.index.stream, self.seq_len,
@@ -192,7 +193,7 @@ class PackedTokens(Source):
             ("block", "global", 0),
         )  # fmt: skip
         return Layout(blocks=self.blocks(), modes=modes, lanes=self.lanes, granule=None,
-                      stream=self._stream, epoch_samples=self.shuffle_documents)  # fmt: skip
+                      stream=self.stream, epoch_samples=self.shuffle_documents)  # fmt: skip
 
     def fit_cache(self, row_groups: int) -> int:
         return self.cache_bytes  # the budget is the user's, not the loader's estimate

@@ -3,9 +3,11 @@
 Why apart from `PackedTokens`: the source is a description (the corpus, `seq_len`, eos,
 the window, its token index) that pickles into every worker as it is; this reader is
 what each process builds from it and never pickles: the decoded row groups (segments,
-in a cache bounded by `cache_bytes`), the reads in flight and their threads, the pieces
-kept at chunk edges, and the read-ahead along the plan's batches. `read` cuts a batch
-from its segments with the token loops (`iolib.text.kernels`).
+one a row group whatever the epoch, in the cache `ParquetReader` uses: `PlannedCache`,
+bounded by `cache_bytes`, evicting by next use along the loader's plan), the reads in
+flight and their threads, the pieces kept at chunk edges, and the read-ahead along the
+plan's batches. `read` cuts a batch from its segments with the token loops
+(`iolib.text.kernels`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from concurrent.futures import CancelledError, Future
 from functools import partial
 from typing import Any
 
-import cachetools
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,7 +26,7 @@ import pyarrow.compute as pc
 from iolib.base.forks import reset_after_fork
 from iolib.base.resources import thread_budget
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
-from iolib.sources import ReadAhead, decode_slots
+from iolib.sources import EpochUses, PlannedCache, ReadAhead, decode_slots
 from iolib.storage import count_bytes, is_local, open_filesystem
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
@@ -46,10 +47,16 @@ class Segment:
     bytes `PackedTokens` budgets for it: its tokens and 16 a document."""
 
     def __init__(
-        self, tokens: np.ndarray, starts: np.ndarray, rows: np.ndarray, offset: int = 0
+        self,
+        tokens: np.ndarray,
+        starts: np.ndarray,
+        rows: np.ndarray,
+        offset: int = 0,
+        epoch: int | None = None,
     ) -> None:
         self.tokens, self.starts, self.rows = tokens, starts, rows
         self.offset = offset  # where tokens[0] is in the row group's stream (a piece's)
+        self.epoch = epoch  # whose document order it holds (None: every epoch's)
         self.nbytes = tokens.nbytes + starts.nbytes + rows.nbytes
 
     def piece(self, a: int, b: int) -> Segment:
@@ -60,11 +67,16 @@ class Segment:
         starts = np.concatenate([[0], inside + 1]).astype(np.int64)
         first = int(np.searchsorted(self.starts, a, side="right") - 1)
         rows = self.rows[first : first + starts.size].copy()
-        return Segment(self.tokens[a:b].copy(), starts, rows, offset=a)
+        return Segment(self.tokens[a:b].copy(), starts, rows, offset=a, epoch=self.epoch)
 
     @classmethod
     def build(
-        cls, array: pa.ChunkedArray, first_row: int, eos: int, order: np.random.Generator | None
+        cls,
+        array: pa.ChunkedArray,
+        first_row: int,
+        eos: int,
+        order: np.random.Generator | None,
+        epoch: int | None = None,
     ) -> Segment:
         """Copy the documents in, one slice each: no temporary larger than the row
         group's own values (a vectorised gather would take 8 bytes a token)."""
@@ -81,30 +93,46 @@ class Segment:
         tokens = np.empty(int(starts[-1]), dtype=values.dtype)
         loops.pack_documents(values, offsets[docs], lengths[docs], starts, tokens)
         tokens[starts[1:] - 1] = eos
-        return cls(tokens, starts, docs + first_row)
+        return cls(tokens, starts, docs + first_row, epoch=epoch)
+
+    def reordered(self, order: np.random.Generator, eos: int, epoch: int) -> Segment:
+        """The same documents in `epoch`'s order, drawn from `order` as `build` draws it
+        (the same batches as a segment read for that epoch): one copy in memory instead
+        of a read. A whole segment only (a piece's documents are cut)."""
+        by_row = np.argsort(self.rows, kind="stable")  # positions, in the row group's order
+        picks = by_row[order.permutation(by_row.size)]
+        lengths = np.diff(self.starts)[picks] - 1
+        starts = np.zeros(picks.size + 1, dtype=np.int64)
+        np.cumsum(lengths + 1, out=starts[1:])
+        tokens = np.empty_like(self.tokens)
+        loops.pack_documents(self.tokens, self.starts[:-1][picks], lengths, starts, tokens)
+        tokens[starts[1:] - 1] = eos
+        return Segment(tokens, starts, self.rows[picks], epoch=epoch)
 
 
 class TokenReader:
-    """This process's reads of one `PackedTokens` (`d`, the description): segments kept
-    in a cache of at most `d.cache_bytes`, reads shared while in flight, and read-ahead
-    along the batches the loader's plan lists (`plan_epoch`)."""
+    """This process's reads of one `PackedTokens` (`d`, the description): a segment a row
+    group kept across epochs in a cache of at most `d.cache_bytes` (evicted by next use
+    along the loader's plan, `PlannedCache`; put in the epoch's document order when
+    served), reads shared while in flight, and read-ahead along the batches the loader's
+    plan lists (`plan_epoch`)."""
 
     def __init__(self, d: Any) -> None:  # a PackedTokens (not imported: it imports this)
         # A proxy, not a reference: the source owns its reader, and a cycle would keep a
         # dropped source's cache and read threads until the cycle collector ran.
         self.d = weakref.proxy(d)
         self._lock = threading.Lock()
+        self._reorder = threading.Lock()  # one row group put in another epoch's order at once
         self._epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._segments: cachetools.LRUCache = cachetools.LRUCache(
-            d.cache_bytes, getsizeof=lambda seg: seg.nbytes
-        )
+        # Row group -> its segment, in the order of whichever epoch last served it.
+        self._cache = PlannedCache(d.cache_bytes, _nbytes)
         # Not a bound method: the read-ahead must not keep its reader alive (a cycle).
         self._reads = ReadAhead("iolib-tokens", partial(_read_threads, self.d))
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
         self._horizons: dict[int, int] = {}  # epoch -> batches ahead read (`_horizon`)
         self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
         self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
-        self._recent: dict[tuple[int, int], np.ndarray] = {}
+        self._recent: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
         self._lanes_planned: dict[int, set[int]] = {}  # epoch -> lanes its plans deal to
         self._ranges: dict[tuple, dict] = {}  # (epoch, lanes) -> what edge row groups keep
         self._pieces: dict[tuple[int, int], list[Segment]] = {}  # (epoch, group) -> pieces
@@ -114,13 +142,15 @@ class TokenReader:
         """The parent's threads (and reads in flight, and its lock) are gone in a forked
         worker."""
         self._lock = threading.Lock()  # the read-ahead resets itself (`ReadAhead`)
+        self._reorder = threading.Lock()
+        self._cache.active = {}  # the parent's threads' batches: none here
 
     def close(self) -> None:
         """Stop the reads and drop the cached row groups."""
         self._reads.close()
         self._ahead, self._stalled = (-1, -1), (-1, -1)
         with self._lock:
-            self._segments.clear()
+            self._cache = PlannedCache(self.d.cache_bytes, _nbytes)
             self._pieces.clear()
 
     def cancel(self) -> None:
@@ -135,17 +165,15 @@ class TokenReader:
         """Bound the cache at `nbytes` (the source's default, sized once the index is
         known); what it holds beyond that goes, least recently used first."""
         with self._lock:
-            held = list(self._segments.items())
-            self._segments = cachetools.LRUCache(nbytes, getsizeof=lambda seg: seg.nbytes)
-            for key, segment in held:
-                if segment.nbytes <= nbytes:
-                    self._segments[key] = segment
+            self._cache.resize(nbytes)
 
     def cache_stats(self) -> dict[str, int]:
+        """Row-group reads and re-reads (same row group, same epoch), cache hits and
+        evictions, in this process."""
         with self._lock:
-            return {"cache_budget_bytes": self.d.cache_bytes,
-                    "cache_held_bytes": int(self._segments.currsize),
-                    "bytes_after_close": self._reads.bytes_after_close()}  # fmt: skip
+            stats = self._cache.stats()
+        stats["bytes_after_close"] = self._reads.bytes_after_close()
+        return stats
 
     def _horizon(self, epoch: int) -> int:
         """Batches ahead whose row groups may be read: a chunk's (this rank's batches of
@@ -173,7 +201,7 @@ class TokenReader:
             return found
         order, cum = self._epoch(epoch)
         pieces: dict[int, list[tuple[int, int]]] = {}
-        stream = self.d._stream
+        stream = self.d.stream
         for count in lanes:
             edges = stream_chunk_edges(cum, self.d.seq_len, len(self.d), count,
                                        stream.groups_per_chunk)  # fmt: skip
@@ -190,7 +218,7 @@ class TokenReader:
         found = self._epochs.get(key)
         if found is not None:
             return found
-        order, cum = stream_order(self.d._stream, self.d.seed, epoch)
+        order, cum = stream_order(self.d.stream, self.d.seed, epoch)
         with self._lock:
             self._epochs[key] = (order, cum)
             for old in [k for k in self._epochs if k[1] < epoch - 1]:
@@ -204,7 +232,12 @@ class TokenReader:
         plan they come from say which windows straddle chunks (what to keep of a row
         group at a chunk's edge)."""
         lanes, _, _ = _lanes_of(batches)
+        order, cum = self._epoch(epoch)
+        # Not a method: the cache's plan must not keep its reader alive (a cycle).
+        groups = partial(_groups_in, order, cum, self.d.seq_len)
+        uses = EpochUses.build(epoch, batches, groups)
         with self._lock:
+            self._cache.plan(uses)  # the cache evicts by next use along these batches
             self._plans = {e: b for e, b in self._plans.items() if e == epoch - 1}
             self._plans[epoch] = batches
             self._horizons = {e: h for e, h in self._horizons.items() if e == epoch - 1}
@@ -216,18 +249,7 @@ class TokenReader:
     def _groups_of(self, windows: np.ndarray, epoch: int) -> np.ndarray:
         """Positions (in the epoch's row-group order) that windows' tokens come from,
         with the token after each window (its last label)."""
-        _, cum = self._epoch(epoch)
-        lo = windows * self.d.seq_len
-        hi = np.minimum(lo + self.d.seq_len, cum[-1] - 1)
-        first = np.searchsorted(cum, lo, side="right") - 1
-        last = np.searchsorted(cum, hi, side="right") - 1
-        if (last - first <= 1).all():  # a window in one or two segments: no gaps to fill
-            return np.unique(np.concatenate([first, last]))
-        counts = last - first + 1
-        spans = np.repeat(first, counts) + (
-            np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        )
-        return np.unique(spans)
+        return _positions(windows, self._epoch(epoch)[1], self.d.seq_len)
 
     def _fetch(
         self,
@@ -235,24 +257,24 @@ class TokenReader:
         position: int,
         windows: np.ndarray,
         ahead: bool = False,
-        keep: set | None = None,
         batch: int = 0,
     ) -> Segment | Future | None:
-        """The segment at `position` of the epoch's row-group order if held, else a piece
-        of it that holds all that `windows` need of it, else its read: shared if in
-        flight (one read however many threads want it), else started; None when reading
-        ahead finds no room, even after dropping the held segments not in `keep` (those
-        the batches around this one read)."""
+        """The segment at `position` of the epoch's row-group order if held (in any
+        epoch's document order), else a piece of it that holds all that `windows` need
+        of it, else its read: shared if in flight (one read however many threads want
+        it), else started; None when reading ahead finds no room, even after dropping
+        the held segments needed later than batch `batch` (`PlannedCache.make_room`)."""
         order, _ = self._epoch(epoch)
-        key = (epoch, int(order[position]))
+        group = int(order[position])
         with self._lock:
-            held = self._segments.get(key)
+            held = self._cache.get(group)  # in any epoch's order: `_serve` reorders it
             if held is not None:
                 return held
-            pieces = self._pieces.get(key)
-        # A read in flight is shared; one a batch now waits on goes before read-ahead.
+            pieces = self._pieces.get((epoch, group))
+        # A read in flight is shared (whichever epoch started it: `_serve` reorders it);
+        # one a batch now waits on goes before read-ahead.
         pool = self._reads.started
-        flight = pool.flight(key, need=not ahead, priority=batch) if pool is not None else None
+        flight = pool.flight(group, need=not ahead, priority=batch) if pool is not None else None
         if flight is not None:
             return flight
         if pieces:
@@ -262,13 +284,14 @@ class TokenReader:
         pool = self._reads.pool()
         with self._lock:
             # A read that landed since the look above put its segment first: no re-read.
-            held = self._segments.get(key)
+            held = self._cache.get(group)
             if held is not None:
                 return held
-            if ahead and pool.flight(key) is None and not self._room_for(key, keep):
+            if ahead and pool.flight(group) is None and not self._room_for(group, epoch, batch):
                 return None  # no room to read ahead: the batch that needs it will
             # Shared if another thread started it meanwhile (the pool's key).
-            flight = pool.submit(partial(self._load, key), ahead=ahead, priority=batch, key=key)
+            load = partial(self._load, epoch, group)
+            flight = pool.submit(load, ahead=ahead, priority=batch, key=group)
         if not ahead:
             pool.promote(flight, batch)
         return flight
@@ -292,46 +315,41 @@ class TokenReader:
                 return piece
         return None
 
-    def _room_for(self, key: tuple[int, int], keep: set | None) -> bool:
-        """Whether the cache has room to read `key` ahead, made by dropping held segments
-        not in `keep`, oldest read first: when the next chunk's row groups are due the
-        cache is full of the last chunk's, which it would otherwise keep until a batch
-        has to wait for its reads. Under the lock."""
-        size, budget = int(self.d._group_bytes[key[1]]), self.d.cache_bytes
-        if self._segments.currsize + self._in_flight_bytes() + size <= budget:
-            return True
-        for old in [k for k in self._segments if k not in keep] if keep is not None else ():
-            del self._segments[old]
-            if self._segments.currsize + self._in_flight_bytes() + size <= budget:
-                return True
-        return False
+    def _room_for(self, group: int, epoch: int, batch: int) -> bool:
+        """Whether the cache has room to read `group` ahead for batch `batch`, made by
+        dropping held segments needed later than that batch (or never), the furthest
+        first: when the next chunk's row groups are due the cache is full of the last
+        chunk's, which it would otherwise keep until a batch has to wait for its reads.
+        Under the lock."""
+        size = int(self.d.group_bytes[group])
+        return self._cache.make_room(size, (epoch, batch), self._in_flight_bytes())
 
     def _in_flight_bytes(self) -> int:
         """A read in flight counts as the segment it will be: the decoder's own buffers
         exist only while a decode slot (one a core) holds it, bounded by the cores, not by
         the reads queued (counted 3x, the next chunk was not read ahead in time)."""
-        sizes = self.d._group_bytes
+        sizes = self.d.group_bytes
         pool = self._reads.started
-        return int(sum(sizes[group] for _, group in pool.in_flight())) if pool else 0
+        return int(sum(sizes[group] for group in pool.in_flight())) if pool else 0
 
-    def _load(self, key: tuple[int, int]) -> Segment:
-        epoch, group = key
+    def _load(self, epoch: int, group: int) -> Segment:
+        """Read and decode row group `group` in `epoch`'s document order, and cache it."""
         try:
             needed = self._reads.needed()  # a batch waits for it: read in parallel pieces
             parquet = self.d.parquet
             table = tokenindex.unskippable(lambda: parquet.fetch_row_group(group, needed=needed))
             first_row = int(self.d.parquet.row_starts()[group])
             order = stream_rng(self.d.seed, epoch, group) if self.d.shuffle_documents else None
-            segment = Segment.build(table.column(self.d.column), first_row, self.d.eos_id, order)
+            tagged = epoch if order is not None else None
+            segment = Segment.build(table.column(self.d.column), first_row, self.d.eos_id, order,
+                                    tagged)  # fmt: skip
             del table
             documents = segment.starts.size - 1  # the index's counts, checked (free here)
             self.d.index.check_segment(group, segment.tokens.size - documents, documents)
-            # A corpus in one chunk has no edges: nothing to keep.
-            pieces = [segment.piece(a, b) for a, b in self._edge_pieces(epoch).get(group, ())]
+            self._keep_pieces(epoch, group, segment)
             with self._lock:
-                self._segments[key] = segment
-                if pieces:
-                    self._pieces[key] = pieces
+                self._cache.record_read(group, epoch)
+                self._cache.put(group, segment, threading.get_ident())
             return segment
         finally:
             with self._lock:
@@ -342,18 +360,15 @@ class TokenReader:
                 # CPU a batch).
                 pa.default_memory_pool().release_unused()
 
-    def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int], frozenset]:
-        """Windows of batch k of the plan, the positions of their row groups and the
-        keys of their segments (the batches read ahead are kept: each costs an order
-        lookup, and they are asked for again to find this batch and to know which
-        segments to keep)."""
+    def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int]]:
+        """Windows of batch k of the plan and the positions of their row groups (the
+        batches read ahead are kept: each costs an order lookup, and they are asked for
+        again to find this batch)."""
         key = (epoch, k)
         found = self._recent.get(key)
         if found is None:
             windows = np.asarray(self._plans[epoch][k], dtype=np.int64)
-            positions = self._groups_of(windows, epoch).tolist()
-            order, _ = self._epoch(epoch)
-            found = (windows, positions, frozenset((epoch, int(order[p])) for p in positions))
+            found = (windows, self._groups_of(windows, epoch).tolist())
             with self._lock:
                 self._recent[key] = found
                 while len(self._recent) > self._horizon(epoch) + 4 * BEHIND_BATCHES:
@@ -383,22 +398,12 @@ class TokenReader:
         done_epoch, done = self._ahead
         start = max(now + 1, done + 1 if done_epoch == epoch else 0)
         for k in range(start, min(total, now + 1 + self._horizon(epoch))):
-            keep, (windows, positions, _) = None, self._planned(epoch, k)
+            windows, positions = self._planned(epoch, k)
             for position in positions:
-                found = self._fetch(epoch, position, windows, ahead=True, batch=k)
-                if found is None:  # make room from segments no batch near this one reads
-                    keep = keep or self._needed(epoch, now, k)
-                    found = self._fetch(epoch, position, windows, ahead=True, keep=keep, batch=k)
-                if found is None:
+                if self._fetch(epoch, position, windows, ahead=True, batch=k) is None:
                     self._stalled = (epoch, now)
                     return  # no room: this batch is looked at again a few batches on
             self._ahead = (epoch, k)
-
-    def _needed(self, epoch: int, now: int, upto: int) -> set[tuple[int, int]]:
-        """Keys of the segments that the batches from a few before batch `now` (other
-        workers may still be reading them) up to batch `upto` read."""
-        near = range(max(0, now - BEHIND_BATCHES), upto + 1)
-        return set().union(*(self._planned(epoch, b)[2] for b in near))
 
     def read(self, indices: np.ndarray, *, epoch: int = 0, batch: int | None = None) -> pa.Table:
         """Windows `indices` of `epoch`, as fixed-size-list columns (collated to [B, L]
@@ -413,26 +418,64 @@ class TokenReader:
         else:
             positions = self._groups_of(windows, epoch).tolist()
         at = k if k is not None else 0
-        found = {p: self._fetch(epoch, p, windows, batch=at) for p in positions}  # all at once
-        if k is not None:
-            self._read_ahead(epoch, k)
-        segments = {p: self._wait(epoch, p, windows, f, at) for p, f in found.items()}
-        read, retries = self._reads.take_io()
-        count_bytes(read)  # helper threads' reads count in the batch that needed them
-        count_retries(retries)
+        thread = threading.get_ident()
+        with self._lock:  # which batch this thread cuts: the cache keeps its row groups
+            self._cache.begin(thread, epoch, int(windows[0]) if windows.size else None, k)
+        try:
+            found = {p: self._fetch(epoch, p, windows, batch=at) for p in positions}  # at once
+            if k is not None:
+                self._read_ahead(epoch, k)
+            segments = {p: self._wait(epoch, p, windows, f, at) for p, f in found.items()}
+        finally:
+            with self._lock:
+                self._cache.end(thread)
+            read, retries = self._reads.take_io()
+            count_bytes(read)  # helper threads' reads count in the batch that needed them
+            count_retries(retries)
         return self._cut(windows, epoch, segments)
 
     def _wait(
         self, epoch: int, position: int, windows: np.ndarray, found: Any, batch: int
     ) -> Segment:
-        """The segment `found` is or will be; read again if its read was cancelled (a
-        loader over this source was closed meanwhile)."""
+        """The segment `found` is or will be, in `epoch`'s document order (`_serve`);
+        read again if its read was cancelled (a loader over this source was closed
+        meanwhile)."""
         while not isinstance(found, Segment):
             try:
-                return found.result()
+                found = found.result()
             except CancelledError:
                 found = self._fetch(epoch, position, windows, batch=batch)
-        return found
+        return self._serve(epoch, position, found)
+
+    def _serve(self, epoch: int, position: int, segment: Segment) -> Segment:
+        """`segment` in `epoch`'s document order: as it is, or put in that order from
+        another epoch's (a copy, no read), which then takes its place in the cache, with
+        the pieces this epoch keeps of it. One thread reorders a row group at a time (a
+        batch's threads all want the same ones as an epoch begins)."""
+        if segment.epoch is None or segment.epoch == epoch:
+            return segment
+        group = int(self._epoch(epoch)[0][position])
+        with self._reorder:
+            with self._lock:
+                held = self._cache.tables.get(group)
+            if held is not None and held.epoch == epoch:
+                return held  # another thread put it in this order meanwhile
+            rng = stream_rng(self.d.seed, epoch, group)
+            new = segment.reordered(rng, self.d.eos_id, epoch)
+            self._keep_pieces(epoch, group, new)
+            with self._lock:
+                if self._cache.tables.get(group) is held is not None:
+                    self._cache.tables[group] = new  # the same bytes: what it holds is true
+        return new
+
+    def _keep_pieces(self, epoch: int, group: int, segment: Segment) -> None:
+        """Keep the pieces of `segment` (in `epoch`'s order) that this epoch's windows
+        straddling two chunks take (a corpus in one chunk has no edges: none)."""
+        ranges = self._edge_pieces(epoch).get(group, ())
+        if ranges:
+            pieces = [segment.piece(a, b) for a, b in ranges]
+            with self._lock:
+                self._pieces[(epoch, group)] = pieces
 
     def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
         """The windows' columns, filled by one compiled pass over each segment's pieces
@@ -505,3 +548,29 @@ def _read_threads(d: Any) -> int:
     options = d.parquet.storage_options
     local = all(is_local(open_filesystem(url, options)[0]) for url in d.parquet.urls)
     return decode_slots() if local else FETCH_THREADS
+
+
+def _nbytes(segment: Segment) -> int:
+    return segment.nbytes
+
+
+def _positions(windows: np.ndarray, cum: np.ndarray, seq_len: int) -> np.ndarray:
+    """Positions (in an epoch's row-group order, whose prefix sums of stream tokens are
+    `cum`) that windows' tokens come from, with the token after each window (its last
+    label)."""
+    lo = windows * seq_len
+    hi = np.minimum(lo + seq_len, cum[-1] - 1)
+    first = np.searchsorted(cum, lo, side="right") - 1
+    last = np.searchsorted(cum, hi, side="right") - 1
+    if (last - first <= 1).all():  # a window in one or two segments: no gaps to fill
+        return np.unique(np.concatenate([first, last]))
+    counts = last - first + 1
+    spans = np.repeat(first, counts) + (
+        np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    )
+    return np.unique(spans)
+
+
+def _groups_in(order: np.ndarray, cum: np.ndarray, seq_len: int, windows: np.ndarray) -> np.ndarray:
+    """Row groups that windows' tokens come from (`_positions`, in `order`)."""
+    return order[_positions(np.asarray(windows, dtype=np.int64), cum, seq_len)]

@@ -1,0 +1,133 @@
+"""The token reader's cache holds a row group's segment across epochs (issue 42, "read-ahead
+exists once"; issue 43, "bytes fetched <= 1.02x stored"): a second epoch, or the epoch
+after a warm-up cut after one batch, reuses what the cache holds and reads only what it
+does not, with the batches of a cold reader. Counted by the loader's own stats on local
+files (bytes read, row-group reads), never timed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from iolib import DataLoader
+from iolib.plan import stream_rng
+from iolib.text import PackedTokens
+from iolib.text.packed_reader import Segment
+from tests.token_data import doc_lengths, write_documents
+
+EOS, SEQ = 0, 16
+LENGTHS = doc_lengths(400, seed=3, low=0, high=60)  # some empty documents
+WINDOW = 10_000  # bytes: about three of the corpus's 25 row groups (a windowed shuffle)
+WHOLE = 10**8  # a window and a cache that hold the whole corpus
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("IOLIB_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def corpus(tmp_path) -> str:
+    return write_documents(tmp_path / "c", LENGTHS, shards=3, row_group_size=16)
+
+
+def _packed(url: str, budget: int, window: int = WINDOW) -> PackedTokens:
+    # The loader's seed: the loader reads through this very source (not a reseeded copy).
+    return PackedTokens(url, column="tokens", seq_len=SEQ, eos_id=EOS, document_ids=True,
+                        cache_bytes=budget, shuffle_window=window, seed=11)  # fmt: skip
+
+
+def _loader(source: PackedTokens, workers: int = 0) -> DataLoader:
+    return DataLoader(source, batch_size=4, shuffle=True, seed=11, num_workers=workers)
+
+
+def _epoch(loader: DataLoader, epoch: int) -> list[np.ndarray]:
+    loader.set_epoch(epoch)
+    return [np.stack([b["input_ids"].numpy(), b["document_ids"].numpy()]) for b in loader]
+
+
+def _held_groups(source: PackedTokens) -> int:
+    return len(source._reader._cache.tables)
+
+
+def test_a_segment_put_in_another_epochs_order_is_the_one_read_for_it(corpus) -> None:
+    """`Segment.reordered` gives, bit for bit, the segment `Segment.build` makes from the
+    row group for that epoch (documents, eos, rows), empty documents left out alike."""
+    column = pq.read_table(f"{corpus}/part-0.parquet").column("tokens")
+    assert (np.asarray([len(x) for x in column.to_pylist()]) == 0).any()  # an empty one
+    first = Segment.build(column, 32, EOS, stream_rng(7, 0, 2), epoch=0)
+    for epoch in (1, 2):
+        want = Segment.build(column, 32, EOS, stream_rng(7, epoch, 2), epoch=epoch)
+        got = first.reordered(stream_rng(7, epoch, 2), EOS, epoch)
+        for name in ("tokens", "starts", "rows"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), name
+        assert got.epoch == epoch and got.nbytes == want.nbytes == first.nbytes
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_two_epochs_that_the_cache_holds_read_each_row_group_once(corpus, workers) -> None:
+    """A budget that holds the corpus: the second epoch reads nothing (before, segments
+    were kept per epoch and it read the corpus again)."""
+    once = _loader(_packed(corpus, WHOLE, WHOLE), workers)
+    _epoch(once, 0)
+    stored = once.stats()["bytes_read"]
+    source = _packed(corpus, WHOLE, WHOLE)
+    twice = _loader(source, workers)
+    _epoch(twice, 0)
+    _epoch(twice, 1)
+    stats = twice.stats()
+    assert stats["bytes_read"] == stored
+    assert stats["row_group_reads"] == source.parquet.row_starts().size - 1
+    assert stats["row_group_rereads"] == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_epoch_after_a_warm_up_cut_after_one_batch_reads_nothing_again(corpus, workers):
+    """The benchmark's pattern: one batch of a first epoch (its iterator dropped), then a
+    whole epoch of the same loader: within 1.02x of one epoch alone (2.00x before)."""
+    alone = _loader(_packed(corpus, WHOLE, WHOLE), workers)
+    _epoch(alone, 0)
+    stored = alone.stats()["bytes_read"]
+    loader = _loader(_packed(corpus, WHOLE, WHOLE), workers)
+    it = iter(loader)
+    next(it)
+    del it
+    for _ in loader:
+        pass
+    assert loader.stats()["bytes_read"] <= 1.02 * stored
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_second_epoch_reads_only_what_the_cache_let_go(corpus, workers) -> None:
+    """A budget of about half the corpus (a windowed shuffle): no row group is read twice
+    in an epoch; the second epoch reads at most the row groups not held when it began
+    and those evicted since, fewer than the first (before: all of them again)."""
+    source = _packed(corpus, 2 * WINDOW)
+    groups = source.parquet.row_starts().size - 1
+    loader = _loader(source, workers)
+    _epoch(loader, 0)
+    first = loader.stats()
+    held = _held_groups(source)
+    assert 0 < held < groups
+    _epoch(loader, 1)
+    second = loader.stats()
+    reads = second["row_group_reads"] - first["row_group_reads"]
+    evicted = second["cache_evictions"] - first["cache_evictions"]
+    assert first["row_group_reads"] == groups and second["row_group_rereads"] == 0
+    assert reads <= groups - held + evicted
+    assert reads < groups
+    assert second["bytes_read"] - first["bytes_read"] < first["bytes_read"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_warm_epochs_give_a_cold_readers_batches_at_any_cache(corpus, workers) -> None:
+    """Three epochs through one reader whose cache holds segments from earlier epochs, at
+    three `cache_bytes`: bit for bit the batches of a fresh source per epoch."""
+    cold = [_epoch(_loader(_packed(corpus, 2 * WINDOW), workers), e) for e in range(3)]
+    for budget in (2 * WINDOW, 5 * WINDOW, WHOLE):
+        loader = _loader(_packed(corpus, budget), workers)
+        for epoch in range(3):
+            got = _epoch(loader, epoch)
+            assert len(got) == len(cold[epoch])
+            assert all(np.array_equal(a, b) for a, b in zip(got, cold[epoch], strict=True))
