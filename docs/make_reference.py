@@ -116,11 +116,11 @@ STATS: dict[str, tuple[str, str]] = {
 }
 # Keys only some loaders report, and which.
 STATS_WHEN = {
-    "cache_hits": "ParquetSource",
-    "cache_evictions": "ParquetSource",
-    "cache_declined": "ParquetSource",
-    "row_group_reads": "ParquetSource",
-    "row_group_rereads": "ParquetSource",
+    "cache_hits": "ParquetSource, PackedTokens",
+    "cache_evictions": "ParquetSource, PackedTokens",
+    "cache_declined": "ParquetSource, PackedTokens",
+    "row_group_reads": "ParquetSource, PackedTokens",
+    "row_group_rereads": "ParquetSource, PackedTokens",
     "cache_budget_bytes": "ParquetSource, PackedTokens",
     "cache_held_bytes": "ParquetSource, PackedTokens",
     "bytes_after_close": "ParquetSource, PackedTokens",

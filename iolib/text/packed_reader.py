@@ -349,7 +349,8 @@ class TokenReader:
             self._keep_pieces(epoch, group, segment)
             with self._lock:
                 self._cache.record_read(group, epoch)
-                self._cache.put(group, segment, threading.get_ident())
+                if group not in self._cache:  # counted once, whichever read lands first
+                    self._cache.put(group, segment, threading.get_ident())
             return segment
         finally:
             with self._lock:
