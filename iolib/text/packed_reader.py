@@ -129,6 +129,8 @@ class TokenReader:
         # Not a bound method: the read-ahead must not keep its reader alive (a cycle).
         self._reads = ReadAhead("iolib-tokens", partial(_read_threads, self.d))
         self._plans: dict[int, Any] = {}  # epoch -> this rank's batches (from the plan)
+        # epoch -> (row groups of those batches, each row group's position in the order)
+        self._uses: dict[int, tuple[EpochUses, np.ndarray]] = {}
         self._horizons: dict[int, int] = {}  # epoch -> batches ahead read (`_horizon`)
         self._ahead = (-1, -1)  # (epoch, batch) whose row groups were last read ahead
         self._stalled = (-1, -1)  # (epoch, batch found) when reading ahead last found no room
@@ -238,6 +240,9 @@ class TokenReader:
         uses = EpochUses.build(epoch, batches, groups)
         with self._lock:
             self._cache.plan(uses)  # the cache evicts by next use along these batches
+            # The uses first: a thread that finds the batches (no lock) finds them too.
+            self._uses = {e: u for e, u in self._uses.items() if e == epoch - 1}
+            self._uses[epoch] = (uses, np.argsort(order))
             self._plans = {e: b for e, b in self._plans.items() if e == epoch - 1}
             self._plans[epoch] = batches
             self._horizons = {e: h for e, h in self._horizons.items() if e == epoch - 1}
@@ -369,7 +374,8 @@ class TokenReader:
         found = self._recent.get(key)
         if found is None:
             windows = np.asarray(self._plans[epoch][k], dtype=np.int64)
-            found = (windows, self._groups_of(windows, epoch).tolist())
+            uses, rank = self._uses[epoch]  # the cache's plan found them: no second search
+            found = (windows, sorted(rank[uses.upcoming(k, 1)].tolist()))
             with self._lock:
                 self._recent[key] = found
                 while len(self._recent) > self._horizon(epoch) + 4 * BEHIND_BATCHES:
