@@ -131,3 +131,20 @@ def test_warm_epochs_give_a_cold_readers_batches_at_any_cache(corpus, workers) -
             got = _epoch(loader, epoch)
             assert len(got) == len(cold[epoch])
             assert all(np.array_equal(a, b) for a, b in zip(got, cold[epoch], strict=True))
+
+
+def test_room_for_a_read_ahead_evicts_only_what_is_needed_later() -> None:
+    """`PlannedCache.make_room`: a read ahead for batch 3 evicts the row group next used
+    at batch 5, never the one used at batch 1; one for batch 6 evicts neither."""
+    from iolib.sources import EpochUses, PlannedCache
+
+    batches = [np.array([k]) for k in range(6)]  # batch k reads row group k
+    cache = PlannedCache(2, lambda table: 1)
+    cache.plan(EpochUses.build(0, batches, lambda indices: indices))
+    cache.begin(1, 0, 0, 0)
+    for group in (1, 5):
+        assert cache.put(group, object(), thread=2)
+    assert not cache.make_room(1, (0, 6))  # both are needed sooner than this read: no room
+    assert cache.make_room(1, (0, 3)) and 1 in cache and 5 not in cache
+    assert not cache.make_room(2, (0, 3))  # only by evicting batch 1's
+    assert not cache.make_room(1, (0, 3), reserved=1)  # a read in flight takes the room
