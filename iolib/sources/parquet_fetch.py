@@ -171,7 +171,7 @@ class RowGroupFetcher:
                 # this thread: pyarrow's pre-buffering reads on its IO threads, through
                 # the Python file, and one released while the interpreter exits aborts
                 # the process ("terminate called without an active exception").
-                ranged = RangedFile(fs, meta.path, meta.size)
+                ranged = RangedFile(fs, meta.path, meta.size, description.retry.timeout_s)
                 reader = pq.ParquetFile(ranged, metadata=meta.footer, pre_buffer=False)
             before = ranged.fetched_bytes
             try:
