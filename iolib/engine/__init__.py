@@ -36,6 +36,7 @@ from typing import Any, Literal
 from iolib.base.shutdown import register_stopper
 from iolib.engine.pool import Pool, drain, read_results
 from iolib.engine.workers import (
+    CANCEL,
     RETIRE,
     Stop,
     WorkerSetup,
@@ -165,6 +166,17 @@ class Engine:
         if self._target_workers and not self._started:
             self._started = True
             self._resize()
+
+    def cancel(self) -> None:
+        """The pass was left (a `break`, an iterator dropped): the tasks no worker took
+        yet are dropped, and process workers drop their source's queued reads. Only a
+        new sequence (`start`) follows: this one's dropped tasks never come."""
+        self._drain_todo()
+        self._make_following = self._following = None
+        if self.mode == "process":
+            for _proc, todo, retiring in self._pool.procs:
+                if not retiring:
+                    todo.put(CANCEL)
 
     def follow(self, make_tasks: Callable[[], Sequence[Any]]) -> None:
         """Queue the sequence that comes next (the next epoch): once every task of this

@@ -58,6 +58,7 @@ class Ready:
 
 
 RETIRE = "retire"  # asks a process worker to retire once it has sent what it holds
+CANCEL = "cancel"  # the pass was left: a process worker drops its source's queued reads
 
 
 @dataclass(frozen=True)
@@ -319,6 +320,11 @@ def process_worker(
                 continue
             if item is None or stopping.is_set():
                 break
+            if item == CANCEL:
+                cancel = getattr(getattr(fn, "source", None), "cancel_reads", None)
+                if cancel is not None:
+                    cancel()
+                continue
             if isinstance(item, str):  # RETIRE
                 done.put(Retired(setup.wid))
                 continue

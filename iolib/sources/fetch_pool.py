@@ -42,6 +42,7 @@ CLOSE_JOIN_S = 2.0  # close() waits at most this for the reads on the wire
 EXIT_JOIN_S = 10.0  # at exit, all pools together wait at most this for their reads
 WAKE_S = 0.05  # a cancel waits at most this for the lock to wake idle threads
 NEED, AHEAD = 0, 1
+Priority = int | tuple[int, int]  # a batch number, or (epoch, batch number)
 _LIVE: weakref.WeakSet[FetchPool] = weakref.WeakSet()
 _exiting = False
 _current = threading.local()  # `need`: whether this pool thread's read is a needed one
@@ -110,17 +111,19 @@ class FetchPool:
         fn: Callable[[], Any],
         *,
         ahead: bool = False,
-        priority: int = 0,
+        priority: Priority = 0,
         key: Hashable | None = None,
     ) -> Future:
         """Run `fn` on a pool thread: a needed read before any ahead one, and within a
-        class by `priority` (a batch number: the batch waited on first), then in order.
+        class by `priority` ((epoch, batch), or a batch number: epoch 0; the batch waited
+        on first, so the next epoch's read-ahead never passes this one's last batches),
+        then in order.
         With `key`, one read however many ask: a read of `key` in flight is shared
         (`flight`) until `fn` returns."""
         future: Future = Future()
         if _exiting:  # no new threads once the exit hook ran: needed reads run here
             return _inline(future, fn, ahead)
-        entry = [AHEAD if ahead else NEED, priority, next(self._seq), fn, future, True,
+        entry = [AHEAD if ahead else NEED, _rank(priority), next(self._seq), fn, future, True,
                  self.generation]  # fmt: skip
         with self._cv:
             dropped = self._prune()
@@ -139,7 +142,7 @@ class FetchPool:
             future.add_done_callback(partial(self._landed, key))
         return future
 
-    def flight(self, key: Hashable, *, need: bool = False, priority: int = 0) -> Future | None:
+    def flight(self, key: Hashable, *, need: bool = False, priority: Priority = 0) -> Future | None:
         """The read of `key` queued or running, if any; `need`: a batch waits on it now,
         so a queued read-ahead becomes a needed read (`promote`)."""
         with self._cv:
@@ -159,7 +162,7 @@ class FetchPool:
             if self._flights.get(key) is future:
                 del self._flights[key]
 
-    def promote(self, future: Future, priority: int = 0) -> None:
+    def promote(self, future: Future, priority: Priority = 0) -> None:
         """A batch now waits on `future`: if it is still queued as read-ahead, it becomes a
         needed read (a waiter on a gated read-ahead would otherwise wait for ever)."""
         with self._cv:
@@ -167,7 +170,7 @@ class FetchPool:
             if entry is None or not entry[5] or entry[0] == NEED:
                 return
             entry[5] = False
-            self._push([NEED, priority, entry[2], entry[3], future, True, entry[6]])
+            self._push([NEED, _rank(priority), entry[2], entry[3], future, True, entry[6]])
             self._cv.notify()
 
     @contextlib.contextmanager
@@ -328,6 +331,11 @@ class FetchPool:
                 deposit(read, retries)
             # Nothing of the read kept while idle: its closure may hold a dropped reader.
             del taken, entry, future, deposit
+
+
+def _rank(priority: Priority) -> tuple[int, int]:
+    """(epoch, batch) of a priority; a bare batch number is of epoch 0."""
+    return priority if isinstance(priority, tuple) else (0, priority)
 
 
 def _cancel(futures: list[Future]) -> None:

@@ -154,9 +154,11 @@ class ParquetReader:
         `take` per row group plus one reordering `take` (two copies, GIL released)."""
         thread = threading.get_ident()
         self._local.epoch = epoch
+        self._ahead.begin()  # a cancel from now on stops this batch's read-ahead
         with self._lock:  # which batch this thread assembles: the cache protects it
             first = int(indices[0]) if indices.size else None
             k = self._cache.begin(thread, epoch, first, batch)
+        self._local.batch = k if k is not None else 0
         # A batch that misses row groups is waited on: no read-ahead starts until it
         # is assembled (it was submitted first so that the two meet in the middle).
         need = self._ahead.pool().needing() if self._misses(indices) else nullcontext()
@@ -419,7 +421,7 @@ class ParquetReader:
         pool = self._ahead.pool()
         for group in reversed(wanted):
             read = partial(self._read_one_ahead, epoch, group, dense)
-            pool.submit(read, ahead=True, priority=k)
+            pool.submit(read, ahead=True, priority=(epoch, k))
 
     def _read_in_parallel(self, groups: list[int], dense: DenseColumns | None) -> None:
         """Start reading all but the first of a batch's row groups that are neither held
@@ -447,8 +449,10 @@ class ParquetReader:
                 claims[group] = self._in_flight[group] = _Flight()
                 self._count_read(group)
         epoch, pool = getattr(self._local, "epoch", 0), self._ahead.pool()
+        now = (epoch, getattr(self._local, "batch", 0))  # the batch waited on first
         for group, flight in claims.items():
-            read = pool.submit(partial(self._read_claimed, epoch, group, flight, dense))
+            read = pool.submit(partial(self._read_claimed, epoch, group, flight, dense),
+                               priority=now)  # fmt: skip
             read.add_done_callback(partial(self._drop_if_cancelled, group, flight))
 
     def _drop_if_cancelled(self, group: int, flight: _Flight, read: Future) -> None:
