@@ -109,3 +109,37 @@ def test_a_cancel_right_after_a_read_ahead_starts_makes_it_late() -> None:
     pool.submit(lambda: count_bytes(1000), ahead=True).result(10)
     pool.close()
     assert pool.bytes_after_cancel == 1000 and deposited == []
+
+
+def test_this_epochs_read_ahead_goes_before_the_next_epochs(tmp_path: Path) -> None:
+    """Persistent workers read the next epoch's first batches while this one ends: the
+    read-ahead of this epoch's last batches is read first though its batch numbers are
+    larger (priority is (epoch, batch)); counted as the order of row-group reads."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iolib.sources import ParquetSource
+
+    pq.write_table(pa.table({"x": np.arange(2000)}), tmp_path / "a.parquet", row_group_size=20)
+    source = ParquetSource(str(tmp_path / "a.parquet"), readahead=2, cache_bytes=64 << 20)
+    source.fit_cache(4)  # sizes known: read-ahead needs them
+    reader = source.reader
+    epoch0 = [np.arange(20 * k, 20 * k + 4) for k in range(20)]  # batch k: row group k
+    epoch1 = [np.arange(20 * (99 - k), 20 * (99 - k) + 4) for k in range(20)]  # 99 - k
+    reader.plan_epoch(0, epoch0)
+    reader.plan_epoch(1, epoch1)
+    order: list[int] = []
+    fetch = reader.fetcher.fetch
+
+    def recording(group, *args, **kwargs):
+        order.append(group)
+        return fetch(group, *args, **kwargs)
+
+    reader.fetcher.fetch = recording
+    with reader._ahead.pool().needing():  # no read-ahead starts until both are queued
+        reader.read(epoch1[0], 1, 0)  # the next epoch's first batch: 97, 98 ahead
+        reader.read(epoch0[17], 0, 17)  # this epoch's batch 17: 18, 19 ahead
+        order.clear()
+    assert reader._ahead.pool().join(10.0)
+    assert sorted(order[:2]) == [18, 19] and sorted(order[2:]) == [97, 98], order

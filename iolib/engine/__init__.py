@@ -173,7 +173,8 @@ class Engine:
         new sequence (`start`) follows: this one's dropped tasks never come."""
         self._drain_todo()
         self._make_following = self._following = None
-        if self.mode == "process":
+        if self.mode == "process" and self._pool.left is not None:
+            self._pool.left.value = self._pool.generation
             for _proc, todo, retiring in self._pool.procs:
                 if not retiring:
                     todo.put(CANCEL)
@@ -394,6 +395,7 @@ class Engine:
             # Results left unread at exit are worthless: never block an exit on them.
             pool.done_q.cancel_join_thread()
             pool.stopping = ctx.Event()
+            pool.left = ctx.Value("q", -1)
             pool.reader = threading.Thread(
                 target=read_results, args=(pool, pool.done_q), name="iolib-results", daemon=True
             )
@@ -415,6 +417,7 @@ class Engine:
                     pool.done_q,
                     self.worker_init_fn,
                     pool.stopping,
+                    pool.left,
                 ),
                 name=f"iolib-worker-{wid}",
                 daemon=True,

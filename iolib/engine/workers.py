@@ -282,6 +282,7 @@ def process_worker(
     done: Any,
     init: Callable[[int], None] | None,
     stopping: Any,
+    left: Any = None,
 ) -> None:
     """A worker process: like thread_worker, and exits within WATCH_S of its parent's
     death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes),
@@ -329,6 +330,8 @@ def process_worker(
                 done.put(Retired(setup.wid))
                 continue
             generation, number, task = item
+            if left is not None and generation <= left.value:
+                continue  # its pass was left (`Engine.cancel`): nobody waits for it
             done.put((generation, number, fn(task)))
             del item, task
         if stopping.is_set() or os.getppid() != parent:
