@@ -287,7 +287,8 @@ def process_worker(
     """A worker process: like thread_worker, and exits within WATCH_S of its parent's
     death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes),
     also from inside a task that never returns.
-    Once `stopping` (an Event) is set it runs no more tasks (torch's done_event)."""
+    Once `stopping` (an Event) is set it runs no more tasks (torch's done_event); a
+    task of a generation up to `left` (a Value) was left with its pass: skipped."""
     import torch
 
     # The parent as this process sees it, read here as torch's watchdog does: under
