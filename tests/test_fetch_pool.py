@@ -143,3 +143,35 @@ def test_this_epochs_read_ahead_goes_before_the_next_epochs(tmp_path: Path) -> N
         order.clear()
     assert reader._ahead.pool().join(10.0)
     assert sorted(order[:2]) == [18, 19] and sorted(order[2:]) == [97, 98], order
+
+
+def test_one_read_of_several_keys_is_each_keys_flight() -> None:
+    """`submit_many`: one read brings several keys (a request that folds neighbouring
+    row groups); each key is shared as its own flight until the read ends, a key
+    already in flight keeps its own read, a failed key raises to its waiters only, and
+    a cancelled read-ahead cancels every key it led."""
+    pool = FetchPool(2, "test-many", lambda read, retries: None)
+    gate = threading.Event()
+    calls: list[list[str]] = []
+
+    def read(keys):
+        calls.append(list(keys))
+        gate.wait(10)
+        return {"a": 1, "b": ValueError("b is bad")}
+
+    own = pool.submit(lambda: gate.wait(10) and "own", key="c")
+    futures = pool.submit_many(read, ["a", "b", "c", "d"])
+    assert futures["c"] is own and pool.flight("a") is futures["a"]
+    gate.set()
+    wait(futures.values(), timeout=10)
+    assert calls == [["a", "b", "d"]]
+    assert futures["a"].result() == 1 and futures["d"].result() is None
+    assert isinstance(futures["b"].exception(), ValueError) and own.result() == "own"
+    assert pool.flight("a") is None  # landed: the next ask reads again
+
+    with pool.needing():  # read-ahead waits while a batch's own read runs
+        ahead = pool.submit_many(lambda keys: {k: 0 for k in keys}, ["x", "y"], ahead=True)
+        pool.cancel()
+    wait(ahead.values(), timeout=10)
+    assert all(f.cancelled() for f in ahead.values())
+    pool.close()
