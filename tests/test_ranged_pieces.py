@@ -210,3 +210,27 @@ def test_a_stuck_piece_times_out_and_a_failed_one_is_raised_without_waiting(
         assert [t for t in threading.enumerate() if t.name == "iolib-piece" and t.is_alive()]
     finally:
         failing.go.set()
+
+
+def test_the_row_group_read_to_size_the_cache_is_not_read_again(
+    blobs,
+    store_log,  # noqa: F811
+    s3_options,  # noqa: F811
+    monkeypatch,
+) -> None:
+    """Sizing the cache reads a row group to measure decoded bytes; with a row group
+    larger than the cache before it is sized (128 MB ones against the 64 MiB start), it
+    used to be dropped and read again by the batch that needs it: 1.5x the bytes of
+    two such row groups before the first batch. Now it is kept: one epoch reads each
+    row group once (counted at the store)."""
+    from iolib.sources import parquet_description
+
+    monkeypatch.setattr(parquet_description, "MIN_CACHE_BYTES", 100 << 10)
+    local, url = blobs
+    source = ParquetSource(url, storage_options=_options(s3_options))
+    len(source)
+    start = len(store_log)
+    rows = sum(len(batch["x"]) for batch in DataLoader(source, batch_size=ROWS, shuffle=True))
+    assert rows == 3 * ROWS
+    stored = sum(end - begin for begin, end in (_group_span(local, g) for g in range(3)))
+    assert store_log.bytes(start) <= 1.02 * stored, (store_log.bytes(start), stored)

@@ -244,6 +244,12 @@ class ParquetReader:
         finally:
             self.release()
 
+    def keep(self, group: int, table: pa.Table) -> bool:
+        """Offer the cache a row group read outside any batch (the one read to size the
+        cache), so that the batch that needs it does not read it again; whether kept."""
+        with self._lock:
+            return group in self._cache or self._cache.put(group, table, 0)
+
     def fetch_row_group(self, group: int, *, needed: bool = False) -> pa.Table:
         """Row group `group` from storage with retries and counted, bypassing the cache."""
         try:
