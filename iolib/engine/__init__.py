@@ -170,7 +170,10 @@ class Engine:
     def cancel(self) -> None:
         """The pass was left (a `break`, an iterator dropped): the tasks no worker took
         yet are dropped, and process workers drop their source's queued reads. Only a
-        new sequence (`start`) follows: this one's dropped tasks never come."""
+        new sequence (`start`) follows: this one's dropped tasks never come. Does
+        nothing in a process that inherited this engine by fork (its parent's workers)."""
+        if os.getpid() != self._pool.pid:
+            return
         self._drain_todo()
         self._make_following = self._following = None
         if self.mode == "process" and self._pool.left is not None:
