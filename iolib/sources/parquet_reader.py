@@ -303,6 +303,12 @@ class ParquetReader:
         found = pool.flight(group, need=True, priority=now)
         if found is not None:
             return found
+        with self._lock:  # a read that landed since the caller looked cached it first
+            held = self._cache.get(group)
+            if held is not None or (dense is not None and dense.filled[group]):
+                found = Future()
+                found.set_result(held)
+                return found
         pending = self._local.__dict__.setdefault("pending", {})
         in_flight = set(pool.in_flight())
         with self._lock:
@@ -341,7 +347,10 @@ class ParquetReader:
         try:
             if not needed and not self._still_ahead(epoch, groups[0]):
                 return out  # waited behind needed reads until its batches passed
-            with self._lock:
+            with self._lock:  # read by another flight since this one was asked for
+                held = self._cache.tables.get(groups[0])
+                if held is not None or (dense is not None and dense.filled[groups[0]]):
+                    return {groups[0]: held}
                 for group in groups:
                     self._count_read(group)
             for i, group in enumerate(groups):
