@@ -287,3 +287,100 @@ def test_a_new_iterator_mid_epoch_stops_the_last_ones_reads(
     assert after <= in_flight * largest, (after, in_flight, largest)
     assert len(next(new)["input_ids" if kind == "tokens" else "x"]) == BATCH
     del old, new
+
+
+def test_dropping_one_loader_leaves_the_read_ahead_of_another_on_the_same_source(
+    rows_url,
+    store_log,
+    s3_options,  # noqa: F811
+) -> None:
+    """Two loaders iterate one source; one is dropped (its cancel): the other's batches
+    are still read ahead, so a batch it reaches once the read-ahead settled costs no
+    request (counted at the store)."""
+    source = ParquetSource(
+        rows_url, columns=["x", "blob"], storage_options=_options(s3_options), readahead=2
+    )
+    len(source)
+    kept = iter(DataLoader(source, batch_size=BATCH, shuffle=True, seed=0))
+    next(kept)
+    assert _settle(_no_read_threads)
+    dropped = DataLoader(source, batch_size=BATCH, shuffle=True, seed=0)
+    _leave(dropped, "drop")
+    del dropped
+    gc.collect()
+    for _ in range(2):  # each batch reads ahead the row groups of the two after it
+        next(kept)
+        assert _settle(_no_read_threads)
+    before = len(store_log)
+    next(kept)  # read ahead after the other loader was dropped
+    assert len(store_log) == before, store_log.reads[before:]
+    del kept
+
+
+class FileLog:
+    """Reads that reached the store from any process (forked workers append too): one
+    line each, "bytes", in a file opened for appending."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+        path.write_text("")
+
+    def sizes(self) -> list[int]:
+        return [int(line) for line in self.path.read_text().split()]
+
+
+@pytest.fixture
+def file_log(monkeypatch, tmp_path) -> FileLog:
+    log = FileLog(tmp_path / "reads.log")
+    after = ThrottledFileSystem.after_request
+
+    def recording_after(self, token, data):
+        data = after(self, token, data)
+        if data is not None:
+            with open(log.path, "a") as out:
+                out.write(f"{len(data)}\n")
+        return data
+
+    monkeypatch.setattr(ThrottledFileSystem, "after_request", recording_after)
+    return log
+
+
+def test_persistent_process_workers_left_by_a_break_stop_reading(
+    rows_url,
+    file_log,
+    s3_options,  # noqa: F811
+) -> None:
+    """A `break` out of a loop over persistent process workers: the batches queued for
+    them are dropped and they are told to cancel their reads; what still arrives is at
+    most the batches they were assembling (counted at the store, from every process,
+    once it is quiet)."""
+    source = _rows(rows_url, s3_options)
+    len(source)
+    loader = DataLoader(source, batch_size=BATCH, shuffle=True, seed=0, num_workers=WORKERS,
+                        worker_mode="process", persistent_workers=True,
+                        prefetch_factor=16)  # fmt: skip
+    try:
+        start = len(file_log.sizes())
+        for _batch in loader:
+            at_break = len(file_log.sizes())
+            break
+        del _batch
+        gc.collect()
+        quiet = [len(file_log.sizes()), time.monotonic()]
+
+        def settled() -> bool:  # no request ended for a second
+            if len(file_log.sizes()) != quiet[0]:
+                quiet[:] = [len(file_log.sizes()), time.monotonic()]
+            return time.monotonic() - quiet[1] > 1.0
+
+        assert _settle(settled)
+        sizes = file_log.sizes()
+        largest = max(sizes[start:at_break])
+        after = sum(sizes[at_break:])
+        # Each worker may finish the batch it was assembling: a request a sample, and
+        # the pool threads' requests already on the wire.
+        in_flight = WORKERS * (BATCH + thread_budget().readahead)
+        assert after <= in_flight * largest, (after, in_flight, largest)
+        assert len(next(iter(loader))["x"]) == BATCH  # the workers still serve a new pass
+    finally:
+        loader.close()

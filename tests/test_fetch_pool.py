@@ -109,3 +109,69 @@ def test_a_cancel_right_after_a_read_ahead_starts_makes_it_late() -> None:
     pool.submit(lambda: count_bytes(1000), ahead=True).result(10)
     pool.close()
     assert pool.bytes_after_cancel == 1000 and deposited == []
+
+
+def test_this_epochs_read_ahead_goes_before_the_next_epochs(tmp_path: Path) -> None:
+    """Persistent workers read the next epoch's first batches while this one ends: the
+    read-ahead of this epoch's last batches is read first though its batch numbers are
+    larger (priority is (epoch, batch)); counted as the order of row-group reads."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iolib.sources import ParquetSource
+
+    pq.write_table(pa.table({"x": np.arange(2000)}), tmp_path / "a.parquet", row_group_size=20)
+    source = ParquetSource(str(tmp_path / "a.parquet"), readahead=2, cache_bytes=64 << 20)
+    source.fit_cache(4)  # sizes known: read-ahead needs them
+    reader = source.reader
+    epoch0 = [np.arange(20 * k, 20 * k + 4) for k in range(20)]  # batch k: row group k
+    epoch1 = [np.arange(20 * (99 - k), 20 * (99 - k) + 4) for k in range(20)]  # 99 - k
+    reader.plan_epoch(0, epoch0)
+    reader.plan_epoch(1, epoch1)
+    order: list[int] = []
+    fetch = reader.fetcher.fetch
+
+    def recording(group, *args, **kwargs):
+        order.append(group)
+        return fetch(group, *args, **kwargs)
+
+    reader.fetcher.fetch = recording
+    with reader._ahead.pool().needing():  # no read-ahead starts until both are queued
+        reader.read(epoch1[0], 1, 0)  # the next epoch's first batch: 97, 98 ahead
+        reader.read(epoch0[17], 0, 17)  # this epoch's batch 17: 18, 19 ahead
+        order.clear()
+    assert reader._ahead.pool().join(10.0)
+    assert sorted(order[:2]) == [18, 19] and sorted(order[2:]) == [97, 98], order
+
+
+def test_one_read_of_several_keys_is_each_keys_flight() -> None:
+    """`submit_many`: one read brings several keys (a request that folds neighbouring
+    row groups); each key is shared as its own flight until the read ends, a key
+    already in flight keeps its own read, a failed key raises to its waiters only, and
+    a cancelled read-ahead cancels every key it led."""
+    pool = FetchPool(2, "test-many", lambda read, retries: None)
+    gate = threading.Event()
+    calls: list[list[str]] = []
+
+    def read(keys):
+        calls.append(list(keys))
+        gate.wait(10)
+        return {"a": 1, "b": ValueError("b is bad")}
+
+    own = pool.submit(lambda: gate.wait(10) and "own", key="c")
+    futures = pool.submit_many(read, ["a", "b", "c", "d"])
+    assert futures["c"] is own and pool.flight("a") is futures["a"]
+    gate.set()
+    wait(futures.values(), timeout=10)
+    assert calls == [["a", "b", "d"]]
+    assert futures["a"].result() == 1 and futures["d"].result() is None
+    assert isinstance(futures["b"].exception(), ValueError) and own.result() == "own"
+    assert pool.flight("a") is None  # landed: the next ask reads again
+
+    with pool.needing():  # read-ahead waits while a batch's own read runs
+        ahead = pool.submit_many(lambda keys: {k: 0 for k in keys}, ["x", "y"], ahead=True)
+        pool.cancel()
+    wait(ahead.values(), timeout=10)
+    assert all(f.cancelled() for f in ahead.values())
+    pool.close()

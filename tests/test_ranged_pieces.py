@@ -162,3 +162,75 @@ def test_a_failed_piece_is_raised_naming_the_file_and_its_range(
         ranged.load([(0, 10240)], split=True)
     assert ranged.held_bytes == 0  # nothing short kept
     assert not [t for t in threading.enumerate() if t.name == "iolib-piece" and t.is_alive()]
+
+
+class _StuckPieces:
+    """A file system over one local file whose reads starting past 0 wait for `go`
+    (a stuck connection); with `fail`, the one starting at `fail` raises at once."""
+
+    def __init__(self, path, fail: int | None = None) -> None:
+        self.path, self.fail, self.go = path, fail, threading.Event()
+        self.stuck = 0
+
+    def cat_file(self, path, start, end):
+        if start == self.fail:
+            raise ConnectionResetError(f"piece [{start}:{end}] reset")
+        if start:
+            self.stuck += 1
+            self.go.wait(30)
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+
+def test_a_stuck_piece_times_out_and_a_failed_one_is_raised_without_waiting(
+    tmp_path, monkeypatch
+) -> None:
+    """The read that split a range waits for its pieces at most its timeout (then a
+    TimeoutError, which the storage retries), and a failed piece is raised while others
+    are still stuck: no unbounded join."""
+    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 1000)
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 1000)
+    (tmp_path / "data.bin").write_bytes(bytes(range(256)) * 40)  # 10,240 bytes: 8 pieces
+    stuck = _StuckPieces(tmp_path / "data.bin")
+    try:
+        with pytest.raises(TimeoutError, match="7 of 8 pieces still running"):
+            ranges.RangedFile(stuck, "data.bin", 10240, timeout_s=0.2).load(
+                [(0, 10240)], split=True
+            )
+    finally:
+        stuck.go.set()
+    failing = _StuckPieces(tmp_path / "data.bin", fail=1280)
+    try:
+        with pytest.raises(ConnectionResetError, match=r"piece \[1280:2560\] reset"):
+            ranges.RangedFile(failing, "data.bin", 10240, timeout_s=60).load(
+                [(0, 10240)], split=True
+            )
+        # Raised while the other pieces were still stuck (a join would have outwaited them).
+        assert [t for t in threading.enumerate() if t.name == "iolib-piece" and t.is_alive()]
+    finally:
+        failing.go.set()
+
+
+def test_the_row_group_read_to_size_the_cache_is_not_read_again(
+    blobs,
+    store_log,  # noqa: F811
+    s3_options,  # noqa: F811
+    monkeypatch,
+) -> None:
+    """Sizing the cache reads a row group to measure decoded bytes; with a row group
+    larger than the cache before it is sized (128 MB ones against the 64 MiB start), it
+    used to be dropped and read again by the batch that needs it: 1.5x the bytes of
+    two such row groups before the first batch. Now it is kept: one epoch reads each
+    row group once (counted at the store)."""
+    from iolib.sources import parquet_description
+
+    monkeypatch.setattr(parquet_description, "MIN_CACHE_BYTES", 100 << 10)
+    local, url = blobs
+    source = ParquetSource(url, storage_options=_options(s3_options))
+    len(source)
+    start = len(store_log)
+    rows = sum(len(batch["x"]) for batch in DataLoader(source, batch_size=ROWS, shuffle=True))
+    assert rows == 3 * ROWS
+    stored = sum(end - begin for begin, end in (_group_span(local, g) for g in range(3)))
+    assert store_log.bytes(start) <= 1.02 * stored, (store_log.bytes(start), stored)

@@ -51,6 +51,8 @@ class ThreadBudget:
     footers: footer reads in flight when listing a dataset (a request or two each).
     index_reads: row groups read at once to count a token index.
     readahead: background threads of a Parquet reader's read-ahead.
+    pieces: connections one needed read of a large range is split over (S3 transfer
+        managers' parallel ranged GETs: 5 of 20 MB/s a connection on the benchmarks' store).
     """
 
     remote_reads: int = 8
@@ -58,6 +60,7 @@ class ThreadBudget:
     footers: int = 64
     index_reads: int = 8
     readahead: int = 1
+    pieces: int = 8
 
 
 def thread_budget() -> ThreadBudget:

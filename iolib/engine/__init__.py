@@ -36,6 +36,7 @@ from typing import Any, Literal
 from iolib.base.shutdown import register_stopper
 from iolib.engine.pool import Pool, drain, read_results
 from iolib.engine.workers import (
+    CANCEL,
     RETIRE,
     Stop,
     WorkerSetup,
@@ -165,6 +166,21 @@ class Engine:
         if self._target_workers and not self._started:
             self._started = True
             self._resize()
+
+    def cancel(self) -> None:
+        """The pass was left (a `break`, an iterator dropped): the tasks no worker took
+        yet are dropped, and process workers drop their source's queued reads. Only a
+        new sequence (`start`) follows: this one's dropped tasks never come. Does
+        nothing in a process that inherited this engine by fork (its parent's workers)."""
+        if os.getpid() != self._pool.pid:
+            return
+        self._drain_todo()
+        self._make_following = self._following = None
+        if self.mode == "process" and self._pool.left is not None:
+            self._pool.left.value = self._pool.generation
+            for _proc, todo, retiring in self._pool.procs:
+                if not retiring:
+                    todo.put(CANCEL)
 
     def follow(self, make_tasks: Callable[[], Sequence[Any]]) -> None:
         """Queue the sequence that comes next (the next epoch): once every task of this
@@ -382,6 +398,7 @@ class Engine:
             # Results left unread at exit are worthless: never block an exit on them.
             pool.done_q.cancel_join_thread()
             pool.stopping = ctx.Event()
+            pool.left = ctx.Value("q", -1)
             pool.reader = threading.Thread(
                 target=read_results, args=(pool, pool.done_q), name="iolib-results", daemon=True
             )
@@ -403,6 +420,7 @@ class Engine:
                     pool.done_q,
                     self.worker_init_fn,
                     pool.stopping,
+                    pool.left,
                 ),
                 name=f"iolib-worker-{wid}",
                 daemon=True,

@@ -45,6 +45,9 @@ class Pool:
         self.held: dict[int, int] = {}  # batch number -> process slot (process mode)
         self.done_q: Any = None
         self.stopping: Any = None  # a multiprocessing Event: process workers stop at once
+        # A multiprocessing Value: process workers skip tasks of a generation up to it (a
+        # pass left: tasks still in their queues' pipes are not wanted).
+        self.left: Any = None
         self.reader: threading.Thread | None = None
         self.reading = False  # the reader holds a message it has not delivered yet
         self.closed = False

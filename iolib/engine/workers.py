@@ -58,6 +58,7 @@ class Ready:
 
 
 RETIRE = "retire"  # asks a process worker to retire once it has sent what it holds
+CANCEL = "cancel"  # the pass was left: a process worker drops its source's queued reads
 
 
 @dataclass(frozen=True)
@@ -281,11 +282,13 @@ def process_worker(
     done: Any,
     init: Callable[[int], None] | None,
     stopping: Any,
+    left: Any = None,
 ) -> None:
     """A worker process: like thread_worker, and exits within WATCH_S of its parent's
     death (torch's ManagerWatchdog: the orphan is re-parented, getppid() changes),
     also from inside a task that never returns.
-    Once `stopping` (an Event) is set it runs no more tasks (torch's done_event)."""
+    Once `stopping` (an Event) is set it runs no more tasks (torch's done_event); a
+    task of a generation up to `left` (a Value) was left with its pass: skipped."""
     import torch
 
     # The parent as this process sees it, read here as torch's watchdog does: under
@@ -319,10 +322,17 @@ def process_worker(
                 continue
             if item is None or stopping.is_set():
                 break
+            if item == CANCEL:
+                cancel = getattr(getattr(fn, "source", None), "cancel_reads", None)
+                if cancel is not None:
+                    cancel()
+                continue
             if isinstance(item, str):  # RETIRE
                 done.put(Retired(setup.wid))
                 continue
             generation, number, task = item
+            if left is not None and generation <= left.value:
+                continue  # its pass was left (`Engine.cancel`): nobody waits for it
             done.put((generation, number, fn(task)))
             del item, task
         if stopping.is_set() or os.getppid() != parent:

@@ -202,6 +202,9 @@ class Runner:
         """Drop the source's queued reads in this process (read-ahead for batches no
         one will ask for); reads on the wire finish."""
         self.pass_open = False
+        if self.engine is not None:  # the batches queued for workers are not wanted either
+            self.followed = None
+            self.engine.cancel()
         cancel = getattr(getattr(self.fetcher, "source", None), "cancel_reads", None)
         if cancel is not None:
             cancel()

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -42,6 +42,7 @@ CLOSE_JOIN_S = 2.0  # close() waits at most this for the reads on the wire
 EXIT_JOIN_S = 10.0  # at exit, all pools together wait at most this for their reads
 WAKE_S = 0.05  # a cancel waits at most this for the lock to wake idle threads
 NEED, AHEAD = 0, 1
+Priority = int | tuple[int, int]  # a batch number, or (epoch, batch number)
 _LIVE: weakref.WeakSet[FetchPool] = weakref.WeakSet()
 _exiting = False
 _current = threading.local()  # `need`: whether this pool thread's read is a needed one
@@ -84,6 +85,7 @@ class FetchPool:
         self._queue: list[list[Any]] = []
         self._entries: dict[Future, list[Any]] = {}
         self._flights: dict[Hashable, Future] = {}  # keyed reads queued or running
+        self._alias: dict[Future, Future] = {}  # a key's future -> the read that brings it
         self._seq = itertools.count()
         self._running = {NEED: 0, AHEAD: 0}
         self._needing = 0  # needed reads led by callers' own threads (`needing`)
@@ -110,17 +112,19 @@ class FetchPool:
         fn: Callable[[], Any],
         *,
         ahead: bool = False,
-        priority: int = 0,
+        priority: Priority = 0,
         key: Hashable | None = None,
     ) -> Future:
         """Run `fn` on a pool thread: a needed read before any ahead one, and within a
-        class by `priority` (a batch number: the batch waited on first), then in order.
+        class by `priority` ((epoch, batch), or a batch number: epoch 0; the batch waited
+        on first, so the next epoch's read-ahead never passes this one's last batches),
+        then in order.
         With `key`, one read however many ask: a read of `key` in flight is shared
         (`flight`) until `fn` returns."""
         future: Future = Future()
         if _exiting:  # no new threads once the exit hook ran: needed reads run here
             return _inline(future, fn, ahead)
-        entry = [AHEAD if ahead else NEED, priority, next(self._seq), fn, future, True,
+        entry = [AHEAD if ahead else NEED, _rank(priority), next(self._seq), fn, future, True,
                  self.generation]  # fmt: skip
         with self._cv:
             dropped = self._prune()
@@ -139,7 +143,69 @@ class FetchPool:
             future.add_done_callback(partial(self._landed, key))
         return future
 
-    def flight(self, key: Hashable, *, need: bool = False, priority: int = 0) -> Future | None:
+    def submit_many(
+        self,
+        fn: Callable[[list[Hashable]], dict[Hashable, Any]],
+        keys: Sequence[Hashable],
+        *,
+        ahead: bool = False,
+        priority: Priority = 0,
+    ) -> dict[Hashable, Future]:
+        """One read for several keys (one request that brings neighbouring row groups'
+        bytes too): `fn(led)` gets the keys not in flight already, in order, and returns
+        {key: value} (a value that is an exception is raised to that key's waiters; a key
+        left out gets None). Each led key is a flight (`flight`, `promote`) until `fn`
+        returns; a key in flight already keeps its own read. Returns every key's future."""
+        out: dict[Hashable, Future] = {}
+        led: list[Hashable] = []
+        runner: Future = Future()
+        dropped: list[Future] = []
+        with self._cv:
+            for key in keys:
+                found = self._flights.get(key)
+                if found is None:
+                    found = self._flights[key] = Future()
+                    led.append(key)
+                out[key] = found
+            if led and not _exiting:
+                # Queued under the same lock as the flights: a waiter that promotes one
+                # finds the read it belongs to.
+                for key in led:
+                    self._alias[out[key]] = runner
+                dropped = self._prune()
+                self._closed = False
+                self._push([AHEAD if ahead else NEED, _rank(priority), next(self._seq),
+                            partial(fn, led), runner, True, self.generation])  # fmt: skip
+                self._grow()
+                self._cv.notify()
+        _cancel(dropped)
+        led_futures = {key: out[key] for key in led}
+        for key, future in led_futures.items():
+            future.add_done_callback(partial(self._landed, key))
+        if led:
+            runner.add_done_callback(partial(self._share, led_futures))
+            if _exiting:  # no new threads once the exit hook ran: needed reads run here
+                _inline(runner, partial(fn, led), ahead)
+        return out
+
+    def _share(self, futures: dict[Hashable, Future], runner: Future) -> None:
+        """A read of several keys ended: each key's future gets its value."""
+        with self._cv:
+            for future in futures.values():
+                self._alias.pop(future, None)
+        if runner.cancelled():
+            _cancel(list(futures.values()))
+            return
+        error = runner.exception()
+        values = {} if error is not None else (runner.result() or {})
+        for key, future in futures.items():
+            value = error if error is not None else values.get(key)
+            if isinstance(value, BaseException):
+                future.set_exception(value)
+            else:
+                future.set_result(value)
+
+    def flight(self, key: Hashable, *, need: bool = False, priority: Priority = 0) -> Future | None:
         """The read of `key` queued or running, if any; `need`: a batch waits on it now,
         so a queued read-ahead becomes a needed read (`promote`)."""
         with self._cv:
@@ -159,15 +225,16 @@ class FetchPool:
             if self._flights.get(key) is future:
                 del self._flights[key]
 
-    def promote(self, future: Future, priority: int = 0) -> None:
+    def promote(self, future: Future, priority: Priority = 0) -> None:
         """A batch now waits on `future`: if it is still queued as read-ahead, it becomes a
         needed read (a waiter on a gated read-ahead would otherwise wait for ever)."""
         with self._cv:
+            future = self._alias.get(future, future)  # a key of a read of several
             entry = self._entries.get(future)
             if entry is None or not entry[5] or entry[0] == NEED:
                 return
             entry[5] = False
-            self._push([NEED, priority, entry[2], entry[3], future, True, entry[6]])
+            self._push([NEED, _rank(priority), entry[2], entry[3], future, True, entry[6]])
             self._cv.notify()
 
     @contextlib.contextmanager
@@ -328,6 +395,11 @@ class FetchPool:
                 deposit(read, retries)
             # Nothing of the read kept while idle: its closure may hold a dropped reader.
             del taken, entry, future, deposit
+
+
+def _rank(priority: Priority) -> tuple[int, int]:
+    """(epoch, batch) of a priority; a bare batch number is of epoch 0."""
+    return priority if isinstance(priority, tuple) else (0, priority)
 
 
 def _cancel(futures: list[Future]) -> None:

@@ -99,6 +99,9 @@ class ParquetSource(Source):
         self._description = description
         self._reader = ParquetReader(description)  # threads and files come on first use
         self._windowed_said = False
+        # The row group read to measure decoded sizes, until the cache is sized: then it
+        # is kept there (a 128 MB row group is not read again by the first batch).
+        self._measured: tuple[int, pa.Table] | None = None
 
     # -- pickling: the description travels, each worker builds its own reader -----------
     def __getstate__(self) -> dict[str, Any]:
@@ -319,6 +322,7 @@ class ParquetSource(Source):
                          group, str(exc))  # fmt: skip
                 continue
             self._reader.defer_counts()  # this thread makes no batch: the next one counts it
+            self._measured = (group, table)
             return max(1.0, table.nbytes / max(sizes[group], 1))
         return 1.0
 
@@ -360,6 +364,9 @@ class ParquetSource(Source):
         self._replace(
             self._description.with_changes(sizes=tuple(sizes), keep_dense=dense, cache_bytes=bound)
         )
+        measured, self._measured = self._measured, None
+        if measured is not None:
+            self._reader.keep(*measured)
         return bound
 
     def plan_epoch(self, epoch: int, batches: Any) -> None:

@@ -123,18 +123,27 @@ class RowGroupFetcher:
         row groups in the same file (up to one request's worth), so that a batch of
         small row groups costs one request rather than one each."""
         description = self.description
-        meta = description.group(group)[0]
         spans = coalesce(description.chunk_spans(group))  # holes between its columns
-        total = sum(end - start for start, end in spans)
+        for other in self.foldable(group, later):
+            spans += coalesce(description.chunk_spans(other))
+        return coalesce(spans, hole=GROUP_HOLE_BYTES)  # neighbours only, across groups
+
+    def foldable(self, group: int, later: Sequence[int]) -> list[int]:
+        """Those of `later` whose bytes `fetch(group, later)` loads with `group`'s: row
+        groups of the same file, up to MAX_REQUEST_BYTES in all (a later `fetch` of one
+        on this thread then makes no request)."""
+        description = self.description
+        meta = description.group(group)[0]
+        total = sum(end - start for start, end in coalesce(description.chunk_spans(group)))
+        out = []
         for other in later:
             if description.group(other)[0] is not meta:
                 continue
-            more = coalesce(description.chunk_spans(other))
-            total += sum(end - start for start, end in more)
+            total += sum(end - start for start, end in coalesce(description.chunk_spans(other)))
             if total > MAX_REQUEST_BYTES:
                 break
-            spans += more
-        return coalesce(spans, hole=GROUP_HOLE_BYTES)  # neighbours only, across groups
+            out.append(other)
+        return out
 
     def release(self) -> None:
         """Drop the bytes this thread's files loaded (once a batch is decoded)."""
@@ -171,7 +180,7 @@ class RowGroupFetcher:
                 # this thread: pyarrow's pre-buffering reads on its IO threads, through
                 # the Python file, and one released while the interpreter exits aborts
                 # the process ("terminate called without an active exception").
-                ranged = RangedFile(fs, meta.path, meta.size)
+                ranged = RangedFile(fs, meta.path, meta.size, description.retry.timeout_s)
                 reader = pq.ParquetFile(ranged, metadata=meta.footer, pre_buffer=False)
             before = ranged.fetched_bytes
             try:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iolib.base.redact import Redactor
+from iolib.base.resources import thread_budget
 from iolib.errors import DataError
 from iolib.sources.footer import column_sizes
 from iolib.sources.ranges import Span, column_spans
@@ -33,7 +34,7 @@ from iolib.sources.summary import (
 from iolib.storage import RetryPolicy, call_with_retries, is_local, open_filesystem
 
 GLOB_CHARS = "*?["
-FOOTER_THREADS = 64  # footers cost a request or two each: many in flight (latency-bound)
+FOOTER_THREADS = thread_budget().footers  # a request or two each: many in flight
 # What Arrow says of undecodable bytes (thrift headers, pages, magic, compression).
 # "more than one dictionary": a column chunk read at offsets of another version of the file.
 _CORRUPT_WORDS = re.compile(

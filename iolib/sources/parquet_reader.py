@@ -3,11 +3,12 @@
 Each worker (a process, or the process whose threads share it) builds one from the
 description on first use; it holds what must not travel: the row-group cache (sized in
 decoded Arrow bytes, evicted by next use in the epoch plan: `iolib.sources.rgcache`),
-the reads in flight (threads that miss the same row group share one read), the
-read-ahead and fetch threads, the dense in-memory store (`iolib.sources.dense`), the
-open files (`iolib.sources.parquet_fetch`) and the counters. A batch's indices are
-grouped by row group; each row group is read once, and rows are taken from the Arrow
-tables without Python per-row work.
+the read-ahead and the batches' reads (`ReadAhead`: a fetch pool whose keyed flights
+let threads that miss the same row group share one read, needed reads first), the
+dense in-memory store (`iolib.sources.dense`), the open files
+(`iolib.sources.parquet_fetch`) and the counters. A batch's indices are grouped by row
+group; each row group is read once, and rows are taken from the Arrow tables without
+Python per-row work.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future, wait
 from contextlib import nullcontext
 from functools import partial
 
@@ -33,21 +34,9 @@ from iolib.storage import count_bytes, take_counters
 from iolib.storage.counters import count_retries
 
 FETCH_THREADS = thread_budget().remote_reads  # a batch's row-group reads in flight at once
+WAKE_S = 0.5  # a batch waiting on a read looks again this often (see `_wait`)
 # One logger for the Parquet source, whichever of its modules speaks.
 log = logging.getLogger("iolib.sources.parquet")
-
-
-class _Flight:
-    """One row-group read that other threads wait on. `owner`: the thread that claimed
-    it for later (its bytes come with an earlier request of that thread's batch), which
-    leads it when its batch gets there; None when whoever made it leads it at once."""
-
-    def __init__(self, owner: int | None = None) -> None:
-        self.done = threading.Event()
-        self.table: pa.Table | None = None
-        self.error: BaseException | None = None
-        self.owner = owner
-        self.led = owner is None
 
 
 class ParquetReader:
@@ -65,8 +54,8 @@ class ParquetReader:
         self._ahead = ReadAhead("iolib-fetch", FETCH_THREADS + thread_budget().readahead,
                                 ahead_threads=thread_budget().readahead)  # fmt: skip
         self._ahead_sent: set[tuple[int, int]] = set()  # (epoch, row group) submitted
-        self._local = threading.local()  # this thread's epoch and batch's row groups
-        self._in_flight: dict[int, _Flight] = {}
+        # This thread's epoch, batch, the row groups it wants and the reads it holds.
+        self._local = threading.local()
         self._dense: DenseColumns | None = None
         self._dense_wanted = self.description.keep_dense
         reset_after_fork(self)
@@ -80,7 +69,6 @@ class ParquetReader:
         self._ahead_sent = set()  # the read-ahead resets itself (`ReadAhead`)
         self._local = threading.local()
         self.fetcher.after_fork()
-        self._in_flight = {}
         if self._dense is not None:
             self._dense.after_fork()
 
@@ -154,9 +142,11 @@ class ParquetReader:
         `take` per row group plus one reordering `take` (two copies, GIL released)."""
         thread = threading.get_ident()
         self._local.epoch = epoch
+        self._ahead.begin()  # a cancel from now on stops this batch's read-ahead
         with self._lock:  # which batch this thread assembles: the cache protects it
             first = int(indices[0]) if indices.size else None
             k = self._cache.begin(thread, epoch, first, batch)
+        self._local.batch = k if k is not None else 0
         # A batch that misses row groups is waited on: no read-ahead starts until it
         # is assembled (it was submitted first so that the two meet in the middle).
         need = self._ahead.pool().needing() if self._misses(indices) else nullcontext()
@@ -207,10 +197,10 @@ class ParquetReader:
         return batch.take(pa.array(inverse))
 
     def release(self) -> None:
-        """Drop this thread's loaded bytes and claims once a batch is decoded."""
-        self._let_go_of_claims()
+        """Drop this thread's loaded bytes and the reads it held once a batch is decoded."""
         self.fetcher.release()
         self._local.wanted = ()
+        self._local.pending = {}
 
     # -- the dense store -------------------------------------------------------------------
     def _dense_columns(self) -> DenseColumns | None:
@@ -254,6 +244,12 @@ class ParquetReader:
         finally:
             self.release()
 
+    def keep(self, group: int, table: pa.Table) -> bool:
+        """Offer the cache a row group read outside any batch (the one read to size the
+        cache), so that the batch that needs it does not read it again; whether kept."""
+        with self._lock:
+            return group in self._cache or self._cache.put(group, table, 0)
+
     def fetch_row_group(self, group: int, *, needed: bool = False) -> pa.Table:
         """Row group `group` from storage with retries and counted, bypassing the cache."""
         try:
@@ -261,108 +257,124 @@ class ParquetReader:
         finally:
             self.release()
 
-    def _row_group(
-        self, group: int, dense: DenseColumns | None = None, *, wait: bool = True
-    ) -> pa.Table | None:
-        """A row group from the cache, else from storage. Threads that miss the same row
-        group at once share one read (the first reads, the others wait for it; with
-        `wait` False, None instead of waiting).
+    def _row_group(self, group: int, dense: DenseColumns | None = None) -> pa.Table | None:
+        """A row group from this thread's reads, the cache, else storage: one read however
+        many threads want it (the fetch pool's flight of `group`; a read-ahead of it is
+        promoted to a needed read).
 
-        With `dense`, the reader copies the row group into that store before the others
-        are let go, and it is not cached; None when the store already holds it (another
-        thread filled it since this one looked)."""
-        with self._lock:
+        With `dense`, the read copies the row group into that store and does not cache
+        it; None when the store already holds it (another thread filled it since)."""
+        pending = self._local.__dict__.setdefault("pending", {})
+        while True:
+            future = pending.pop(group, None)
+            if future is None:
+                with self._lock:
+                    if dense is not None and dense.filled[group]:
+                        return None
+                    cached = self._cache.get(group)
+                if cached is not None:
+                    return cached
+                future = self._start(group, dense)
+            try:
+                table = self._wait(future)
+            except CancelledError:  # a read-ahead dropped before it ran: read it now
+                continue
+            if table is not None:
+                return table
             if dense is not None and dense.filled[group]:
                 return None
-            cached = self._cache.get(group)
-            if cached is not None:
-                return cached
-            flight = self._in_flight.get(group)
-            if flight is None:
-                leader, flight = True, _Flight()
-                self._in_flight[group] = flight
-                self._count_read(group)
-            else:  # this thread's own claim: lead it now (others wait for it)
-                leader = not flight.led and flight.owner == threading.get_ident()
-                flight.led = flight.led or leader
-        if not leader:
-            if not wait:
-                return None
-            flight.done.wait()  # set by its leader (success or error) or when cancelled
-            if flight.error is not None:
-                raise flight.error
-            if flight.table is None:  # a claim let go unread (its request failed): read it
-                return self._row_group(group, dense)
-            return flight.table
-        if self._local.__dict__.get("ahead"):
-            return self._lead(group, flight, dense)
-        with self._ahead.pool().needing():  # a batch waits on it: no read-ahead starts
-            return self._lead(group, flight, dense)
+            # A read-ahead that found its batches passed: look again (a needed read next).
 
-    def _lead(self, group: int, flight: _Flight, dense: DenseColumns | None) -> pa.Table:
-        """Read `group` for everyone waiting on `flight` (claimed by this thread or for it),
-        then cache it and let them go."""
-        try:
-            table = self._fetch(group, dense)
-            if dense is not None:
-                dense.fill(group, table)  # unfilled if it holds a null: the caller checks
-            flight.table = table
-            return table
-        except BaseException as exc:
-            flight.error = exc
-            raise
-        finally:
-            with self._lock:
-                if dense is None and flight.table is not None:
-                    self._cache.put(group, flight.table, threading.get_ident())
-                if flight.error is not None:
-                    self._failed_groups.add(group)
-                del self._in_flight[group]
-            flight.done.set()
+    def _wait(self, future: Future) -> pa.Table | None:
+        """The result of a read this batch waits for: promoted to a needed read (one
+        shared with a read-ahead queued meanwhile would wait behind this very batch's
+        `needing`), and again at each wake-up."""
+        pool, now = self._ahead.pool(), self._now()
+        while True:
+            pool.promote(future, now)
+            if wait([future], timeout=WAKE_S).done:
+                return future.result()
 
-    def _fetch(self, group: int, dense: DenseColumns | None) -> pa.Table:
-        """`group` from storage, with the batch's later row groups that no thread holds
-        or reads in the same request (`RowGroupFetcher.spans`). Those are claimed for
-        this thread, which reads them from the loaded bytes when its batch gets there: a
-        thread that needs one meanwhile waits instead of reading it again. No wait can
-        close a cycle: a batch takes its row groups in ascending order, and claims only
-        row groups above the one it reads."""
-        me = threading.get_ident()
+    def _start(self, group: int, dense: DenseColumns | None) -> Future:
+        """The needed read of `group`: the one in flight (promoted), else a new one that
+        brings in the same request the batch's later row groups that no thread holds or
+        reads (`RowGroupFetcher.foldable`); their reads are kept for this thread."""
+        pool, now = self._ahead.pool(), self._now()
+        found = pool.flight(group, need=True, priority=now)
+        if found is not None:
+            return found
+        with self._lock:  # a read that landed since the caller looked cached it first
+            held = self._cache.get(group)
+            if held is not None or (dense is not None and dense.filled[group]):
+                found = Future()
+                found.set_result(held)
+                return found
+        pending = self._local.__dict__.setdefault("pending", {})
+        in_flight = set(pool.in_flight())
         with self._lock:
             later = [
                 g
                 for g in sorted(getattr(self._local, "wanted", ()))
                 if g > group
                 and g not in self._cache
-                and g not in self._in_flight
+                and g not in in_flight
+                and g not in pending
                 and (dense is None or not dense.filled[g])
             ]
-            for g in later:
-                self._in_flight[g] = _Flight(owner=me)
-                self._count_read(g)
-        self._local.__dict__.setdefault("claims", set()).update(later)
-        needed = not self._local.__dict__.get("ahead")  # a batch waits for it
-        return self.fetcher.fetch(group, later, needed=needed)
+        later = self.fetcher.foldable(group, later)
+        read = partial(self._load, now[0], dense, threading.get_ident())
+        futures = pool.submit_many(read, [group, *later], priority=now)
+        pool.promote(futures[group], now)  # if a read-ahead of it was queued meanwhile
+        for g in later:
+            pending[g] = futures[g]
+        return futures[group]
 
-    def _let_go_of_claims(self) -> None:
-        """Claims this thread did not lead (its batch failed or stopped early): unread,
-        so a thread waiting on one reads it itself."""
-        claims = self._local.__dict__.get("claims")
-        if not claims:
-            return
-        me, freed = threading.get_ident(), []
-        with self._lock:
-            for group in claims:
-                flight = self._in_flight.get(group)
-                if flight is not None and flight.owner == me and not flight.led:
-                    del self._in_flight[group]
-                    freed.append(flight)
-                    # Counted as read when claimed: uncount it, or its real read later
-                    # would look like a re-read (and blame the cache for it).
-                    self._cache.unrecord_read(group, getattr(self._local, "epoch", 0))
-        claims.clear()
-        for flight in freed:
-            flight.done.set()
+    def _now(self) -> tuple[int, int]:
+        """(epoch, batch) this thread assembles: the priority of its reads."""
+        return getattr(self._local, "epoch", 0), getattr(self._local, "batch", 0)
+
+    def _load(
+        self, epoch: int, dense: DenseColumns | None, owner: int, groups: list[int]
+    ) -> dict[int, object]:
+        """On a pool thread: `groups` from storage in one request where they fit (the
+        first is the one asked for), each cached (or copied into `dense`) for `owner`,
+        the thread whose batch asked (a read-ahead's owner is none). A read-ahead whose
+        batches passed reads nothing; a row group that fails gets its error (raised to
+        whoever waits for it)."""
+        self._local.epoch = epoch
+        needed = self._ahead.needed()
+        out: dict[int, object] = {}
+        try:
+            if not needed and not self._still_ahead(epoch, groups[0]):
+                return out  # waited behind needed reads until its batches passed
+            with self._lock:  # read by another flight since this one was asked for
+                held = self._cache.tables.get(groups[0])
+                if held is not None or (dense is not None and dense.filled[groups[0]]):
+                    return {groups[0]: held}
+                for group in groups:
+                    self._count_read(group)
+            for i, group in enumerate(groups):
+                try:
+                    table = self.fetcher.fetch(group, groups[i + 1 :] if i == 0 else (),
+                                               needed=needed)  # fmt: skip
+                except Exception as exc:
+                    with self._lock:
+                        self._failed_groups.add(group)
+                        for other in groups[i + 1 :]:  # never read: not re-reads later
+                            self._cache.unrecord_read(other, epoch)
+                    out[group] = exc
+                    return out
+                if dense is not None:
+                    dense.fill(group, table)  # unfilled if it holds a null: the caller checks
+                else:
+                    with self._lock:
+                        self._cache.put(group, table, owner if needed else 0)
+                out[group] = table
+            return out
+        finally:
+            self.release()
+            if needed:  # counted before its waiter wakes: in the batch that waits
+                self._ahead.deposit(*take_counters())
 
     def _count_read(self, group: int) -> None:
         """Count a read from storage (the lock is held); warn once at the first re-read."""
@@ -402,6 +414,7 @@ class ParquetReader:
             # first use, so that a read ahead never displaces what is needed sooner (it
             # would then be read twice).
             room = self._cache.room_ahead(upcoming, sizes)
+            in_flight = set(self._ahead.pool().in_flight())
             wanted = []
             for group in upcoming:
                 if group in self._cache or (dense is not None and dense.filled[group]):
@@ -409,7 +422,7 @@ class ParquetReader:
                 room -= sizes[group]
                 if dense is None and room < 0:
                     break
-                if (epoch, group) in self._ahead_sent or group in self._in_flight:
+                if (epoch, group) in self._ahead_sent or group in in_flight:
                     continue
                 wanted.append(group)
                 self._ahead_sent.add((epoch, group))
@@ -417,80 +430,40 @@ class ParquetReader:
             if not wanted:
                 return
         pool = self._ahead.pool()
+        read = partial(self._load, epoch, dense, 0)
         for group in reversed(wanted):
-            read = partial(self._read_one_ahead, epoch, group, dense)
-            pool.submit(read, ahead=True, priority=k)
+            pool.submit_many(read, [group], ahead=True, priority=(epoch, k))
 
     def _read_in_parallel(self, groups: list[int], dense: DenseColumns | None) -> None:
-        """Start reading all but the first of a batch's row groups that are neither held
-        nor being read, FETCH_THREADS at a time: on object storage a request's latency,
-        not the link, bounds one reader, and a batch of a global shuffle over many files
-        needs dozens of them. The batch's own thread reads the first and then takes the
-        others over (shared reads: `_row_group`)."""
+        """Start reading a batch's row groups that are neither held nor being read, each
+        on its own pool thread (FETCH_THREADS at a time): on object storage a request's
+        latency, not the link, bounds one reader, and a batch of a global shuffle over
+        many files needs dozens of them. Only what the cache has room for (no evictions);
+        the rest are read as the batch gets to them. Read-ahead of these row groups
+        queued meanwhile becomes needed reads."""
+        pool, now = self._ahead.pool(), self._now()
+        in_flight = set(pool.in_flight())
+        for group in in_flight.intersection(groups):
+            pool.flight(group, need=True, priority=now)
+        pending = self._local.__dict__.setdefault("pending", {})
         with self._lock:
-            missing = [g for g in groups if g not in self._cache and g not in self._in_flight]
+            missing = [g for g in groups if g not in self._cache and g not in in_flight]
             if dense is not None:
                 missing = [g for g in missing if not dense.filled[g]]
             elif (sizes := self.description.sizes) is not None:
-                # Only what the cache has room for: no evictions.
                 room = self._cache.free()
                 fits = np.cumsum([sizes[g] for g in missing]) <= room
                 missing = [g for g, fit in zip(missing, fits, strict=True) if fit]
             else:
                 missing = []
-            if len(missing) < 2:
-                return
-            # Claimed now, not when a pool thread starts: else the batch's own thread may
-            # take them into its first request too (read twice, 2.0x the bytes once).
-            claims = {}
-            for group in missing[1:]:
-                claims[group] = self._in_flight[group] = _Flight()
-                self._count_read(group)
-        epoch, pool = getattr(self._local, "epoch", 0), self._ahead.pool()
-        for group, flight in claims.items():
-            read = pool.submit(partial(self._read_claimed, epoch, group, flight, dense))
-            read.add_done_callback(partial(self._drop_if_cancelled, group, flight))
-
-    def _drop_if_cancelled(self, group: int, flight: _Flight, read: Future) -> None:
-        """A claimed read that close() cancelled before it ran: its waiters are let go
-        (and read the row group themselves) instead of waiting for ever."""
-        if not read.cancelled():
-            return
-        with self._lock:
-            if self._in_flight.get(group) is flight:
-                del self._in_flight[group]
-        flight.done.set()
-
-    def _read_one_ahead(self, epoch: int, group: int, dense: DenseColumns | None) -> None:
-        """One read ahead of need. A failure is left to the batch that needs the row
-        group: it reads it again, with retries, and reports the error with its batch."""
-        self._local.epoch, self._local.ahead = epoch, True
-        if not self._still_ahead(epoch, group):
-            return  # waited behind needed reads until its batches passed: not wanted now
-        try:
-            # Never waits on another thread's read: at exit the interpreter joins this
-            # thread while dropping the fetch pool's queued reads, which would never end.
-            self._row_group(group, dense=dense, wait=False)
-        except Exception:  # reported by the batch that needs it
-            pass
-        finally:
-            self.release()
+        if len(missing) < 2:
+            return  # one read, which brings its neighbours along (`_start`)
+        read = partial(self._load, now[0], dense, threading.get_ident())
+        for group in missing:
+            pending.update(pool.submit_many(read, [group], priority=now))
 
     def _still_ahead(self, epoch: int, group: int) -> bool:
         """Whether a batch from the earliest one in progress on reads `group` (in view of
         the plan); True without a plan."""
         with self._lock:
             return self._cache.still_used(epoch, group)
-
-    def _read_claimed(
-        self, epoch: int, group: int, flight: _Flight, dense: DenseColumns | None
-    ) -> None:
-        """A batch's row group read by a pool thread. A failure reaches the batch, which
-        reports it (after the retries the read already made)."""
-        self._local.epoch, self._local.ahead = epoch, False
-        try:
-            self._lead(group, flight, dense)
-        except Exception:  # raised to the batch waiting on the flight
-            pass
-        finally:
-            self.release()

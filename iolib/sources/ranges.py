@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from fsspec.utils import merge_offset_ranges
 
 from iolib.base.redact import redact_url
+from iolib.base.resources import thread_budget
 from iolib.storage import ShortReadError
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,10 @@ MAX_REQUEST_BYTES = 64 << 20
 # idle. Read-ahead is never split: it fills what the needed reads leave.
 SPLIT_ABOVE = 8 << 20
 PIECE_BYTES = 4 << 20
-MAX_PIECES = 8
+MAX_PIECES = thread_budget().pieces
+# A read in pieces waits at most this long for its pieces (a stuck connection), as a
+# request does by default (`RetryPolicy.timeout_s`): then a TimeoutError, retried.
+PIECES_WAIT_S = 120.0
 
 
 Span = tuple[int, int]
@@ -120,13 +124,15 @@ class RangedFile(io.RawIOBase):
     """A read-only file of `size` bytes that serves reads from ranges loaded beforehand
     (`load`), one request per range; a read outside them is one request of its own.
 
-    One per thread and file: pyarrow seeks and reads it from the thread that decodes."""
+    One per thread and file: pyarrow seeks and reads it from the thread that decodes.
+    `timeout_s`: how long a read in parallel pieces waits for them (None: PIECES_WAIT_S)."""
 
     _warned_ranges = False  # once per process: a server that ignores Range headers
 
-    def __init__(self, fs: Any, path: str, size: int) -> None:
+    def __init__(self, fs: Any, path: str, size: int, timeout_s: float | None = None) -> None:
         super().__init__()
         self.fs, self.path, self.size = fs, path, size
+        self.timeout_s = PIECES_WAIT_S if timeout_s is None else timeout_s
         self._pos = 0
         self._starts: list[int] = []
         self._blocks: list[memoryview] = []
@@ -145,7 +151,7 @@ class RangedFile(io.RawIOBase):
             ((start, end),) = requests
             datas = [self.fs.cat_file(self.path, start=start, end=end)]
         elif len(requests) > len(missing):
-            datas = _read_in_parallel(self.fs, self.path, requests)
+            datas = _read_in_parallel(self.fs, self.path, requests, self.timeout_s)
         else:  # asynchronous filesystems (s3fs, gcsfs) make these requests concurrently
             paths = [self.path] * len(requests)
             starts, ends = [a for a, _ in requests], [b for _, b in requests]
@@ -262,26 +268,40 @@ class RangedFile(io.RawIOBase):
         return data
 
 
-def _read_in_parallel(fs: Any, path: str, requests: list[Span]) -> list[bytes]:
+def _read_in_parallel(
+    fs: Any, path: str, requests: list[Span], timeout_s: float = PIECES_WAIT_S
+) -> list[bytes]:
     """Each range of `path` on its own connection at once: the first on this thread,
-    the others on short-lived threads (daemons: none holds up an exit; a stuck one is
-    bounded by the storage timeouts of the read that started it)."""
+    the others on short-lived threads (daemons: none holds up an exit). The caller waits
+    for them at most `timeout_s` (TimeoutError: a stuck connection, retried) and no
+    longer than the first error (raised at once: the other pieces are not wanted)."""
     datas: list[Any] = [None] * len(requests)
     errors: list[BaseException] = []
+    left = [len(requests) - 1]  # pieces on helper threads not ended yet
+    ended = threading.Condition()
 
     def read(i: int) -> None:
         try:
             datas[i] = fs.cat_file(path, start=requests[i][0], end=requests[i][1])
         except BaseException as exc:  # raised on the caller's thread below
-            errors.append(exc)
+            with ended:
+                errors.append(exc)
+                ended.notify_all()
+        finally:
+            if i:
+                with ended:
+                    left[0] -= 1
+                    ended.notify_all()
 
-    threads = [threading.Thread(target=read, args=(i,), name="iolib-piece", daemon=True)
-               for i in range(1, len(requests))]  # fmt: skip
-    for thread in threads:
-        thread.start()
+    for i in range(1, len(requests)):
+        threading.Thread(target=read, args=(i,), name="iolib-piece", daemon=True).start()
     read(0)
-    for thread in threads:
-        thread.join()
+    with ended:
+        if not ended.wait_for(lambda: errors or not left[0], timeout=timeout_s):
+            raise TimeoutError(
+                f"read of {redact_url(path)}: {left[0]} of {len(requests)} pieces still "
+                f"running after {timeout_s:g} s"
+            )
     if errors:
         raise errors[0]
     return datas

@@ -21,7 +21,8 @@ from iolib.sources.fetch_pool import FetchPool, running_needed
 class ReadAhead:
     """A reader's fetch pool (made on first use, released when this object is
     collected), the bytes and retries its threads read (`take_io`), and cancellation
-    (`cancel`: queued read-ahead dropped, none started until the next plan: `resume`).
+    (`cancel`: queued read-ahead dropped; a batch begun before it reads nothing more
+    ahead: `begin`, `paused`).
 
     `threads`: reads at once (a number, or a function asked when the pool is made);
     `ahead_threads`: at most that many of them read-ahead (all when None)."""
@@ -38,7 +39,11 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._pool: FetchPool | None = None
         self._io = (0, 0)  # bytes and retries read by pool threads, not in a batch yet
-        self.paused = False
+        # Cancels are numbered: a batch remembers the number it began under (`begin`), so
+        # a cancel stops the read-ahead of the batches then in progress (those of the
+        # loader that was left) and not that of a batch another loader begins after it.
+        self._cancels = self._resumed = 0
+        self._began = threading.local()
 
     @property
     def started(self) -> FetchPool | None:
@@ -68,18 +73,31 @@ class ReadAhead:
             io, self._io = self._io, (0, 0)
         return io
 
+    def begin(self) -> None:
+        """The calling thread starts a batch: it may read ahead until the next `cancel`."""
+        self._began.ticket = self._cancels
+
+    @property
+    def paused(self) -> bool:
+        """Whether the batch on this thread began before the latest `cancel` (its pass
+        was left: it reads nothing ahead). A thread that never said `begin` is paused
+        from a cancel until the next plan (`resume`)."""
+        ticket = getattr(self._began, "ticket", None)
+        return (self._resumed if ticket is None else ticket) != self._cancels
+
     def cancel(self) -> None:
-        """Drop the queued read-ahead (reads on the wire finish: `bytes_after_close`)
-        and start none until `resume`: the batches still being assembled belong to a
-        pass that was left. Safe from a finalizer (no lock is waited for)."""
-        self.paused = True
+        """Drop the queued read-ahead (reads on the wire finish: `bytes_after_close`);
+        the batches in progress read nothing more ahead (`paused`), batches begun later
+        do (another loader's on the same source, or the next pass's). Safe from a
+        finalizer (no lock is waited for)."""
+        self._cancels += 1
         pool = self._pool
         if pool is not None:
             pool.cancel()
 
     def resume(self) -> None:
-        """A new plan: read-ahead may start again."""
-        self.paused = False
+        """A new plan: read-ahead may start again on threads that never said `begin`."""
+        self._resumed = self._cancels
 
     def close(self) -> None:
         """Cancel, and let the threads go (a bounded wait for reads on the wire)."""

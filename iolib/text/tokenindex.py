@@ -24,6 +24,7 @@ from typing import TypeVar
 import numpy as np
 import pyarrow.compute as pc
 
+from iolib.base.resources import thread_budget
 from iolib.errors import DataError
 from iolib.sources import ParquetSource, is_pattern, leaf_values, regular_file, write_atomic
 from iolib.storage import open_filesystem
@@ -31,7 +32,7 @@ from iolib.storage import open_filesystem
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 INDEX_VERSION = 1
-INDEX_THREADS = 8  # row groups read at once when building: requests in flight fill a link
+INDEX_THREADS = thread_budget().index_reads  # row groups read at once when building
 
 
 def cache_dir() -> Path:
