@@ -17,13 +17,14 @@ the opt-out.
 `map_large_blocks` fixes glibc's mmap threshold (``M_MMAP_THRESHOLD``) at
 `MMAP_THRESHOLD`: a block that large is mapped on its own and unmapped when freed, on
 whichever thread frees it. glibc's own threshold starts at 128 KiB and rises to the size
-of each mapped block freed, up to 32 MiB, after which the compressed row groups, decoded
-pages and batches of a loader (1-32 MiB each) come from the arenas and stay resident
-once freed: on the throttled-store token benchmark the heap held 100-300 MB free at the
-epoch's peak (benchmarks/results/peers-2026-12-07-memory.md). Blocks below it (a JPEG,
-a decoded image, a token batch) stay on the heap and are reused. Set by the loader's
-workers and by `ImagePipeline`; a ``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's
-own setting) is the opt-out, as for the arenas.
+of each mapped block freed, up to 32 MiB, after which a loader's compressed row groups,
+decoded pages and batches come from the arenas and stay resident once freed: the heap
+held 100-150 MB free at the epoch's peak on the throttled-store benchmarks
+(benchmarks/results/peers-2026-12-07-memory.md). At 4 MiB DALI image epochs fault no
+more pages than before; at 1 MiB the buffers DALI takes per image and batch were mapped
+afresh each time (134 page faults an image against 21). Set by the loader's workers and
+by `ImagePipeline`; a ``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's own
+setting) is the opt-out, as for the arenas.
 
 Why not ``malloc_trim`` after every batch: it hands back every free page, so the next
 batch faults the same working set in again; DALI on the CPU then took ~18% more CPU
@@ -51,8 +52,8 @@ TRIM_GROWTH = 64 << 20
 ARENA_ENV = "MALLOC_ARENA_MAX"
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 # Blocks at least this large are mapped on their own (see the module's docstring): above
-# a decoded image and a token batch, below a compressed or decoded row group.
-MMAP_THRESHOLD = 1 << 20
+# what DALI takes per image and batch, below a compressed or decoded row group.
+MMAP_THRESHOLD = 4 << 20
 MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 _M_MMAP_THRESHOLD = -3
 
