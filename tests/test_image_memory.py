@@ -222,18 +222,18 @@ _MAPPED_PROBE = textwrap.dedent("""
     class Info(ctypes.Structure):
         _fields_ = [(f, ctypes.c_size_t) for f in fields]
     libc.mallinfo2.restype = Info
-    # A freed 16 MiB mapped block raises glibc's own threshold to 16 MiB: a 2 MiB block
+    # A freed 16 MiB mapped block raises glibc's own threshold to 16 MiB: an 8 MiB block
     # then comes from the heap (and stays there when freed) unless the threshold is fixed.
     libc.free(libc.malloc(16 << 20))
     before = libc.mallinfo2().hblkhd
-    block = libc.malloc(2 << 20)
-    print("mapped" if libc.mallinfo2().hblkhd - before >= 2 << 20 else "heap")
+    block = libc.malloc(8 << 20)
+    print("mapped" if libc.mallinfo2().hblkhd - before >= 8 << 20 else "heap")
     libc.free(block)
 """)
 
 
 def _after_a_loader(tmp_path: Path, loop: str, **env: str) -> str:
-    """Where a 2 MiB block comes from in a fresh interpreter after `loop` ran a loader."""
+    """Where an 8 MiB block comes from in a fresh interpreter after `loop` ran a loader."""
     pq.write_table(pa.table({"x": np.arange(100)}), tmp_path / "a.parquet", row_group_size=10)
     code = (
         textwrap.dedent(f"""
@@ -259,7 +259,7 @@ def _glibc() -> bool:
 
 
 def test_a_loaders_workers_map_large_blocks_on_their_own(tmp_path: Path) -> None:
-    """Row groups and batches of a MiB or more are freed back to the OS, not kept in
+    """Row groups and batches of 4 MiB or more are freed back to the OS, not kept in
     glibc's arenas: the threshold is fixed, whatever glibc raised it to."""
     if not _glibc():
         return
@@ -272,7 +272,7 @@ def test_a_threshold_the_user_set_is_kept(tmp_path: Path) -> None:
     if not _glibc():
         return
     loop = "for _ in DataLoader(source, batch_size=8, num_workers=2, seed=0): pass\n"
-    chosen = str(64 << 20)  # glibc's own setting: 2 MiB stays on the heap
+    chosen = str(64 << 20)  # glibc's own setting: 8 MiB stays on the heap
     assert _after_a_loader(tmp_path, loop, MALLOC_MMAP_THRESHOLD_=chosen) == "heap"
 
 
