@@ -47,10 +47,11 @@ import sys
 from typing import Any
 
 # Free resident heap let stand between trims: above the working set of one DALI
-# pipeline at 224 px and batch 64 (~35 MB), so a steady epoch does not trim every batch,
-# but below a decoded row group of tokens (~50-100 MB), which otherwise stays beside the
-# next one.
-TRIM_GROWTH = 64 << 20
+# pipeline at 224 px and batch 64 (~35 MB) plus the row groups a loader reads ahead,
+# which come and go every few batches. What it counts as free also holds memory others
+# map (DALI's own buffers): at 64 MB DALI epochs trimmed often enough to fault 75 pages
+# an image against 30.
+TRIM_GROWTH = 256 << 20
 ARENA_ENV = "MALLOC_ARENA_MAX"
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 # Blocks at least this large are mapped on their own (see the module's docstring): above
