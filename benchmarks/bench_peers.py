@@ -327,6 +327,29 @@ def _row(system: str, entry: dict, unit: str, best_peer: float | None, cfg: dict
     )
 
 
+def breakdown(run: dict) -> str:
+    """Where a run's peak PSS was, in MB: each process's anonymous / file-backed share
+    (smaps_rollup) and threads; for iolib, what its process held at its own highest
+    sample (benchmarks/peers/systems.py: Arrow, malloc in use and free, the cache)."""
+    procs = "; ".join(
+        f"pid {p['pid']} ({p.get('threads', 0)} threads): {p.get('pss', 0) / 1e6:.0f} = "
+        f"{p.get('pss_anon', 0) / 1e6:.0f} anon + {p.get('pss_file', 0) / 1e6:.0f} file"
+        for p in run["at_peak"]
+    )
+    samples = [p for p in run.get("memory_parts", []) if not p.get("what")]
+    imported = [p for p in run.get("memory_parts", []) if p.get("what") == "imported"]
+    if not samples:
+        return procs
+    top = max(samples, key=lambda p: p.get("pss", 0))
+    held = ", ".join(
+        f"{label} {top.get(key, 0) / 1e6:.0f}"
+        for key, label in (("arrow", "Arrow"), ("malloc_used", "malloc in use"),
+                           ("malloc_free", "malloc free"), ("cache_held", "cache"))
+    )  # fmt: skip
+    base = f"after imports {imported[0]['pss'] / 1e6:.0f} PSS; " if imported else ""
+    return f"{procs}; {base}its highest sample: PSS {top.get('pss', 0) / 1e6:.0f}, {held}"
+
+
 def write_report(results: dict, out: Path, name: str) -> str:
     cfg, facts = results["config"], results["facts"]
     lines = [
@@ -400,6 +423,9 @@ def write_report(results: dict, out: Path, name: str) -> str:
                     lines.append(
                         f"- iolib `loader.stats()`, round {run['round']}: `{json.dumps(keep)}`"
                     )
+            for run in entry["runs"]:
+                if run.get("at_peak"):
+                    lines.append(f"- {system}, round {run['round']}, at the peak: {breakdown(run)}")
             for run in entry["errors"]:
                 lines.append(f"- {system} round {run['round']} failed: `{run['error']}`")
             notes = {json.dumps(r.get("notes")) for r in entry["runs"] if r.get("notes")}
