@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from iolib import DataLoader
 from iolib.decode.heap import trim_heap
@@ -299,3 +300,35 @@ def test_each_worker_task_checks_the_heap_for_pages_to_give_back(
     pq.write_table(pa.table({"x": np.arange(100)}), path, row_group_size=10)
     batches = list(DataLoader(ParquetSource(str(path)), batch_size=10, num_workers=2, seed=0))
     assert len(calls) >= len(batches) == 10
+
+
+def test_a_block_made_every_batch_stays_on_the_heap(tmp_path: Path) -> None:
+    """`keep_on_heap` raises the fixed threshold above a block a decoder makes each batch;
+    below the threshold this module set it does nothing."""
+    if not _glibc():
+        return
+    loop = textwrap.dedent("""
+        from iolib.decode import heap
+        assert heap.map_large_blocks()
+        assert not heap.keep_on_heap(1 << 20)  # below the threshold already
+        assert heap.keep_on_heap(9 << 20)  # an output batch of 9 MiB: 10 MiB now
+    """)
+    assert _after_a_loader(tmp_path, loop) == "heap"  # the probe's 8 MiB block
+
+
+def test_dali_keeps_its_output_batch_on_the_heap(tmp_path: Path) -> None:
+    """DALI on the CPU hands out a uint8 batch each run (9.6 MB at 224 px and batch 64):
+    mapped afresh every batch it faulted 4x the pages an image."""
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    if not _glibc():
+        return
+    images = [jpeg_bytes(i, (48, 40)) for i in range(64)]
+    pq.write_table(pa.table({"image": images}), tmp_path / "i.parquet")
+    loop = textwrap.dedent(f"""
+        from iolib.decode.images import ImagePipeline
+        pipe = ImagePipeline(size=224, device="cpu", backend="dali", dtype="uint8")
+        images = ParquetSource({str(tmp_path / "i.parquet")!r})
+        for _ in DataLoader(images, batch_size=64, decode=pipe, num_workers=1, seed=0):
+            pass
+    """)
+    assert _after_a_loader(tmp_path, loop) == "heap"  # above 8 MiB now
