@@ -22,9 +22,9 @@ decoded pages and batches come from the arenas and stay resident once freed: the
 held 100-150 MB free at the epoch's peak on the throttled-store benchmarks
 (benchmarks/results/peers-2026-12-07-memory.md). A block made and freed every batch
 at one size is another matter: the heap reuses it, a mapping is faulted in afresh each
-time (DALI's uint8 output batch, 9.6 MB at 224 px and batch 64: 85 page faults an image
-against 21), so the DALI backend raises the threshold above its output batch
-(`keep_on_heap`). Set by the loader's workers and
+time (DALI's uint8 output batch, 9.6 MB at 224 px and batch 64: 97 page faults an image
+against 10-30), so the DALI backend raises the threshold above a uint8 batch it hands
+out (`keep_on_heap`; 44 faults an image). Set by the loader's workers and
 by `ImagePipeline`; a ``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's own
 setting) is the opt-out, as for the arenas.
 
