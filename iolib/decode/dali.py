@@ -196,9 +196,9 @@ class DaliBackend:
             self._pipe = None  # the old one goes before the new one is built
             self._pipe, self._threads = _build(self.spec, n, self._device_id)
             self._capacity = n
-            if not self.spec.on_gpu and not normalizes_after(self.spec):
-                # The uint8 batch handed out is DALI's output buffer, made every run: kept
-                # on the heap for reuse (see decode/heap.py). A float batch is torch's.
+            if not self.spec.on_gpu:
+                # DALI's uint8 output buffer (the batch, or what torch normalizes into
+                # one), made every run: kept on the heap for reuse (see decode/heap.py).
                 keep_on_heap(n * self.spec.size * self.spec.size * 3)
         return self._pipe
 

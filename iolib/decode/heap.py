@@ -22,9 +22,12 @@ decoded pages and batches come from the arenas and stay resident once freed: the
 held 100-150 MB free at the epoch's peak on the throttled-store benchmarks
 (benchmarks/results/peers-2026-12-07-memory.md). A block made and freed every batch
 at one size is another matter: the heap reuses it, a mapping is faulted in afresh each
-time (DALI's uint8 output batch, 9.6 MB at 224 px and batch 64: 97 page faults an image
-against 10-30), so the DALI backend raises the threshold above a uint8 batch it hands
-out (`keep_on_heap`; 44 faults an image). Set by the loader's workers and
+time (DALI's uint8 output buffer, 9.6 MB at 224 px and batch 64: 97 page faults an
+image against 10-30), so the DALI backend raises the threshold above it
+(`keep_on_heap`); that keeps image epochs where they were, memory included. A fixed
+threshold also keeps glibc's trim threshold at 128 KiB, so the heap's top went back
+and was faulted in again every batch: it is set to 64 MiB, where glibc's own rule
+takes it (4 faults an image). Set by the loader's workers and
 by `ImagePipeline`; a ``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's own
 setting) is the opt-out, as for the arenas.
 
@@ -59,6 +62,8 @@ _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 MMAP_THRESHOLD = 4 << 20
 MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 _M_MMAP_THRESHOLD = -3
+_M_TRIM_THRESHOLD = -1
+TRIM_ENV = "MALLOC_TRIM_THRESHOLD_"
 
 _libc: Any = None
 _looked = False
@@ -127,6 +132,11 @@ def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
     if _mapping_fixed or libc is None or os.environ.get(MMAP_ENV):
         return False
     _mapping_fixed = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+    if _mapping_fixed and not os.environ.get(TRIM_ENV):
+        # A fixed threshold also stops glibc raising its trim threshold (to twice the
+        # mmap one) from 128 KiB: the heap's top would be handed back and faulted in
+        # again batch after batch. Kept where glibc's own rule takes it.
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_CEILING)
     _threshold = threshold if _mapping_fixed else 0
     return _mapping_fixed
 
