@@ -332,3 +332,30 @@ def test_dali_keeps_its_output_batch_on_the_heap(tmp_path: Path) -> None:
             pass
     """)
     assert _after_a_loader(tmp_path, loop) == "heap"  # above 8 MiB now
+
+
+def test_fixing_the_threshold_keeps_the_heaps_top_for_the_next_batch() -> None:
+    """A block freed at the heap's top stays for reuse (glibc's trim threshold raised as
+    its own rule would), rather than handed back and faulted in again next batch."""
+    if not _glibc():
+        return
+    code = textwrap.dedent("""
+        import ctypes
+        from iolib.decode import heap
+        assert heap.map_large_blocks()
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.mallinfo2.restype = heap._MallInfo2
+        block = libc.malloc(2 << 20)  # below the 4 MiB threshold: from the heap's top
+        ctypes.memset(block, 1, 2 << 20)
+        grown = libc.mallinfo2().arena
+        libc.free(block)
+        print("kept" if libc.mallinfo2().arena >= grown else "returned")
+    """)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.split()[-1] == "kept"
