@@ -33,7 +33,6 @@ import torch
 
 from iolib.base.forks import reset_after_fork
 from iolib.base.shutdown import stop_all
-from iolib.decode.heap import keep_on_heap
 from iolib.decode.native_threads import cpu_seconds, started_threads
 from iolib.decode.probe import as_buffer
 from iolib.decode.spec import OutputSpec
@@ -196,10 +195,6 @@ class DaliBackend:
             self._pipe = None  # the old one goes before the new one is built
             self._pipe, self._threads = _build(self.spec, n, self._device_id)
             self._capacity = n
-            if not self.spec.on_gpu:
-                # DALI's uint8 output buffer (the batch, or what torch normalizes into
-                # one), made every run: kept on the heap for reuse (see decode/heap.py).
-                keep_on_heap(n * self.spec.size * self.spec.size * 3)
         return self._pipe
 
     def decode(self, blobs: list[Any], windows: np.ndarray, flips: np.ndarray) -> torch.Tensor:

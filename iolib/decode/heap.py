@@ -20,16 +20,13 @@ whichever thread frees it. glibc's own threshold starts at 128 KiB and rises to 
 of each mapped block freed, up to 32 MiB, after which a loader's compressed row groups,
 decoded pages and batches come from the arenas and stay resident once freed: the heap
 held 100-150 MB free at the epoch's peak on the throttled-store benchmarks
-(benchmarks/results/peers-2026-12-07-memory.md). A block made and freed every batch
-at one size is another matter: the heap reuses it, a mapping is faulted in afresh each
-time (DALI's uint8 output buffer, 9.6 MB at 224 px and batch 64: 97 page faults an
-image against 10-30), so the DALI backend raises the threshold above it
-(`keep_on_heap`); that keeps image epochs where they were, memory included. A fixed
-threshold also keeps glibc's trim threshold at 128 KiB, so the heap's top went back
-and was faulted in again every batch: it is set to 64 MiB, where glibc's own rule
-takes it (4 faults an image). Set by the loader's workers and
-by `ImagePipeline`; a ``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's own
-setting) is the opt-out, as for the arenas.
+(benchmarks/results/peers-2026-12-07-memory.md). Set by a loader's workers; a
+``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's own setting) is the opt-out, as
+for the arenas. Not where images are decoded (`leave_mapping`, from `ImagePipeline`):
+the buffers DALI makes every batch (9.6 MB at 224 px and batch 64) are then mapped
+afresh each time, 97 page faults an image against 10-30 and 15-20% more CPU, for
+~90 MB less at the epoch's peak; raising the threshold above them kept the CPU and
+gave the memory back to the heap.
 
 Why not ``malloc_trim`` after every batch: it hands back every free page, so the next
 batch faults the same working set in again; DALI on the CPU then took ~18% more CPU
@@ -62,15 +59,11 @@ _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 MMAP_THRESHOLD = 4 << 20
 MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 _M_MMAP_THRESHOLD = -3
-_M_TRIM_THRESHOLD = -1
-TRIM_ENV = "MALLOC_TRIM_THRESHOLD_"
 
 _libc: Any = None
 _looked = False
 _arenas_limited = False
 _mapping_fixed = False
-_threshold = 0  # the mmap threshold this module set (0: none)
-_MMAP_CEILING = 32 << 20  # glibc's largest threshold on 64 bits (DEFAULT_MMAP_THRESHOLD_MAX)
 _floor: int | None = None  # the least idle bytes seen since the last trim
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -127,34 +120,19 @@ def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
     when freed (glibc's ``M_MMAP_THRESHOLD``, which also stops glibc raising it), once
     per process, unless ``MALLOC_MMAP_THRESHOLD_`` is set in the environment; True if
     this call set it."""
-    global _mapping_fixed, _threshold
+    global _mapping_fixed
     libc = _lib()
     if _mapping_fixed or libc is None or os.environ.get(MMAP_ENV):
         return False
     _mapping_fixed = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
-    if _mapping_fixed and not os.environ.get(TRIM_ENV):
-        # A fixed threshold also stops glibc raising its trim threshold (to twice the
-        # mmap one) from 128 KiB: the heap's top would be handed back and faulted in
-        # again batch after batch. Kept where glibc's own rule takes it.
-        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_CEILING)
-    _threshold = threshold if _mapping_fixed else 0
     return _mapping_fixed
 
 
-def keep_on_heap(nbytes: int) -> bool:
-    """Raise the threshold `map_large_blocks` set above `nbytes` (at most glibc's 32 MiB
-    ceiling), for a block made and freed every batch at one size (DALI's output batch):
-    the heap reuses it, where a mapping is faulted in afresh each time. Nothing where
-    the threshold is not this module's; True if raised."""
-    global _threshold
-    libc = _lib()
-    if not _mapping_fixed or libc is None or nbytes < _threshold or _threshold >= _MMAP_CEILING:
-        return False
-    wanted = min(_MMAP_CEILING, nbytes + (1 << 20))
-    if not libc.mallopt(_M_MMAP_THRESHOLD, wanted):
-        return False
-    _threshold = wanted
-    return True
+def leave_mapping() -> None:
+    """Keep glibc's own mmap threshold in this process: `map_large_blocks` does nothing
+    afterwards. For image decoding (see the module's docstring)."""
+    global _mapping_fixed
+    _mapping_fixed = True  # decided: nothing to fix
 
 
 def tune_heap() -> None:
