@@ -79,16 +79,17 @@ RUN = textwrap.dedent(
 )
 
 
-def _corpus(root: Path, tokens: int) -> tuple[str, Path]:
+def _corpus(root: Path, tokens: int, rows_per_group: int = 2048) -> tuple[str, Path]:
     """The corpus of `tokens` tokens under `root`, written unless a finished one is there
     (the flat `.bin` is written last)."""
-    directory = root / f"corpus-{tokens}"
+    suffix = "" if rows_per_group == 2048 else f"-rg{rows_per_group}"
+    directory = root / f"corpus-{tokens}{suffix}"
     if (directory / "tokens.bin").exists() and (directory / "done").exists():
         return str(directory), directory / "tokens.bin"
     sys.path.insert(0, str(ROOT))
     from benchmarks.token_corpus import write_corpus
 
-    written = write_corpus(directory, tokens, rows_per_group=2048, files=4)
+    written = write_corpus(directory, tokens, rows_per_group=rows_per_group, files=4)
     (directory / "done").touch()
     return written
 
@@ -113,15 +114,20 @@ def _corpus(root: Path, tokens: int) -> tuple[str, Path]:
 @click.option("--workers", default=2, show_default=True, help="iolib's num_workers (threads).")
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None,
               help="Where corpora are written and reused (default: a temp directory).")  # fmt: skip
+@click.option("--rows-per-group", default=2048, show_default=True,
+              help="Documents a row group (2048: ~5 MB decoded; 512 lets 8 MiB run).")  # fmt: skip
 @click.option("--out", default=None, help="Results' name in benchmarks/results/.")
-def main(budget_mb, scales, batches, batch_size, seq_len, repeats, workers, work_dir, out) -> None:
+def main(
+    budget_mb, scales, batches, batch_size, seq_len, repeats, workers, rows_per_group, work_dir, out
+) -> None:
     """Packed windows streamed from local disk vs memmap random windows."""
     budget = budget_mb * 2**20
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = work_dir or Path(tmp)
         for scale in tqdm([int(s) for s in scales.split(",")], desc="corpora"):
-            url, flat = _corpus(root, scale * budget // 4)  # int32 tokens: 4 bytes each
+            # int32 tokens: 4 bytes each
+            url, flat = _corpus(root, scale * budget // 4, rows_per_group)
             runs = []
             for _ in tqdm(range(repeats), desc=f"{scale}x budget", leave=False):
                 args = [url, str(flat), *map(str, (budget, batches, batch_size, seq_len, workers))]
@@ -132,7 +138,7 @@ def main(budget_mb, scales, batches, batch_size, seq_len, repeats, workers, work
                 runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             rows.append({"scale": scale, "corpus_bytes": scale * budget, "runs": runs})
     name = f"outofcore-{budget_mb}mib" + ("" if workers == 2 else f"-{workers}workers")
-    _write(rows, budget_mb, batches, batch_size, seq_len, workers, out or name)
+    _write(rows, budget_mb, batches, batch_size, seq_len, workers, out or name, rows_per_group)
 
 
 def _span(values: list[float], scale: float, fmt: str) -> str:
@@ -143,7 +149,14 @@ def _span(values: list[float], scale: float, fmt: str) -> str:
 
 
 def _write(
-    rows: list[dict], budget_mb: int, batches: int, batch: int, seq: int, workers: int, out: str
+    rows: list[dict],
+    budget_mb: int,
+    batches: int,
+    batch: int,
+    seq: int,
+    workers: int,
+    out: str,
+    rows_per_group: int = 2048,
 ) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{out}.json").write_text(json.dumps(rows, indent=1))
@@ -151,7 +164,7 @@ def _write(
         "# Packed windows larger than cache_bytes, from local disk",
         "",
         f"`python benchmarks/bench_outofcore.py --budget-mb {budget_mb} --batches {batches} "
-        f"--workers {workers}` — cache_bytes "
+        f"--workers {workers} --rows-per-group {rows_per_group}` — cache_bytes "
         f"{budget_mb} MiB, shuffled, {workers} thread workers, batch {batch} x seq_len {seq}, "
         f"{batches} batches timed; memmap: nanoGPT's get_batch on the same tokens, same "
         "process. Median (min-max) over repeats; RSS is the peak above the process's "

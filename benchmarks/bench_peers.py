@@ -152,12 +152,26 @@ def presigned(proxy: str, keys: list[str]) -> list[str]:
 
 
 # -- one run ---------------------------------------------------------------------------
+def rollup(pid: int) -> dict:
+    """A process's resident set and PSS as /proc/<pid>/smaps_rollup splits them (bytes)."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"):
+                out[key.lower()] = int(rest.split()[0]) * 1024
+    return out
+
+
 class TreeMemory:
-    """Peak RSS and PSS (summed over a process and its descendants), sampled."""
+    """Peak RSS and PSS (summed over a process and its descendants), sampled; at the
+    peak PSS, each process's share (`at_peak`: pid, its command, threads, smaps_rollup's
+    split), to tell the parent's memory from its workers'."""
 
     def __init__(self, pid: int, every: float = 0.2) -> None:
         self.root, self.every = psutil.Process(pid), every
         self.rss = self.pss = 0
+        self.at_peak: list[dict] = []
         self.began = time.perf_counter()
         self.timeline: list[tuple[float, int, int]] = []  # (s, PSS bytes, processes)
         self.stop = threading.Event()
@@ -171,19 +185,25 @@ class TreeMemory:
                 tree = [self.root, *self.root.children(recursive=True)]
             except psutil.Error:
                 break
+            parts = []
             for process in tree:
-                with contextlib.suppress(psutil.Error):
-                    info = process.memory_full_info()
-                    rss += info.rss
-                    pss += getattr(info, "pss", 0)
-            self.rss, self.pss = max(self.rss, rss), max(self.pss, pss)
+                with contextlib.suppress(psutil.Error, OSError, ValueError):
+                    info = rollup(process.pid)
+                    rss += info.get("rss", 0)
+                    pss += info.get("pss", 0)
+                    parts.append({"pid": process.pid, "threads": process.num_threads(),
+                                  "cmd": " ".join(process.cmdline())[-80:], **info})  # fmt: skip
+            self.rss = max(self.rss, rss)
+            if pss > self.pss:
+                self.pss, self.at_peak = pss, parts
             self.timeline.append((round(time.perf_counter() - self.began, 2), pss, len(tree)))
             self.stop.wait(self.every)
 
     def close(self) -> dict:
         self.stop.set()
         self.thread.join()
-        return {"peak_rss": self.rss, "peak_pss": self.pss, "pss_timeline": self.timeline}
+        return {"peak_rss": self.rss, "peak_pss": self.pss, "pss_timeline": self.timeline,
+                "at_peak": self.at_peak}  # fmt: skip
 
 
 def run_one(spec: dict, proxy: str, timeout: float) -> dict:
@@ -307,6 +327,29 @@ def _row(system: str, entry: dict, unit: str, best_peer: float | None, cfg: dict
     )
 
 
+def breakdown(run: dict) -> str:
+    """Where a run's peak PSS was, in MB: each process's anonymous / file-backed share
+    (smaps_rollup) and threads; for iolib, what its process held at its own highest
+    sample (benchmarks/peers/systems.py: Arrow, malloc in use and free, the cache)."""
+    procs = "; ".join(
+        f"pid {p['pid']} ({p.get('threads', 0)} threads): {p.get('pss', 0) / 1e6:.0f} = "
+        f"{p.get('pss_anon', 0) / 1e6:.0f} anon + {p.get('pss_file', 0) / 1e6:.0f} file"
+        for p in run["at_peak"]
+    )
+    samples = [p for p in run.get("memory_parts", []) if not p.get("what")]
+    imported = [p for p in run.get("memory_parts", []) if p.get("what") == "imported"]
+    if not samples:
+        return procs
+    top = max(samples, key=lambda p: p.get("pss", 0))
+    held = ", ".join(
+        f"{label} {top.get(key, 0) / 1e6:.0f}"
+        for key, label in (("arrow", "Arrow"), ("malloc_used", "malloc in use"),
+                           ("malloc_free", "malloc free"), ("cache_held", "cache"))
+    )  # fmt: skip
+    base = f"after imports {imported[0]['pss'] / 1e6:.0f} PSS; " if imported else ""
+    return f"{procs}; {base}its highest sample: PSS {top.get('pss', 0) / 1e6:.0f}, {held}"
+
+
 def write_report(results: dict, out: Path, name: str) -> str:
     cfg, facts = results["config"], results["facts"]
     lines = [
@@ -380,6 +423,9 @@ def write_report(results: dict, out: Path, name: str) -> str:
                     lines.append(
                         f"- iolib `loader.stats()`, round {run['round']}: `{json.dumps(keep)}`"
                     )
+            for run in entry["runs"]:
+                if run.get("at_peak"):
+                    lines.append(f"- {system}, round {run['round']}, at the peak: {breakdown(run)}")
             for run in entry["errors"]:
                 lines.append(f"- {system} round {run['round']} failed: `{run['error']}`")
             notes = {json.dumps(r.get("notes")) for r in entry["runs"] if r.get("notes")}

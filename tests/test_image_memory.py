@@ -210,3 +210,95 @@ def test_an_image_pipeline_caps_the_malloc_arenas_unless_the_user_chose() -> Non
         counts[chosen] = int(done.stdout.split()[-1])
     assert counts[""] <= cap
     assert counts[str(threads + 1)] > cap  # the user's cap, not iolib's
+
+
+_MAPPED_PROBE = textwrap.dedent("""
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    fields = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+              "uordblks", "fordblks", "keepcost")
+    class Info(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_size_t) for f in fields]
+    libc.mallinfo2.restype = Info
+    # A freed 16 MiB mapped block raises glibc's own threshold to 16 MiB: an 8 MiB block
+    # then comes from the heap (and stays there when freed) unless the threshold is fixed.
+    libc.free(libc.malloc(16 << 20))
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(8 << 20)
+    print("mapped" if libc.mallinfo2().hblkhd - before >= 8 << 20 else "heap")
+    libc.free(block)
+""")
+
+
+def _after_a_loader(tmp_path: Path, loop: str, **env: str) -> str:
+    """Where an 8 MiB block comes from in a fresh interpreter after `loop` ran a loader."""
+    pq.write_table(pa.table({"x": np.arange(100)}), tmp_path / "a.parquet", row_group_size=10)
+    code = (
+        textwrap.dedent(f"""
+        from iolib import DataLoader
+        from iolib.sources import ParquetSource
+        source = ParquetSource({str(tmp_path / "a.parquet")!r})
+    """)
+        + textwrap.dedent(loop)
+        + _MAPPED_PROBE
+    )
+    clean = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    return done.stdout.split()[-1]
+
+
+def _glibc() -> bool:
+    import platform
+
+    return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+
+def test_a_loaders_workers_map_large_blocks_on_their_own(tmp_path: Path) -> None:
+    """Row groups and batches of 4 MiB or more are freed back to the OS, not kept in
+    glibc's arenas: the threshold is fixed, whatever glibc raised it to."""
+    if not _glibc():
+        return
+    loop = "for _ in DataLoader(source, batch_size=8, num_workers=2, seed=0): pass\n"
+    assert _after_a_loader(tmp_path, loop) == "mapped"
+    assert _after_a_loader(tmp_path, "pass\n") == "heap"  # glibc's own rule, untouched
+
+
+def test_a_threshold_the_user_set_is_kept(tmp_path: Path) -> None:
+    if not _glibc():
+        return
+    loop = "for _ in DataLoader(source, batch_size=8, num_workers=2, seed=0): pass\n"
+    chosen = str(64 << 20)  # glibc's own setting: 8 MiB stays on the heap
+    assert _after_a_loader(tmp_path, loop, MALLOC_MMAP_THRESHOLD_=chosen) == "heap"
+
+
+def test_an_image_pipeline_leaves_glibcs_threshold(tmp_path: Path) -> None:
+    """Where images are decoded, DALI's per-batch buffers are reused from the heap: the
+    workers do not fix the threshold."""
+    if not _glibc():
+        return
+    loop = (
+        "from iolib.decode.images import ImagePipeline\n"
+        "pipe = ImagePipeline(size=32, device='cpu', backend='pil')\n"
+        "for _ in DataLoader(source, batch_size=8, num_workers=2, seed=0): pass\n"
+    )
+    assert _after_a_loader(tmp_path, loop) == "heap"
+
+
+def test_each_worker_task_checks_the_heap_for_pages_to_give_back(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Thread workers call `trim_heap` after each batch (it trims only past its guard)."""
+    from iolib.decode import heap
+
+    calls = []
+    real = heap.trim_heap
+    monkeypatch.setattr(heap, "trim_heap", lambda *a: calls.append(1) or real(*a))
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"x": np.arange(100)}), path, row_group_size=10)
+    batches = list(DataLoader(ParquetSource(str(path)), batch_size=10, num_workers=2, seed=0))
+    assert len(calls) >= len(batches) == 10

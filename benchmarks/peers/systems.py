@@ -13,6 +13,7 @@ in flight counts in the bytes and in the link's use.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import io
@@ -20,6 +21,7 @@ import json
 import math
 import os
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -334,7 +336,10 @@ def run_epoch(loader: Iterable, count: Callable[[Any], int], spec: dict) -> dict
 
 class ArrowTrace:
     """Arrow's allocations in this process over time, every 0.2 s: (s, bytes allocated,
-    the pool's peak so far), to tell Arrow's share of the tree's PSS from the rest."""
+    the pool's peak so far), to tell Arrow's share of the tree's PSS from the rest; and
+    beside it (`parts`) what else holds memory here: glibc malloc's bytes in use and
+    free-but-kept, the resident set, threads, and the loader's cache where it has one
+    (`watch`)."""
 
     def __init__(self) -> None:
         import threading
@@ -342,13 +347,24 @@ class ArrowTrace:
         import pyarrow as pa
 
         self.samples: list[tuple[float, int, int]] = []
+        self.parts: list[dict] = []
+        self.loader: Any = None
         self.stop = threading.Event()
-        began, pool = time.perf_counter(), pa.default_memory_pool()
+        began = time.perf_counter()
+        self.parts.append({"s": 0.0, "what": "torch imported", **memory_parts()})
 
         def run() -> None:
             while not self.stop.wait(0.2):
                 now = round(time.perf_counter() - began, 2)
+                pool = pa.default_memory_pool()  # the current one: iolib may switch it
                 self.samples.append((now, pa.total_allocated_bytes(), pool.max_memory()))
+                part = {"s": now, **memory_parts()}
+                with contextlib.suppress(Exception):
+                    if self.loader is not None:
+                        stats = self.loader.stats()
+                        part["cache_held"] = int(stats.get("cache_held_bytes", 0) or 0)
+                        part["in_flight"] = int(stats.get("bytes_in_flight", 0) or 0)
+                self.parts.append(part)
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
@@ -359,6 +375,42 @@ class ArrowTrace:
         return self.samples
 
 
+def memory_parts() -> dict:
+    """This process now: resident and PSS split as smaps_rollup splits them, glibc
+    malloc's bytes in use (`malloc_used`, its mmapped blocks included) and free but
+    resident in its arenas (`malloc_free`), Arrow's allocated bytes, and threads."""
+    import ctypes
+
+    import pyarrow as pa
+
+    out: dict = {"arrow": pa.total_allocated_bytes(), "threads": threading_count()}
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"):
+                out[key.lower()] = int(rest.split()[0]) * 1024
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+        fields = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                  "uordblks", "fordblks", "keepcost")  # fmt: skip
+
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(f, ctypes.c_size_t) for f in fields]
+
+        libc.mallinfo2.restype = MallInfo2
+        info = libc.mallinfo2()
+        out["malloc_used"] = info.uordblks + info.hblkhd
+        out["malloc_free"] = info.fordblks
+    return out
+
+
+def threading_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
 def main(spec: dict) -> dict:
     torch.set_num_threads(1)
     trace = ArrowTrace()
@@ -366,17 +418,31 @@ def main(spec: dict) -> dict:
         spec = dict(spec, cache_dir=str(Path(cache) / "local"))
         os.environ["IOLIB_CACHE_DIR"] = str(Path(cache) / "iolib")  # nothing from a past run
         IMPORTS[spec["system"]]()
+        trace.parts.append({"s": 0.0, "what": "imported", **memory_parts()})
         start = time.perf_counter()
         loader, count, notes = LOADERS[spec["system"]](spec)
+        if spec["system"] == "iolib":
+            trace.loader = loader
         result = warm_up(loader, start, spec)
+        used = resource.getrusage(resource.RUSAGE_SELF)
         result.update(run_epoch(loader, count, spec))
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        # CPU and page faults of the measured epoch (this process; threads included):
+        # what mapping large blocks on their own costs shows as faults and system time.
+        result["epoch_cpu"] = {
+            "user_s": after.ru_utime - used.ru_utime,
+            "sys_s": after.ru_stime - used.ru_stime,
+            "minor_faults": after.ru_minflt - used.ru_minflt,
+        }
         if spec["system"] == "iolib":
             result["iolib_stats"] = _jsonable(loader.stats())
         result["notes"] = notes
+        trace.loader = None
         del loader
         time.sleep(spec.get("settle_s", 0.0))  # what the dropped loader still reads counts
         result["bytes_total"] = proxy_bytes(spec)
     result["arrow_timeline"] = trace.close()
+    result["memory_parts"] = trace.parts
     return result
 
 

@@ -1,4 +1,5 @@
-"""The C heap under image decoding: `limit_arenas` once, `trim_heap` when pages pile up.
+"""The C heap under a loader: `limit_arenas` and `map_large_blocks` once, `trim_heap`
+when pages pile up.
 
 Why: decoding a batch allocates and frees tens of MB of C heap (DALI's per-run buffers
 on its own threads, Pillow's full-size images, the uint8 batch before normalization),
@@ -12,6 +13,20 @@ so `ImagePipeline` calls it when it is made (or unpickled in a worker process), 
 the loader's threads start. A ``MALLOC_ARENA_MAX`` in the environment (glibc's own
 setting, read at process start) is the user's choice and is left as it is: that is
 the opt-out.
+
+`map_large_blocks` fixes glibc's mmap threshold (``M_MMAP_THRESHOLD``) at
+`MMAP_THRESHOLD`: a block that large is mapped on its own and unmapped when freed, on
+whichever thread frees it. glibc's own threshold starts at 128 KiB and rises to the size
+of each mapped block freed, up to 32 MiB, after which a loader's compressed row groups,
+decoded pages and batches come from the arenas and stay resident once freed: the heap
+held 100-150 MB free at the epoch's peak on the throttled-store benchmarks
+(benchmarks/results/peers-2026-12-07-memory.md). Set by a loader's workers; a
+``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's own setting) is the opt-out, as
+for the arenas. Not where images are decoded (`leave_mapping`, from `ImagePipeline`):
+the buffers DALI makes every batch (9.6 MB at 224 px and batch 64) are then mapped
+afresh each time, 97 page faults an image against 10-30 and 15-20% more CPU, for
+~90 MB less at the epoch's peak; raising the threshold above them kept the CPU and
+gave the memory back to the heap.
 
 Why not ``malloc_trim`` after every batch: it hands back every free page, so the next
 batch faults the same working set in again; DALI on the CPU then took ~18% more CPU
@@ -33,14 +48,22 @@ from typing import Any
 
 # Free resident heap let stand between trims: above the working set of one DALI
 # pipeline at 224 px and batch 64 (~35 MB) plus the row groups a loader reads ahead,
-# which come and go every few batches.
+# which come and go every few batches. What it counts as free also holds memory others
+# map (DALI's own buffers): at 64 MB DALI epochs trimmed often enough to fault 75 pages
+# an image against 30.
 TRIM_GROWTH = 256 << 20
 ARENA_ENV = "MALLOC_ARENA_MAX"
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
+# Blocks at least this large are mapped on their own (see the module's docstring): above
+# what DALI takes per image and batch, below a compressed or decoded row group.
+MMAP_THRESHOLD = 4 << 20
+MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+_M_MMAP_THRESHOLD = -3
 
 _libc: Any = None
 _looked = False
 _arenas_limited = False
+_mapping_fixed = False
 _floor: int | None = None  # the least idle bytes seen since the last trim
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -90,6 +113,33 @@ def limit_arenas(arenas: int | None = None) -> bool:
         arenas = max(2, cpu_count())
     _arenas_limited = bool(libc.mallopt(_M_ARENA_MAX, arenas))
     return _arenas_limited
+
+
+def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Map blocks of at least `threshold` bytes on their own, so they go back to the OS
+    when freed (glibc's ``M_MMAP_THRESHOLD``, which also stops glibc raising it), once
+    per process, unless ``MALLOC_MMAP_THRESHOLD_`` is set in the environment; True if
+    this call set it."""
+    global _mapping_fixed
+    libc = _lib()
+    if _mapping_fixed or libc is None or os.environ.get(MMAP_ENV):
+        return False
+    _mapping_fixed = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+    return _mapping_fixed
+
+
+def leave_mapping() -> None:
+    """Keep glibc's own mmap threshold in this process: `map_large_blocks` does nothing
+    afterwards. For image decoding (see the module's docstring)."""
+    global _mapping_fixed
+    _mapping_fixed = True  # decided: nothing to fix
+
+
+def tune_heap() -> None:
+    """`limit_arenas` and `map_large_blocks`, each once: what a loader's threads and
+    decoders need before they allocate."""
+    limit_arenas()
+    map_large_blocks()
 
 
 def resident_bytes() -> int:

@@ -36,7 +36,7 @@ import numpy as np
 from iolib.base.resources import cpu_count
 from iolib.decode import BACKENDS, Backend, OutputSpec, dali_available, dali_package
 from iolib.decode import geometry as geo
-from iolib.decode.heap import limit_arenas
+from iolib.decode.heap import leave_mapping, limit_arenas
 from iolib.decode.probe import DEFAULT_MAX_IMAGE_PIXELS
 from iolib.errors import ConfigError, OnError, refuse_loader_arguments, require_positive_int
 
@@ -139,6 +139,7 @@ class ImagePipeline:
         if self.device is not None and self.device.startswith("cuda"):
             _require_cuda(self.device)
         limit_arenas()  # before the loader's threads make arenas: see decode/heap.py
+        leave_mapping()  # DALI's per-batch buffers reused from the heap: see there
 
     # Pickling: the description travels; decoders (DALI pipelines) are rebuilt where used.
     def __getstate__(self) -> dict[str, Any]:
@@ -149,6 +150,7 @@ class ImagePipeline:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         limit_arenas()  # a worker process unpickles this before it decodes
+        leave_mapping()
 
     @property
     def columns(self) -> tuple[str, ...]:

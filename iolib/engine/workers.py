@@ -153,6 +153,17 @@ class Fatal:
     error: RemoteError
 
 
+def give_back_heap() -> None:
+    """Once per task: the C heap's free pages back to the OS where they piled up past
+    decode/heap.py's guard (``trim_heap``). Row groups, segments and batches are freed
+    on other threads than the ones that made them, so glibc's arenas keep them, and an
+    epoch's next row group is built beside them; the check is two reads when nothing
+    piled up."""
+    from iolib.decode.heap import trim_heap
+
+    trim_heap()
+
+
 def _where(kind: str, wid: int, stage: str) -> str:
     return f"in iolib worker {kind} {wid} ({stage})"
 
@@ -238,6 +249,9 @@ def thread_worker(
     ends it other than a Stop is reported, so the consumer raises instead of waiting."""
     stage = "worker_init_fn"
     try:
+        from iolib.decode.heap import tune_heap
+
+        tune_heap()  # before the reads' threads allocate: see decode/heap.py
         _local.info = _thread_worker_info(setup)
         if init is not None:
             init(setup.wid)
@@ -251,6 +265,7 @@ def thread_worker(
             generation, number, task = item
             deliver(generation, number, fn(task))
             del item, task
+            give_back_heap()
     except BaseException as exc:  # any death is reported, never hangs
         report(Fatal(setup.wid, RemoteError(exc, _where("thread", setup.wid, stage))))
     finally:
@@ -308,6 +323,9 @@ def process_worker(
 
     # First, before any torch op: one intra-op thread, as in torch's worker loop.
     torch.set_num_threads(1)
+    from iolib.decode.heap import tune_heap
+
+    tune_heap()  # before this worker's threads allocate: see decode/heap.py
     report_unsendable(done, fn, setup.wid)
     stage = "worker_init_fn"
     try:
@@ -335,6 +353,7 @@ def process_worker(
                 continue  # its pass was left (`Engine.cancel`): nobody waits for it
             done.put((generation, number, fn(task)))
             del item, task
+            give_back_heap()
         if stopping.is_set() or os.getppid() != parent:
             # Nobody will read what is not sent yet: do not wait at exit to flush it.
             done.cancel_join_thread()
