@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import random
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ class _Memory:
 
     def __init__(self, owner: Any, spans: list[tuple[int, int]]) -> None:
         self._owner = owner
-        self._views = [
+        self.views = self._views = [
             memoryview((ctypes.c_char * size).from_address(address)).cast("B")
             for address, size in spans
         ]
@@ -117,12 +118,90 @@ class GlobalGenerator:
     """One global generator: `get` a state, `put` it back, `seed` it from a 63-bit int;
     states compare with ==."""
 
-    def __init__(self, get: Any, put: Any, seed: Any) -> None:
+    def __init__(
+        self, get: Any, put: Any, seed: Any, views: list[memoryview] | None = None
+    ) -> None:
         self.get, self.put, self.seed = get, put, seed
+        # Where the state is read as bytes: the spans read (for `watch`), else None.
+        self.views = views
 
 
 def _public_only() -> bool:
     return os.environ.get("IOLIB_RNG_SNAPSHOT", "").lower() == "public"
+
+
+# torch's CPU generator (ATen/CPUGeneratorImpl.h): `at::mt19937 engine_` (uint64 seed_, int
+# left_, bool seeded_, uint32 next_, uint32 state_[624]) then its last members, the cached
+# normal samples std::optional<float> and std::optional<double>. Offsets from engine_:
+_TORCH_SPAN = 2537  # engine_ (2516, then 4 bytes of padding), optional<float>, optional<double>
+_TORCH_FLOAT, _TORCH_DOUBLE = 2520, 2528
+_TORCH_PUBLIC = 5056  # get_state()'s size: the legacy struct (words as uint64) and the float
+
+
+def _torch_public(raw: bytes) -> bytes:
+    """The state get_state() gives, from the bytes of engine_ and the two caches."""
+    seed, left, seeded, position = struct.unpack_from("<QiBxxxI", raw)
+    value, cached = struct.unpack_from("<f?", raw, _TORCH_FLOAT)
+    gauss, has_gauss = struct.unpack_from("<d?", raw, _TORCH_DOUBLE)
+    out = bytearray(_TORCH_PUBLIC)
+    struct.pack_into("<QiiQ", out, 0, seed, left, seeded, position)
+    out[24 : 24 + 8 * _MT_WORDS] = np.frombuffer(raw, "<u4", _MT_WORDS, 20).astype("<u8").tobytes()
+    struct.pack_into("<d", out, 5024, gauss if has_gauss else 0.0)
+    struct.pack_into("<i", out, 5040, has_gauss)
+    struct.pack_into("<f?", out, 5048, value if cached else 0.0, cached)
+    return bytes(out)
+
+
+def _torch_canonical(raw: bytes) -> bytes:
+    """`raw` without what holds no state (padding, a cache's value while it is empty): two
+    states are the same generator state exactly where these are equal."""
+    out = bytearray(raw)
+    out[13:16], out[2516:2520], out[2525:2528] = bytes(3), bytes(4), bytes(3)
+    if not out[_TORCH_FLOAT + 4]:
+        out[_TORCH_FLOAT : _TORCH_FLOAT + 4] = bytes(4)
+    if not out[_TORCH_DOUBLE + 8]:
+        out[_TORCH_DOUBLE : _TORCH_DOUBLE + 8] = bytes(8)
+    return bytes(out)
+
+
+def _impl(generator: torch.Generator) -> int:
+    """The address of a generator's GeneratorImpl (see _torch_layout)."""
+    return ctypes.c_void_p.from_address(id(generator) + 16).value or 0
+
+
+def _torch_layout(probe: torch.Generator) -> int | None:
+    """Where `probe`'s engine_ lies from its GeneratorImpl, found by its state words, and
+    checked field by field against a state set with markers; None where it does not match.
+    THPGenerator is {PyObject_HEAD, at::Generator cdata, weakreflist}: `cdata`, one
+    pointer to the GeneratorImpl, just before the weak-reference list."""
+    kind = type(probe)
+    if kind.__basicsize__ != 32 or kind.__weakrefoffset__ != 24 or probe.device.type != "cpu":
+        return None
+    impl = ctypes.c_void_p.from_address(id(probe) + 16).value
+    if not impl or impl % 8:
+        return None
+    public = bytearray(probe.manual_seed(24680).get_state().numpy().tobytes())
+    if len(public) != _TORCH_PUBLIC:
+        return None
+    struct.pack_into("<ii", public, 8, 600, 1)  # left, seeded
+    struct.pack_into("<Q", public, 16, 25)  # next
+    struct.pack_into("<d", public, 5024, 1234.5678125)
+    struct.pack_into("<i", public, 5040, 1)
+    struct.pack_into("<f?", public, 5048, 87.25, True)
+    probe.set_state(torch.frombuffer(public, dtype=torch.uint8).clone())
+    words = np.frombuffer(bytes(public), "<u8", _MT_WORDS, 24).astype("<u4").tobytes()
+    # The object holds at least engine_ and the two caches: the search stays within it.
+    head = ctypes.string_at(impl, _TORCH_SPAN + 7)
+    at = head.find(words[:64])
+    if at < 28 or head.find(words[:64], at + 1) >= 0:
+        return None
+    engine = at - 20
+    if engine % 8:
+        return None
+    raw = ctypes.string_at(impl + engine, _TORCH_SPAN)
+    if raw[20:2516] != words or _torch_public(raw) != bytes(public):
+        return None
+    return engine
 
 
 def _torch() -> GlobalGenerator:
@@ -132,9 +211,32 @@ def _torch() -> GlobalGenerator:
         return generator.get_state().numpy().tobytes()
 
     def put(state: bytes) -> None:
+        if len(state) == _TORCH_SPAN:
+            state = _torch_public(state)
         generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
-    return GlobalGenerator(get, put, generator.manual_seed)
+    public = GlobalGenerator(get, put, generator.manual_seed)
+    if _public_only():
+        return public
+    memory = None
+    try:
+        probe = torch.Generator()
+        engine = _torch_layout(probe)
+        if engine is not None:
+            memory = _Memory(generator, [(_impl(generator) + engine, _TORCH_SPAN)])
+            if _torch_public(memory.get()[0]) != get():
+                memory = None
+    except Exception:  # another torch: its layout is not this one
+        memory = None
+    if memory is None:
+        return public
+    view = memory.views[0]
+
+    def get_raw() -> bytes:
+        return _torch_canonical(bytes(view))
+
+    # Written through set_state, which takes the generator's own lock.
+    return GlobalGenerator(get_raw, put, generator.manual_seed, views=[view])
 
 
 def _numpy_public_get() -> tuple[Any, ...]:
@@ -184,7 +286,9 @@ def _numpy() -> GlobalGenerator:
             with lock:
                 memory.put(state)
 
-    return GlobalGenerator(get, put, seed)
+    numpy = GlobalGenerator(get, put, seed, views=memory.views)
+    numpy.guard = (generator, bitgen, lock)  # type: ignore[attr-defined]
+    return numpy
 
 
 def _random() -> GlobalGenerator:
@@ -211,7 +315,43 @@ def _random() -> GlobalGenerator:
         words.put(state[:-1])
         generator.gauss_next = state[-1]
 
-    return GlobalGenerator(get, put, random.seed)
+    return GlobalGenerator(get, put, random.seed, views=words.views)
 
 
 GENERATORS = {"torch": _torch(), "numpy": _numpy(), "random": _random()}
+
+
+def _watch() -> Callable[[], tuple[Any, ...]]:
+    """`read()`: every generator's state in one call, for a batch's before and after (a
+    Dataset of cheap samples pays it twice a batch): where each is read as bytes, one
+    tuple of their spans, under numpy's lock; else each one's `get()`."""
+    gens = list(GENERATORS.values())
+    slow = lambda: tuple([g.get() for g in gens])  # noqa: E731
+    if any(g.views is None for g in gens) or list(GENERATORS) != ["torch", "numpy", "random"]:
+        return slow
+    views = [view for g in gens for view in g.views]
+    numpy, bitgen, lock = GENERATORS["numpy"].guard  # type: ignore[attr-defined]
+    inst = random._inst  # type: ignore[attr-defined]
+
+    def read() -> tuple[Any, ...]:
+        if numpy._bit_generator is not bitgen:
+            return slow()
+        with lock:
+            return (*map(bytes, views), inst.gauss_next)
+
+    return read
+
+
+read_all = _watch()
+
+
+def split(states: tuple[Any, ...]) -> dict[str, Any]:
+    """A `read_all()` tuple as each generator's state, as its `get()` gives it."""
+    if len(states) == len(GENERATORS):
+        return dict(zip(GENERATORS, states, strict=True))
+    torch_raw, words, gauss, random_words, gauss_next = states
+    return {
+        "torch": _torch_canonical(torch_raw),
+        "numpy": (words, gauss),
+        "random": (random_words, gauss_next),
+    }

@@ -39,7 +39,7 @@ from torch.utils.data import IterableDataset
 
 from iolib.errors import ConfigError, tag_sample
 from iolib.sources.base import Source
-from iolib.sources.global_state import GENERATORS
+from iolib.sources.global_state import GENERATORS, read_all, split
 
 _MASK64 = (1 << 64) - 1
 
@@ -102,6 +102,11 @@ def watch_initial_seed(notes: set[str]) -> Iterator[None]:
                 torch.initial_seed, torch.random.initial_seed = _TORCH_INITIAL_SEED
 
 
+def _put(states: dict[str, Any]) -> None:
+    for name, state in states.items():
+        GENERATORS[name].put(state)
+
+
 def _seed_globals(seed: int, names: Any = GENERATORS) -> None:
     for name in names:
         GENERATORS[name].seed(seed)
@@ -160,21 +165,38 @@ class TorchDatasetSource(Source):
         keys = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         if not self.seed_globals:
             return self._fetch(keys)
-        # Inline, the caller's generators are given back after the batch: those seeded
-        # per sample (the others were watched and did not move).
-        saved = _states(GENERATORS) if self.restore_globals else None
-        watched = [n for n in GENERATORS if n not in self.drawn] if self.drawn else GENERATORS
+        if self.drawn:
+            saved = _states(GENERATORS) if self.restore_globals else None
+            return self._read_watching(keys, epoch, saved)
+        # No sample drew yet: every generator is watched, read in one call before and
+        # after (the caller's state, kept for the restore, is the one read before).
+        before = read_all()
+        try:
+            data = self._fetch(keys)
+        except BaseException:
+            if self.restore_globals:  # a sample that raised may have drawn from any of them
+                _put(split(before))
+            raise
+        after = read_all()
+        if after == before:
+            return data
+        states, now = split(before), split(after)
+        moved = {name for name in GENERATORS if now[name] != states[name]}
+        if not moved:  # bytes that hold no state changed (torch's padding)
+            return data
+        self.drawn |= moved
+        return self._read_watching(keys, epoch, states if self.restore_globals else None)
+
+    def _read_watching(self, keys: list[Any], epoch: int, saved: dict[str, Any] | None) -> Any:
+        """The batch read with the generators samples drew from seeded per sample, the
+        others watched; `saved`: the caller's states, given back after it (inline)."""
+        watched = [n for n in GENERATORS if n not in self.drawn]
         try:
             while True:
                 # Seed per sample the generators samples were seen drawing from; watch
                 # the others. One that moved joins them and the batch is read again.
-                if saved is None:
-                    before = _states(watched)
-                elif watched is GENERATORS:
-                    before = saved  # none seeded yet: every generator is watched
-                else:
-                    before = {n: saved[n] for n in watched}
-                data = self._read_seeded(keys, epoch) if self.drawn else self._fetch(keys)
+                before = _states(watched) if saved is None else {n: saved[n] for n in watched}
+                data = self._read_seeded(keys, epoch)
                 moved = _moved(before)
                 if not moved:
                     break
@@ -182,12 +204,10 @@ class TorchDatasetSource(Source):
                 watched = [n for n in watched if n not in moved]
         except BaseException:
             if saved is not None:  # a sample that raised may have drawn from any of them
-                for name, state in saved.items():
-                    GENERATORS[name].put(state)
+                _put(saved)
             raise
         if saved is not None:
-            for name in self.drawn:
-                GENERATORS[name].put(saved[name])
+            _put({name: saved[name] for name in self.drawn})
         return data
 
     def take_notes(self) -> list[str]:
