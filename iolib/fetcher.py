@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from iolib.collate import batch_nbytes, collate_rows, collate_table, table_rows
+from iolib.collate import (
+    batch_nbytes,
+    collate_rows,
+    collate_table,
+    default_collate,
+    table_rows,
+)
 from iolib.decode.protocol import Decoder
 from iolib.errors import DataError, OnError, WorkerError, blamed_samples, tag_sample
 from iolib.plan.rng import sample_rng
@@ -190,6 +196,8 @@ class BatchFetcher:
         self.decode = decode
         self.on_error = on_error
         self.unbatched = unbatched
+        # Source's own check_batch does nothing: not called per batch then.
+        self._checks = type(source).check_batch is not Source.check_batch
 
     def __call__(self, task: BatchTask) -> Fetched | Failure:
         meta = BatchMeta()
@@ -225,15 +233,16 @@ class BatchFetcher:
         return Failure(stage, text, tb, samples, keep, type(exc))
 
     def _timed(
-        self, meta: BatchMeta, stage: str, keys: Any, fn: Callable[[], Any], cpu: bool
+        self, meta: BatchMeta, stage: str, keys: Any, cpu: bool, fn: Callable[..., Any], *args: Any
     ) -> Any:
-        """fn(), its wall time (and, where `cpu`, its CPU) added to `meta` under `stage`;
-        an error raised as the stage's, blaming its samples or else every one of `keys`."""
+        """fn(*args), its wall time (and, where `cpu`, its CPU) added to `meta` under
+        `stage`; an error raised as the stage's, blaming its samples or else every one of
+        `keys`. Arguments, not a closure: one Python call less a stage, inline."""
         start = time.perf_counter()
         if cpu:
             used = time.thread_time() + helper_cpu_s()
         try:
-            return fn()
+            return fn(*args)
         except Exception as exc:
             raise _StageError(stage, blamed_samples(exc) or key_list(keys), exc) from exc
         finally:
@@ -248,7 +257,8 @@ class BatchFetcher:
             data = self.source.read(indices, epoch=epoch)
         else:  # the source is told which batch of its plan it reads
             data = self.source.read_batch(indices, epoch=epoch, batch=batch)
-        self.source.check_batch(data, indices)
+        if self._checks:
+            self.source.check_batch(data, indices)
         return data
 
     def _read_skipping(self, indices: Any, epoch: int, meta: BatchMeta, batch: int) -> Any:
@@ -297,8 +307,12 @@ class BatchFetcher:
             meta,
             "read",
             samples,
-            lambda: self._read_skipping(task.indices, task.epoch, meta, task.number),
             cpu,
+            self._read_skipping,
+            task.indices,
+            task.epoch,
+            meta,
+            task.number,
         )
         if data is None:
             meta.samples = 0
@@ -307,31 +321,23 @@ class BatchFetcher:
         if self.transform is not None:
             rows = table_rows(data) if columnar else data
             data = self._timed(
-                meta, "transform", samples, lambda: self._transform(rows, indices, task), cpu
+                meta, "transform", samples, cpu, self._transform, rows, indices, task
             )
             columnar = False
         if self.unbatched:
             rows = table_rows(data) if columnar else data
-            batch = self._timed(meta, "collate", samples, lambda: self._convert(rows[0]), cpu)
+            batch = self._timed(meta, "collate", samples, cpu, self._convert, rows[0])
         elif columnar and self.collate_fn is None:
-            batch = self._timed(meta, "collate", samples, lambda: collate_table(data), cpu)
+            batch = self._timed(meta, "collate", samples, cpu, collate_table, data)
         else:
             rows = table_rows(data) if columnar else data
-            batch = self._timed(
-                meta,
-                "collate",
-                samples,
-                lambda: collate_rows(rows, self.collate_fn, arrow_rows=self.source.columnar),
-                cpu,
-            )
+            # Rows not made from Arrow: what collate_rows would call, called directly.
+            collate = self._collate_rows if self.source.columnar else self.collate_fn
+            batch = self._timed(meta, "collate", samples, cpu, collate or default_collate, rows)
         meta.samples = len(indices)
         if self.decode is not None:
             batch, skipped = self._timed(
-                meta,
-                "decode",
-                samples,
-                lambda: self.decode(batch, indices, seed=self.seed, epoch=task.epoch),
-                cpu,
+                meta, "decode", samples, cpu, self._decode, batch, indices, task.epoch
             )
             meta.skipped.extend(int(i) for i in skipped)
             meta.samples -= len(skipped)
@@ -365,6 +371,12 @@ class BatchFetcher:
                 "see the skipped samples in stats()."
             ),
         )
+
+    def _collate_rows(self, rows: list[Any]) -> Any:
+        return collate_rows(rows, self.collate_fn, arrow_rows=True)
+
+    def _decode(self, batch: Any, indices: Any, epoch: int) -> Any:
+        return self.decode(batch, indices, seed=self.seed, epoch=epoch)  # type: ignore[misc]
 
     def _convert(self, sample: Any) -> Any:
         if self.collate_fn is not None:

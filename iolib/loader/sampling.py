@@ -152,9 +152,10 @@ class EpochTasks:
         self.reserve_batches = reserve_batches
         self._kept: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
+        self._len = len(schedule)  # asked for every batch
 
     def __len__(self) -> int:
-        return len(self.schedule)
+        return self._len
 
     def __getitem__(self, k: int) -> BatchTask:
         indices = self.indices(k)  # raises IndexError outside 0..len - 1

@@ -161,7 +161,7 @@ class TorchDatasetSource(Source):
     def describe(self) -> str:
         return f"{type(self.dataset).__name__} (map-style Dataset)"
 
-    def read(self, indices: Any, *, epoch: int = 0) -> list[Any]:
+    def read(self, indices: Any, *, epoch: int = 0, batch: int | None = None) -> list[Any]:
         keys = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         if not self.seed_globals:
             return self._fetch(keys)
@@ -186,6 +186,9 @@ class TorchDatasetSource(Source):
             return data
         self.drawn |= moved
         return self._read_watching(keys, epoch, states if self.restore_globals else None)
+
+    # Which batch of the plan it is changes nothing here: read at once (a call less).
+    read_batch = read  # type: ignore[assignment]
 
     def _read_watching(self, keys: list[Any], epoch: int, saved: dict[str, Any] | None) -> Any:
         """The batch read with the generators samples drew from seeded per sample, the
