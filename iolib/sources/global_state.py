@@ -2,19 +2,25 @@
 
 Why not their own get/set functions: a map-style Dataset read inline is watched batch by
 batch (did a sample draw?) and the caller's state is given back after it. numpy's
-`get_state`/`set_state` cost ~40-75 µs each and `random.getstate` ~5-30 µs, about 0.2 ms a
-batch in all, which a Dataset of cheap samples pays five times over torch's whole cost.
-Here the states are read and written as the bytes they are held in (numpy's MT19937
-key and position with its legacy Gaussian cache; `random`'s Mersenne Twister words
-and index): ~1 µs each. The layout is found, and checked, on private generators when
-this module loads, reading no byte past an object's own size: where it does not match
-(another numpy or Python), or with ``IOLIB_RNG_SNAPSHOT=public`` in the environment, the
-public functions are used instead.
+`get_state`/`set_state` cost ~40-75 µs each, `random.getstate` ~5-30 µs and torch's
+`get_state` ~2 µs with its conversion to bytes: read before and after every batch, which
+a Dataset of cheap samples pays several times over torch's whole cost (~20 µs a batch).
+Here the states are read as the bytes they are held in (torch's MT19937 engine with its
+two cached normal samples; numpy's MT19937 key and position with its legacy Gaussian
+cache; `random`'s Mersenne Twister words and index), all three in one call
+(`read_all`, ~1 µs): a batch compares the whole states, so a draw of any length (624
+words bring the position back where it was) or one that only takes a cached Gaussian
+is seen. The layouts are found, and checked, on private generators when this module
+loads: where one does not match (another torch, numpy or Python), or with
+``IOLIB_RNG_SNAPSHOT=public`` in the environment, the public functions are used instead.
 
 Safety: only objects this module holds a reference to are read or written (they cannot be
-freed or move), always under the GIL (no `ctypes.memmove`, which releases it) and, for
-numpy, under the generator's own lock, as `set_state` does; a numpy generator whose bit
-generator was replaced is read through the public functions.
+freed or move), reading no byte past an object's own size (a Python object's basic size;
+for torch, the members CPUGeneratorImpl.h declares last, located by a marker state),
+always under the GIL (no `ctypes.memmove`, which releases it) and, for numpy, under the
+generator's own lock, as `set_state` does; a numpy generator whose bit generator was
+replaced is read through the public functions. torch's state is written back through
+its own `set_state`, which takes the generator's lock.
 """
 
 from __future__ import annotations
