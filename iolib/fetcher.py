@@ -31,10 +31,11 @@ from iolib.sources.base import Source
 from iolib.storage import helper_cpu_s, take_counters
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BatchTask:
     """Batch ``number`` of an epoch: the samples' keys, in batch order (int64 indices; a
-    list of other keys where a user's sampler yields them)."""
+    list of other keys where a user's sampler yields them). Not changed once made (not
+    frozen: a frozen dataclass's __init__ cost ~0.35 µs a batch, inline)."""
 
     number: int
     indices: Any
@@ -198,6 +199,8 @@ class BatchFetcher:
         self.unbatched = unbatched
         # Source's own check_batch does nothing: not called per batch then.
         self._checks = type(source).check_batch is not Source.check_batch
+        # Samples collated as read: `_make_plain` makes the batches CPU is not measured on.
+        self._plain = transform is None and decode is None and not unbatched and not source.columnar
 
     def __call__(self, task: BatchTask) -> Fetched | Failure:
         meta = BatchMeta()
@@ -268,8 +271,11 @@ class BatchFetcher:
         Where the source reads by block (Parquet row groups), a block that failed once
         fails every sample in it: the rest of its samples are skipped without another
         read (and its retries), so a corrupt row group costs one read, not one per sample."""
-        try:
-            return self._read(indices, epoch, batch), indices
+        try:  # what _read does, inlined: one call less a batch
+            data = self.source.read_batch(indices, epoch=epoch, batch=batch)
+            if self._checks:
+                self.source.check_batch(data, indices)
+            return data, indices
         except Exception:
             if self.on_error == OnError.RAISE:
                 raise
@@ -300,6 +306,8 @@ class BatchFetcher:
     def _make(self, task: BatchTask, meta: BatchMeta) -> Any:
         samples = task.indices  # a list only where an error names them
         cpu = task.number % self.cpu_every == 0
+        if not cpu and self._plain:
+            return self._make_plain(task, meta)
         prepare = getattr(self.decode, "prepare", None)
         if prepare is not None:  # the decoder gets ready while the bytes are read
             prepare()
@@ -341,6 +349,30 @@ class BatchFetcher:
             )
             meta.skipped.extend(int(i) for i in skipped)
             meta.samples -= len(skipped)
+        return batch
+
+    def _make_plain(self, task: BatchTask, meta: BatchMeta) -> Any:
+        """_make for samples collated as read (no transform, decoder, Arrow table or
+        unbatched conversion), CPU not measured: both stages timed with three clock
+        reads and no call between (the inline loader's cheap samples)."""
+        start = time.perf_counter()
+        try:
+            data, indices = self._read_skipping(task.indices, task.epoch, meta, task.number)
+        except Exception as exc:
+            raise _StageError("read", blamed_samples(exc) or key_list(task.indices), exc) from exc
+        read = time.perf_counter()
+        if data is None:
+            meta.stage_ms["read"] = 1e3 * (read - start)
+            meta.samples = 0
+            return None
+        try:
+            batch = (self.collate_fn or default_collate)(data)
+        except Exception as exc:
+            samples = blamed_samples(exc) or key_list(task.indices)
+            raise _StageError("collate", samples, exc) from exc
+        end = time.perf_counter()
+        meta.stage_ms = {"read": 1e3 * (read - start), "collate": 1e3 * (end - read)}
+        meta.samples = len(indices)
         return batch
 
     def _refill(self, task: BatchTask, meta: BatchMeta) -> Any:

@@ -166,8 +166,7 @@ class EpochTasks:
         """Batch k's sample indices (read-only), looked up with the batches after it and
         kept a while: a source that reads ahead asks for each batch before the engine
         does, and a block shuffle's lookup costs as much for 64 batches as for one."""
-        with self._lock:
-            found = self._kept.get(k)
+        found = self._kept.get(k)  # one dict lookup is atomic: the lock guards the writes
         if found is not None:
             return found
         full = self.schedule.full_batches

@@ -336,14 +336,27 @@ def _watch() -> Callable[[], tuple[Any, ...]]:
     if any(g.views is None for g in gens) or list(GENERATORS) != ["torch", "numpy", "random"]:
         return slow
     views = [view for g in gens for view in g.views]
+    if len(views) != 4:
+        return slow
+    torch_state, numpy_words, numpy_gauss, random_words = views
     numpy, bitgen, lock = GENERATORS["numpy"].guard  # type: ignore[attr-defined]
     inst = random._inst  # type: ignore[attr-defined]
 
+    # Spelled out (no map, no `with`): ~0.3 µs a call less, read twice a batch.
     def read() -> tuple[Any, ...]:
         if numpy._bit_generator is not bitgen:
             return slow()
-        with lock:
-            return (*map(bytes, views), inst.gauss_next)
+        lock.acquire()
+        try:
+            return (
+                bytes(torch_state),
+                bytes(numpy_words),
+                bytes(numpy_gauss),
+                bytes(random_words),
+                inst.gauss_next,
+            )
+        finally:
+            lock.release()
 
     return read
 
