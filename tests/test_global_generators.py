@@ -209,11 +209,11 @@ def test_a_batch_of_624_words_is_seen_seeded_and_given_back(name) -> None:
     seen all the same, seeded per sample (batches do not follow the caller's state), and
     the caller's state is given back bit for bit (as a Dataset that draws nothing)."""
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
-    before = global_state.read_all()
+    before = GENERATORS[name].get()
+    saved = global_state.sync(None)
     for _ in range(8):
         _draw_words(name)
-    after = global_state.read_all()
-    assert global_state.split(after)[name] != global_state.split(before)[name]
+    assert GENERATORS[name].get() != before and not global_state.same(saved)
     if name != "torch":  # the position index is where it was: one full round
         position = {
             "numpy": lambda: np.random.get_state()[2],
@@ -298,7 +298,7 @@ def test_with_public_snapshots_batches_and_states_are_the_same(tmp_path) -> None
         "import test_global_generators as t\n"
         "from iolib.sources import global_state\n"
         "assert all(g.views is None for g in global_state.GENERATORS.values())\n"
-        "assert global_state.read_all.__name__ == '<lambda>'\n"
+        "assert global_state.sync.__name__ == 'slow_sync'\n"
         "out = []\n"
         "for d in (t._RoundOf624('torch'), t._CachedGaussianOnly('numpy'), t._DrawsEverywhere()):\n"
         "    batches, states, drawn = t._epoch(d, 1, cached=True)\n"
@@ -315,3 +315,32 @@ def test_with_public_snapshots_batches_and_states_are_the_same(tmp_path) -> None
         batches, states, drawn = _epoch(dataset, 1, cached=True)
         here.append([batches, repr(states), sorted(drawn)])
     assert public == here
+
+
+class _DrawsFromBatch2(_Cheap):
+    """Batches 0 and 1 (of 8, in order) draw nothing; from batch 2 on, every sample draws
+    from the three generators."""
+
+    def __getitem__(self, index: int) -> float:
+        if index < 16:
+            return float(index)
+        return index + float(torch.rand(())) + np.random.rand() + random.random()
+
+
+def test_the_callers_draws_between_batches_are_kept() -> None:
+    """The caller draws between batches (a training step's dropout): the states kept for
+    the restore follow them, so the first batch that draws gives back the caller's state
+    of that moment, not an older one."""
+
+    def script(kind: type, dataset) -> tuple[list, list]:
+        _seed_all(7)
+        batches, draws = [], []
+        for batch in kind(dataset, batch_size=8):
+            batches.append(batch.tolist())
+            draws.append((float(torch.rand(())), float(np.random.rand()), random.random()))
+        return batches, draws
+
+    _, expected = script(TorchDataLoader, _Cheap())  # torch's loader: no watch, no restore
+    batches, draws = script(iolib.DataLoader, _DrawsFromBatch2())
+    assert draws == expected
+    assert batches[:2] == [[float(i) for i in range(8)], [float(i) for i in range(8, 16)]]
