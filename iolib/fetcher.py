@@ -206,7 +206,10 @@ class BatchFetcher:
         meta = BatchMeta()
         take_counters()  # start this batch's I/O counts from zero
         try:
-            batch = self._make(task, meta)
+            if self._plain and task.number % self.cpu_every:  # its CPU is not measured
+                batch = self._make_plain(task, meta)
+            else:
+                batch = self._make(task, meta)
             if meta.samples == 0 and skips(self.on_error, self.decode):
                 batch = self._refill(task, meta)
         except _StageError as exc:
@@ -306,8 +309,6 @@ class BatchFetcher:
     def _make(self, task: BatchTask, meta: BatchMeta) -> Any:
         samples = task.indices  # a list only where an error names them
         cpu = task.number % self.cpu_every == 0
-        if not cpu and self._plain:
-            return self._make_plain(task, meta)
         prepare = getattr(self.decode, "prepare", None)
         if prepare is not None:  # the decoder gets ready while the bytes are read
             prepare()
