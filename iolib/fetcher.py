@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from torch import Tensor
 
 from iolib.collate import (
     batch_nbytes,
@@ -217,7 +218,9 @@ class BatchFetcher:
         except Exception as exc:  # a bug in our own glue: still report, never hang
             return self._failure("fetch", key_list(task.indices), exc)
         meta.bytes_read, meta.retries = take_counters()
-        meta.nbytes = batch_nbytes(batch)
+        # A plain tensor (most batches of cheap samples) without batch_nbytes' call.
+        plain = type(batch) is Tensor and not batch.is_nested
+        meta.nbytes = batch.nbytes if plain else batch_nbytes(batch)
         take_notes = getattr(self.source, "take_notes", None)
         if take_notes is not None:
             meta.notes = take_notes()

@@ -158,7 +158,9 @@ class EpochTasks:
         return self._len
 
     def __getitem__(self, k: int) -> BatchTask:
-        indices = self.indices(k)  # raises IndexError outside 0..len - 1
+        indices = self._kept.get(k)  # indices(k)'s own lookup first: a call less a batch
+        if indices is None:
+            indices = self.indices(k)  # raises IndexError outside 0..len - 1
         reserve = self._reserve(self.schedule.positions(k)) if self.reserve_batches else None
         return BatchTask(k, indices, self.epoch, reserve)
 
