@@ -265,7 +265,7 @@ def batch_nbytes(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         if batch.is_nested:  # a jagged tensor: its values and offsets
             return batch_nbytes(batch.values()) + batch_nbytes(batch.offsets())
-        return batch.element_size() * batch.nelement()
+        return batch.nbytes  # element_size() * nelement(), in one call
     if isinstance(batch, (bytes, bytearray, memoryview)):
         return len(batch)
     if isinstance(batch, np.ndarray):

@@ -38,12 +38,13 @@ def _calls_per_batch(loader: object, batches: int) -> float:
 
 def test_an_inline_batch_costs_few_python_calls_beyond_torchs() -> None:
     """Torch's DataLoader makes ~100 Python calls a batch of 32 ints (32 of them the
-    Dataset's); iolib's, with its RNG watch, telemetry and plan, at most 40 more."""
+    Dataset's, 10 its profiler annotation's); iolib's, with its RNG watch (one call
+    before the batch, one after), telemetry and plan, at most 8 more (~98 here)."""
     batches = 200
     dataset = Ints(32 * batches)
     torch_calls = _calls_per_batch(TorchDataLoader(dataset, batch_size=32, shuffle=True), batches)
     ours = _calls_per_batch(DataLoader(dataset, batch_size=32, shuffle=True, seed=0), batches)
-    assert ours <= torch_calls + 40, (ours, torch_calls)
+    assert ours <= torch_calls + 8, (ours, torch_calls)
 
 
 def test_figures_recorded_in_blocks_are_exact_whenever_read() -> None:

@@ -254,6 +254,12 @@ class LoaderIterator:
         self._epoch = cursor.epoch
         self._delivered = 0
         self._done = False
+        # Looked up once, not per batch: an inline engine stays inline (set_workers).
+        schedule = getattr(tasks, "schedule", None)
+        self._position_after = getattr(schedule, "position_after", None) or getattr(
+            tasks, "position_after", None
+        )
+        self._inline = not engine.workers
 
     def __iter__(self) -> LoaderIterator:
         return self
@@ -267,7 +273,7 @@ class LoaderIterator:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        if not self._live():
+        if self._runner.iteration != self._iteration:  # not self._live(): per batch
             raise RuntimeError(
                 "This iterator was superseded by a newer iter(loader); iterate one at "
                 "a time (as with torch's persistent workers)."
@@ -295,7 +301,7 @@ class LoaderIterator:
             raise
         k = self._delivered
         self._delivered = delivered = k + 1
-        self._cursor.position = self._tasks.position_after(delivered)  # type: ignore[attr-defined]
+        self._cursor.position = self._position_after(delivered)  # type: ignore[misc]
         if isinstance(result, Failure):
             task = self._tasks[k]
             if not result.samples:  # a batch its worker could not send names none
@@ -305,7 +311,7 @@ class LoaderIterator:
         if meta.notes:
             runner.note(meta.notes)
         # Inline, nothing waits in the reorder buffer: this batch is all that is held.
-        memory = result.nbytes + (engine.bytes_in_flight() if engine.workers else 0)
+        memory = meta.nbytes if self._inline else meta.nbytes + engine.bytes_in_flight()
         if runner.autotune is not None:
             runner.tune(engine, meta, requested, epoch_start=k == 0)
         batch = runner.pin(result.batch) if runner.pin_memory else result.batch

@@ -152,12 +152,15 @@ class EpochTasks:
         self.reserve_batches = reserve_batches
         self._kept: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
+        self._len = len(schedule)  # asked for every batch
 
     def __len__(self) -> int:
-        return len(self.schedule)
+        return self._len
 
     def __getitem__(self, k: int) -> BatchTask:
-        indices = self.indices(k)  # raises IndexError outside 0..len - 1
+        indices = self._kept.get(k)  # indices(k)'s own lookup first: a call less a batch
+        if indices is None:
+            indices = self.indices(k)  # raises IndexError outside 0..len - 1
         reserve = self._reserve(self.schedule.positions(k)) if self.reserve_batches else None
         return BatchTask(k, indices, self.epoch, reserve)
 
@@ -165,8 +168,7 @@ class EpochTasks:
         """Batch k's sample indices (read-only), looked up with the batches after it and
         kept a while: a source that reads ahead asks for each batch before the engine
         does, and a block shuffle's lookup costs as much for 64 batches as for one."""
-        with self._lock:
-            found = self._kept.get(k)
+        found = self._kept.get(k)  # one dict lookup is atomic: the lock guards the writes
         if found is not None:
             return found
         full = self.schedule.full_batches

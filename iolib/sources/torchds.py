@@ -10,8 +10,9 @@ transforms are not deterministic: use ``transform(sample, rng)`` instead.
 
 Seeding costs about 6-18 µs a sample for the three generators (torch's CPU generator
 1 µs, numpy's legacy one 5 µs, ``random`` 12 µs): 20-38x torch's whole cost for a Dataset
-whose sample is an int. So a batch is first read without seeding, between two snapshots
-of the generators (~10-20 µs a batch: `global_state` reads them as bytes); if none
+whose sample is an int. So a batch is first read without seeding, between two checks of
+the three generators' whole states against copies of them (compared in place, copied
+again only where they differ: ~0.4 µs each, `global_state.sync` and `same`); if none
 moved, no sample drew, and the batch is what per-sample seeding would have made. A
 generator that moved is seeded per sample from then on in this reader (the inline
 loader, or one process worker), and the batch is read again: a drawing Dataset has one
@@ -38,6 +39,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from iolib.errors import ConfigError, tag_sample
+from iolib.sources import global_state
 from iolib.sources.base import Source
 from iolib.sources.global_state import GENERATORS
 
@@ -102,6 +104,11 @@ def watch_initial_seed(notes: set[str]) -> Iterator[None]:
                 torch.initial_seed, torch.random.initial_seed = _TORCH_INITIAL_SEED
 
 
+def _put(states: dict[str, Any]) -> None:
+    for name, state in states.items():
+        GENERATORS[name].put(state)
+
+
 def _seed_globals(seed: int, names: Any = GENERATORS) -> None:
     for name in names:
         GENERATORS[name].seed(seed)
@@ -139,6 +146,7 @@ class TorchDatasetSource(Source):
         self.getitems = batched and bool(getattr(dataset, "__getitems__", None))
         self.drawn: set[str] = set()  # generators samples drew from: seeded per sample
         self.notes: set[str] = set()  # differences from torch met while reading
+        self._saved: Any = None  # the caller's generator states (global_state.sync)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -156,25 +164,46 @@ class TorchDatasetSource(Source):
     def describe(self) -> str:
         return f"{type(self.dataset).__name__} (map-style Dataset)"
 
-    def read(self, indices: Any, *, epoch: int = 0) -> list[Any]:
+    def read(self, indices: Any, *, epoch: int = 0, batch: int | None = None) -> list[Any]:
         keys = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         if not self.seed_globals:
             return self._fetch(keys)
-        # Inline, the caller's generators are given back after the batch: those seeded
-        # per sample (the others were watched and did not move).
-        saved = _states(GENERATORS) if self.restore_globals else None
-        watched = [n for n in GENERATORS if n not in self.drawn] if self.drawn else GENERATORS
+        if self.drawn:
+            saved = _states(GENERATORS) if self.restore_globals else None
+            return self._read_watching(keys, epoch, saved)
+        # No sample drew yet: every generator is watched. The caller's states are kept
+        # as copies, checked against the generators before the batch (copied again only
+        # where they differ) and after it: the batch drew nothing where all still match.
+        self._saved = saved = global_state.sync(self._saved)
+        try:
+            data = self._fetch(keys)
+        except BaseException:
+            if self.restore_globals:  # a sample that raised may have drawn from any of them
+                _put(global_state.states(saved))
+            raise
+        if global_state.same(saved):
+            return data
+        before = global_state.states(saved)
+        now = _states(GENERATORS)
+        moved = {name for name in GENERATORS if now[name] != before[name]}
+        if not moved:  # bytes that hold no state changed (torch's padding)
+            return data
+        self.drawn |= moved
+        return self._read_watching(keys, epoch, before if self.restore_globals else None)
+
+    # Which batch of the plan it is changes nothing here: read at once (a call less).
+    read_batch = read  # type: ignore[assignment]
+
+    def _read_watching(self, keys: list[Any], epoch: int, saved: dict[str, Any] | None) -> Any:
+        """The batch read with the generators samples drew from seeded per sample, the
+        others watched; `saved`: the caller's states, given back after it (inline)."""
+        watched = [n for n in GENERATORS if n not in self.drawn]
         try:
             while True:
                 # Seed per sample the generators samples were seen drawing from; watch
                 # the others. One that moved joins them and the batch is read again.
-                if saved is None:
-                    before = _states(watched)
-                elif watched is GENERATORS:
-                    before = saved  # none seeded yet: every generator is watched
-                else:
-                    before = {n: saved[n] for n in watched}
-                data = self._read_seeded(keys, epoch) if self.drawn else self._fetch(keys)
+                before = _states(watched) if saved is None else {n: saved[n] for n in watched}
+                data = self._read_seeded(keys, epoch)
                 moved = _moved(before)
                 if not moved:
                     break
@@ -182,12 +211,10 @@ class TorchDatasetSource(Source):
                 watched = [n for n in watched if n not in moved]
         except BaseException:
             if saved is not None:  # a sample that raised may have drawn from any of them
-                for name, state in saved.items():
-                    GENERATORS[name].put(state)
+                _put(saved)
             raise
         if saved is not None:
-            for name in self.drawn:
-                GENERATORS[name].put(saved[name])
+            _put({name: saved[name] for name in self.drawn})
         return data
 
     def take_notes(self) -> list[str]:
