@@ -18,7 +18,7 @@ from iolib import DataLoader
 from iolib.base.resources import thread_budget
 from iolib.sources import ParquetSource
 from iolib.storage.throttle import ThrottledFileSystem
-from iolib.text import PackedTokens
+from iolib.text import PackedTokens, packed_reader
 from tests.fixtures_s3 import s3_options  # noqa: F401 - the fixture
 from tests.token_data import doc_lengths, write_documents
 
@@ -289,17 +289,26 @@ def test_a_new_iterator_mid_epoch_stops_the_last_ones_reads(
     del old, new
 
 
+@pytest.mark.parametrize("kind", ["tokens", "rows"])
 def test_dropping_one_loader_leaves_the_read_ahead_of_another_on_the_same_source(
+    kind,
+    token_url,
     rows_url,
     store_log,
+    monkeypatch,
     s3_options,  # noqa: F811
 ) -> None:
     """Two loaders iterate one source; one is dropped (its cancel): the other's batches
     are still read ahead, so a batch it reaches once the read-ahead settled costs no
     request (counted at the store)."""
-    source = ParquetSource(
-        rows_url, columns=["x", "blob"], storage_options=_options(s3_options), readahead=2
-    )
+    if kind == "tokens":
+        # Two batches ahead, as the rows' readahead=2 (one chunk: no chunk's worth more).
+        monkeypatch.setattr(packed_reader, "READAHEAD_BATCHES", 2)
+        source = _tokens(token_url, s3_options)
+    else:
+        source = ParquetSource(
+            rows_url, columns=["x", "blob"], storage_options=_options(s3_options), readahead=2
+        )
     len(source)
     kept = iter(DataLoader(source, batch_size=BATCH, shuffle=True, seed=0))
     next(kept)

@@ -145,6 +145,53 @@ def test_this_epochs_read_ahead_goes_before_the_next_epochs(tmp_path: Path) -> N
     assert sorted(order[:2]) == [18, 19] and sorted(order[2:]) == [97, 98], order
 
 
+def test_this_epochs_token_read_ahead_goes_before_the_next_epochs(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The token reader's version: its read-ahead of this epoch's last batches is read
+    before that of the next epoch's first ones (priority is (epoch, batch)); counted as
+    the order of row-group reads on one read thread."""
+    import numpy as np
+
+    from iolib.text import PackedTokens, packed_reader
+    from tests.token_data import write_documents
+
+    monkeypatch.setattr(packed_reader, "READAHEAD_BATCHES", 2)  # batches k+1, k+2 ahead
+    monkeypatch.setattr(packed_reader, "_read_threads", lambda d: 1)  # reads in pool order
+    write_documents(tmp_path / "c", np.full(640, 20), shards=1, row_group_size=16)
+    source = PackedTokens(str(tmp_path / "c"), column="tokens", seq_len=16, eos_id=0,
+                          cache_bytes=64 << 20, shuffle_window=64 << 20)  # fmt: skip
+    len(source)  # the index: row groups' sizes, which read-ahead needs
+    reader = source._reader
+
+    def windows_in(epoch: int, group: int) -> np.ndarray:
+        """Two windows (and their next tokens) inside row group `group` in `epoch`."""
+        order, cum = reader._epoch(epoch)
+        position = int(np.flatnonzero(order == group)[0])
+        first = -(-int(cum[position]) // 16)
+        assert (first + 2) * 16 < cum[position + 1]
+        return np.arange(first, first + 2)
+
+    epoch0 = [windows_in(0, k) for k in range(20)]  # batch k: row group k
+    epoch1 = [windows_in(1, 39 - k) for k in range(20)]  # 39 - k
+    reader.plan_epoch(0, epoch0)
+    reader.plan_epoch(1, epoch1)
+    order: list[int] = []
+    fetch = source.parquet.fetch_row_group
+
+    def recording(group, *args, **kwargs):
+        order.append(group)
+        return fetch(group, *args, **kwargs)
+
+    monkeypatch.setattr(source.parquet, "fetch_row_group", recording)
+    with reader._reads.pool().needing():  # no read-ahead starts until both are queued
+        reader.read(epoch1[0], epoch=1, batch=0)  # the next epoch's first batch: 38, 37 ahead
+        reader.read(epoch0[17], epoch=0, batch=17)  # this epoch's batch 17: 18, 19 ahead
+        order.clear()
+    assert reader._reads.pool().join(10.0)
+    assert order == [18, 19, 38, 37], order
+
+
 def test_one_read_of_several_keys_is_each_keys_flight() -> None:
     """`submit_many`: one read brings several keys (a request that folds neighbouring
     row groups); each key is shared as its own flight until the read ends, a key

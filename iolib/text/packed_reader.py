@@ -277,9 +277,11 @@ class TokenReader:
                 return held
             pieces = self._pieces.get((epoch, group))
         # A read in flight is shared (whichever epoch started it: `_serve` reorders it);
-        # one a batch now waits on goes before read-ahead.
+        # one a batch now waits on goes before read-ahead. By (epoch, batch): the next
+        # epoch's first batches (persistent workers) never pass this one's last.
+        priority = (epoch, batch)
         pool = self._reads.started
-        flight = pool.flight(group, need=not ahead, priority=batch) if pool is not None else None
+        flight = None if pool is None else pool.flight(group, need=not ahead, priority=priority)
         if flight is not None:
             return flight
         if pieces:
@@ -296,9 +298,9 @@ class TokenReader:
                 return None  # no room to read ahead: the batch that needs it will
             # Shared if another thread started it meanwhile (the pool's key).
             load = partial(self._load, epoch, group)
-            flight = pool.submit(load, ahead=ahead, priority=batch, key=group)
+            flight = pool.submit(load, ahead=ahead, priority=priority, key=group)
         if not ahead:
-            pool.promote(flight, batch)
+            pool.promote(flight, priority)
         return flight
 
     def _covering(
@@ -425,6 +427,7 @@ class TokenReader:
         else:
             positions = self._groups_of(windows, epoch).tolist()
         at = k if k is not None else 0
+        self._reads.begin()  # a cancel from now on stops this batch's read-ahead only
         thread = threading.get_ident()
         with self._lock:  # which batch this thread cuts: the cache keeps its row groups
             self._cache.begin(thread, epoch, int(windows[0]) if windows.size else None, k)
