@@ -16,7 +16,7 @@ import pytest
 
 from iolib import DataLoader
 from iolib.base.resources import thread_budget
-from iolib.sources import ParquetSource
+from iolib.sources import ParquetSource, fetch_pool
 from iolib.storage.throttle import ThrottledFileSystem
 from iolib.text import PackedTokens, packed_reader
 from tests.fixtures_s3 import s3_options  # noqa: F401 - the fixture
@@ -393,3 +393,34 @@ def test_persistent_process_workers_left_by_a_break_stop_reading(
         assert len(next(iter(loader))["x"]) == BATCH  # the workers still serve a new pass
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("kind", ["tokens", "rows"])
+def test_a_read_that_lands_after_close_is_not_kept(
+    kind,
+    token_url,
+    rows_url,
+    store_log,
+    s3_options,  # noqa: F811
+    monkeypatch,
+) -> None:
+    # close() waits a moment for reads on the wire; these land after it has returned.
+    monkeypatch.setattr(fetch_pool.FetchPool.close, "__defaults__", (0.01,))
+    options = {"storage_options": _options(s3_options, 400)}
+    if kind == "tokens":
+        source = PackedTokens(token_url, column="tokens", seq_len=8, eos_id=0, **options)
+    else:
+        source = ParquetSource(rows_url, columns=["x", "blob"], readahead=16, **options)
+    len(source)
+    it = iter(DataLoader(source, batch_size=BATCH, shuffle=True, seed=0))
+    next(it)  # inline: from here on only read-ahead reads
+
+    def on_wire() -> int:
+        with store_log.lock:
+            return sum(1 if event == "start" else -1 for event, _, _ in store_log.events)
+
+    assert _settle(lambda: on_wire() > 0, 10), "no read ahead went on the wire"
+    source.close()
+    assert _settle(_no_read_threads), "read threads outlived the close"
+    assert source.cache_stats()["cache_held_bytes"] == 0
+    del it

@@ -113,6 +113,7 @@ class ParquetSource(Source):
     def close(self) -> None:
         """Stop the read-ahead thread and drop the decoded row groups now; the
         description stays, and a later read starts again."""
+        self._measured = None
         self._reader.close()
         pa.default_memory_pool().release_unused()
 

@@ -348,7 +348,8 @@ class ParquetReader:
             if not needed and not self._still_ahead(epoch, groups[0]):
                 return out  # waited behind needed reads until its batches passed
             with self._lock:  # read by another flight since this one was asked for
-                held = self._cache.tables.get(groups[0])
+                cache = self._cache  # a close() meanwhile replaces it: nothing is kept then
+                held = cache.tables.get(groups[0])
                 if held is not None or (dense is not None and dense.filled[groups[0]]):
                     return {groups[0]: held}
                 for group in groups:
@@ -368,7 +369,8 @@ class ParquetReader:
                     dense.fill(group, table)  # unfilled if it holds a null: the caller checks
                 else:
                     with self._lock:
-                        self._cache.put(group, table, owner if needed else 0)
+                        if self._cache is cache:
+                            cache.put(group, table, owner if needed else 0)
                 out[group] = table
             return out
         finally:

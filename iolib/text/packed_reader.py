@@ -341,6 +341,7 @@ class TokenReader:
 
     def _load(self, epoch: int, group: int) -> Segment:
         """Read and decode row group `group` in `epoch`'s document order, and cache it."""
+        cache = self._cache  # a close() meanwhile replaces it: nothing is kept then
         try:
             needed = self._reads.needed()  # a batch waits for it: read in parallel pieces
             parquet = self.d.parquet
@@ -353,11 +354,14 @@ class TokenReader:
             del table
             documents = segment.starts.size - 1  # the index's counts, checked (free here)
             self.d.index.check_segment(group, segment.tokens.size - documents, documents)
+            with self._lock:
+                if self._cache is not cache:
+                    return segment
             self._keep_pieces(epoch, group, segment)
             with self._lock:
-                self._cache.record_read(group, epoch)
-                if group not in self._cache:  # counted once, whichever read lands first
-                    self._cache.put(group, segment, threading.get_ident())
+                cache.record_read(group, epoch)
+                if group not in cache:  # counted once, whichever read lands first
+                    cache.put(group, segment, threading.get_ident())
             return segment
         finally:
             with self._lock:
