@@ -297,8 +297,11 @@ def main() -> None:
     parser.add_argument("--run-seeds", type=int, nargs="+", default=[100, 200])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--families", nargs="*", default=[f for f in FAMILIES if f != "shift"], help="subset"
+    )
     args = parser.parse_args()
-    families = [f for f in FAMILIES if f != "shift"]
+    families = [f for f in args.families if f != "shift"]
     jobs = [
         (f, STUDY_SEEDS[args.seeds] + args.first + k, tuple(args.run_seeds))
         for f in families
