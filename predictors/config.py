@@ -144,8 +144,9 @@ class TunerConstants:
     # met less often and held more memory).
     near_best: float = 0.02
     # Of the worker counts that score alike at one memory, the fewest whose headroom
-    # holds at this quantile of the measured services (bursts, tails), not their mean.
-    tail_quantile: float = 0.9
+    # holds at this quantile of the measured services (bursts, tails), not their mean;
+    # none: the most headroom there, up to a worker per core.
+    tail_quantile: float = 0.95
 
     def __post_init__(self) -> None:
         if not self.recheck_factor >= 1.0:

@@ -171,12 +171,16 @@ class Forecaster:
             # Workers cost no memory: at `first`'s memory, the workers that score best
             # buy margin for free; among equal scores, the fewest that keep up at the
             # tail's service (a burst is ridden out by workers, not only by depth),
-            # else the fewest.
+            # else the most headroom there up to a worker per core (torch's default).
             same = [j for j in among if memory[j] == memory[first]]
             top = max(round(float(score[j]), 3) for j in same)
             best = [j for j in same if round(float(score[j]), 3) == top]
             keep_up = [j for j in best if tail[j] >= 1.0]
-            return min(keep_up or best, key=lambda j: workers[j])
+            if keep_up:
+                return min(keep_up, key=lambda j: workers[j])
+            few = min(workers[j] for j in best)
+            within = [j for j in best if workers[j] <= max(few, cpu_count)]
+            return max(within, key=lambda j: (round(float(tail[j]), 2), -workers[j]))
 
         if meets:
             i = best_workers(meets[0], meets, lower)
