@@ -20,6 +20,8 @@ seed. Two run-seed sets (`--run-seeds 100 200`: run k uses base + k).
 
     nice python benchmarks/tuner_history_study.py --seeds dev --per-family 2
     nice python benchmarks/tuner_history_study.py --seeds heldout41 --per-family 6
+    nice python benchmarks/tuner_history_study.py --seeds dev --first 15 --per-family 15 \
+        --families bursty --jobs 1 --out b15   # one family, seeds 15-29
 
 Writes benchmarks/results/tuner-history-<seeds>.json and prints the summary.
 """
