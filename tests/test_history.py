@@ -131,6 +131,19 @@ def test_a_few_batches_that_met_between_bursts_are_no_warm_start() -> None:
     assert WarmStart.from_records([few], 0.9).start == (2, 4)
 
 
+def test_a_meet_inside_its_own_noise_is_no_warm_start() -> None:
+    # 2/4 met on its mean over 32 bursty batches (0.91, give or take 0.04); 4/8 met by
+    # more than its spread: the start. A meet that clears its spread stays the cheapest.
+    noisy = record("a", 2, 4, utilization=0.91, utilization_se=0.04, batches=32)
+    sure = record("b", 4, 8, utilization=0.95, utilization_se=0.01, batches=32)
+    warm = WarmStart.from_records([noisy, sure], 0.9)
+    assert warm.start == (4, 8) and warm.met
+    calm = record("a", 2, 4, utilization=0.95, utilization_se=0.02, batches=32)
+    assert WarmStart.from_records([calm, sure], 0.9).start == (2, 4)
+    # Nothing clears its spread: the cheapest that met on the mean still starts the run.
+    assert WarmStart.from_records([noisy], 0.9).start == (2, 4)
+
+
 def _states(service_ms: float, step_ms: float, n: int = 40):
     from predictors.state import TunerState
 
