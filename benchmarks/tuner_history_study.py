@@ -20,6 +20,8 @@ seed. Two run-seed sets (`--run-seeds 100 200`: run k uses base + k).
 
     nice python benchmarks/tuner_history_study.py --seeds dev --per-family 2
     nice python benchmarks/tuner_history_study.py --seeds heldout41 --per-family 6
+    nice python benchmarks/tuner_history_study.py --seeds dev --first 15 --per-family 15 \
+        --families bursty --jobs 1 --out b15   # one family, seeds 15-29
 
 Writes benchmarks/results/tuner-history-<seeds>.json and prints the summary.
 """
@@ -297,8 +299,11 @@ def main() -> None:
     parser.add_argument("--run-seeds", type=int, nargs="+", default=[100, 200])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--families", nargs="*", default=[f for f in FAMILIES if f != "shift"], help="subset"
+    )
     args = parser.parse_args()
-    families = [f for f in FAMILIES if f != "shift"]
+    families = [f for f in args.families if f != "shift"]
     jobs = [
         (f, STUDY_SEEDS[args.seeds] + args.first + k, tuple(args.run_seeds))
         for f in families

@@ -78,6 +78,12 @@ class TunerConstants:
     # --- regimes ----------------------------------------------------------------------
     large_slowdown: float = 4.0  # a service this many times slower is a new regime
     transient_level: float = 1.5  # back within this factor of before: the burst is over
+    # A slowdown the regime's and the history's pooled services reached before (a
+    # share `known_burst_share` of them at least `known_burst_level` x its level over
+    # their median, among `known_burst_samples` or more) is a known burst, no regime.
+    known_burst_share: float = 0.01
+    known_burst_level: float = 0.8
+    known_burst_samples: int = 64
     regime_window: int = 256  # settled batches of a regime the service estimate keeps
     fresh_batches: int = 2  # at least this many batches make a new regime's estimate
     detector_drift: float = 0.5  # the CUSUM's allowance per batch (standardized)
@@ -137,6 +143,10 @@ class TunerConstants:
     # 962, 794, 24; with the recheck above 962, 797, 25 (0.3 and 0.4 for `confidence`
     # met less often and held more memory).
     near_best: float = 0.02
+    # Of the worker counts that score alike at one memory, the fewest whose headroom
+    # holds at this quantile of the measured services (bursts, tails), not their mean;
+    # none: the most headroom there, up to a worker per core.
+    tail_quantile: float = 0.95
 
     def __post_init__(self) -> None:
         if not self.recheck_factor >= 1.0:

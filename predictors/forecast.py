@@ -64,6 +64,7 @@ class Forecaster:
         self.prior_error = constants.prior_error if prior_error is None else prior_error
         self.cores_share = constants.cores_share
         self.near_best = constants.near_best
+        self.tail_quantile = constants.tail_quantile
 
     def grid(self, batch_bytes: float, cpu_count: int) -> list[tuple[int, int]]:
         """Every (workers, depth) within the budget, no more workers than depth (the
@@ -164,11 +165,22 @@ class Forecaster:
         facts = self.facts(est, cpu_count)
         feasible, bottleneck = True, None
 
+        tail = self.tail_headroom(grid, est, cpu_count)
+
         def best_workers(first: int, among: list[int], score: np.ndarray) -> int:
             # Workers cost no memory: at `first`'s memory, the workers that score best
-            # (then the fewest) buy margin for free.
+            # buy margin for free; among equal scores, the fewest that keep up at the
+            # tail's service (a burst is ridden out by workers, not only by depth),
+            # else the most headroom there up to a worker per core (torch's default).
             same = [j for j in among if memory[j] == memory[first]]
-            return max(same, key=lambda j: (round(float(score[j]), 3), -workers[j]))
+            top = max(round(float(score[j]), 3) for j in same)
+            best = [j for j in same if round(float(score[j]), 3) == top]
+            keep_up = [j for j in best if tail[j] >= 1.0]
+            if keep_up:
+                return min(keep_up, key=lambda j: workers[j])
+            few = min(workers[j] for j in best)
+            within = [j for j in best if workers[j] <= max(few, cpu_count)]
+            return max(within, key=lambda j: (round(float(tail[j]), 2), -workers[j]))
 
         if meets:
             i = best_workers(meets[0], meets, lower)
@@ -200,6 +212,18 @@ class Forecaster:
             feasible=feasible,
             bottleneck=bottleneck,
         )
+
+    def tail_headroom(
+        self, grid: list[tuple[int, int]], est: Service, cpu_count: int
+    ) -> np.ndarray:
+        """Each candidate's workers' headroom at the `tail_quantile` of the measured
+        services (pooled: bursts and tails of earlier runs included); inf without
+        samples to read it from."""
+        if len(est.relative) < 2:
+            return np.full(len(grid), np.inf)
+        slow = float(np.quantile(np.asarray(est.relative), self.tail_quantile))
+        active = np.array([min(w, d) for w, d in grid], dtype=float)
+        return active * est.step_ms / (self.service_at(est, active, cpu_count) * max(slow, 1.0))
 
     def out_of_reach(self, best: float) -> str:
         budget = "" if self.budget is None else f" within {self.budget / 2**20:.0f} MiB"

@@ -44,6 +44,14 @@ _MAX_ROWS = 4096
 # The pooled service samples a warm plan reads (the most recent): the forecast scores
 # every candidate against each, so more would slow a plan, not sharpen it.
 MAX_POOLED = 2048
+# A configuration the history says met the target was measured on this many batches
+# (over its runs) at least, when any was; else any measurement meeting it counts.
+MET_BATCHES = 16
+# A warm start's "met" is first judged on the pooled measurement less this many of its
+# standard errors (each record's at least MET_SE_FLOOR): a lucky calm stretch that
+# met on the mean is no start a burst leaves alone.
+MET_MARGIN_SE = 1.0
+MET_SE_FLOOR = 0.01
 _SUFFIX = ".parquet"
 _BASES = "bases"  # bases/BASE/WORKLOAD: which workloads share all but the step
 _META_KEY = b"iolib.history"
@@ -568,7 +576,20 @@ class WarmStart:
         def mean(rs: list[RunRecord], name: str) -> float:
             return sum(getattr(r, name) for r in rs) / len(rs)
 
-        met = [c for c, rs in by_config.items() if mean(rs, "utilization") >= target]
+        def measured(rs: list[RunRecord]) -> float:
+            # Weighted by batches: a few batches between two bursts meet by chance.
+            return sum(r.utilization * r.batches for r in rs) / sum(r.batches for r in rs)
+
+        def lower(rs: list[RunRecord]) -> float:
+            inv = sum(1.0 / max(r.utilization_se, MET_SE_FLOOR) ** 2 for r in rs)
+            return measured(rs) - MET_MARGIN_SE / math.sqrt(inv)
+
+        long = {c for c, rs in by_config.items() if sum(r.batches for r in rs) >= MET_BATCHES}
+        met = (
+            [c for c in long if lower(by_config[c]) >= target]
+            or [c for c in long if measured(by_config[c]) >= target]
+            or [c for c, rs in by_config.items() if mean(rs, "utilization") >= target]
+        )
         if met:  # least memory, then fewer workers, then the most recently measured
             start = min(
                 met,

@@ -115,6 +115,7 @@ class Episode:
     regime: list[TunerState]
     records: dict[tuple[int, int], Measured]
     level: float
+    history: dict[tuple[int, int], tuple[float, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,7 @@ class QueueingTuner:
         self._regime: list[TunerState] = []  # settled batches since the last shift
         self._evidence: list[TunerState] = []  # settled batches, shifts or not: the cores' share
         self._episode: Episode | None = None
+        self._known_until: int | None = None  # a known burst's end is expected before
         self._in_effect = True
         self._settle_ms = 0.0
         self._contention: dict[tuple[int, int], float] = {}
@@ -336,6 +338,8 @@ class QueueingTuner:
         self._since_plan += 1
         self._records[config].add(state)
         shift = self.detector.update(state.service_ms)
+        if shift is not None and self._known_burst(state, shift):
+            shift = None
         self._check_warm(shift)
         if shift is not None:
             fresh = max(self.detector.run, k.fresh_batches)
@@ -346,7 +350,13 @@ class QueueingTuner:
                 return self._plan(state, why)
             if shift == "slower" and self._regime:
                 level = summarize(self._regime).service_ms
-                self._episode = Episode(state.batch_index, self._regime, dict(self._records), level)
+                self._episode = Episode(
+                    state.batch_index,
+                    self._regime,
+                    dict(self._records),
+                    level,
+                    self._history_measured,
+                )
             self._samples = self._regime = self._samples[-fresh:]
             self._records.clear()
             self._history_measured = {}  # measured in the regime before this one
@@ -477,6 +487,35 @@ class QueueingTuner:
         self._regime = [*episode.regime, *self._regime][-k.regime_window :]
         for key, record in episode.records.items():
             self._records.setdefault(key, record)
+        self._history_measured = episode.history  # the regime the history measured is back
+        return True
+
+    def _known_burst(self, state: TunerState, shift: str) -> bool:
+        """An alarm this workload has shown before, after the history's check: a
+        slowdown no larger than `known_burst_share` of the services this run's regime
+        and the history pooled (bursts included) reached, or the end of such a
+        slowdown within `burst_batches`. The plan already sizes the depth for those
+        services, so the regime and its records stand: reset, the next plan would
+        chase the burst with memory and then drop the batches that sized the depth."""
+        c, k = self.config, self.constants
+        if self._warm_batches and self._warm_batches <= 2 * k.detector_reference:
+            return False  # the history's check reads this alarm
+        if shift == "faster":
+            known = self._known_until is not None and state.batch_index <= self._known_until
+            self._known_until = None
+            return known
+        fresh = max(self.detector.run, k.fresh_batches)
+        before = self._regime[:-fresh]  # the alarm's own batches are what is judged
+        if self._last is None or not before:
+            return False
+        ratio = summarize(self._samples[-fresh:]).service_ms / self._last.service_ms
+        relative = np.asarray(self._pooled(summarize(before)).relative)
+        if relative.size < k.known_burst_samples:
+            return False
+        seen = float(np.mean(relative >= k.known_burst_level * ratio * np.median(relative)))
+        if seen < k.known_burst_share:
+            return False
+        self._known_until = state.batch_index + c.burst_batches
         return True
 
     def _due(self) -> bool:

@@ -119,6 +119,31 @@ def test_the_warm_start_is_the_least_memory_that_met(tmp_path) -> None:
     assert not WarmStart.from_records(store.runs(KEY.digest()), 0.99).met
 
 
+def test_a_few_batches_that_met_between_bursts_are_no_warm_start() -> None:
+    # 8 batches at 2/4 met by chance (between two bursts); 4/8 met over 40: the start.
+    few = record("a", 2, 4, utilization=0.97, batches=8, memory_bytes=4_000)
+    long = record("a", 4, 8, utilization=0.93, batches=40, memory_bytes=8_000)
+    short_miss = record("b", 2, 4, utilization=0.85, batches=40, memory_bytes=4_000)
+    assert WarmStart.from_records([few, long], 0.9).start == (4, 8)
+    # Pooled by batches: 8 batches at 0.97 and 40 at 0.85 do not meet.
+    assert WarmStart.from_records([few, short_miss, long], 0.9).start == (4, 8)
+    # Nothing measured long enough: a short meet still starts the run.
+    assert WarmStart.from_records([few], 0.9).start == (2, 4)
+
+
+def test_a_meet_inside_its_own_noise_is_no_warm_start() -> None:
+    # 2/4 met on its mean over 32 bursty batches (0.91, give or take 0.04); 4/8 met by
+    # more than its spread: the start. A meet that clears its spread stays the cheapest.
+    noisy = record("a", 2, 4, utilization=0.91, utilization_se=0.04, batches=32)
+    sure = record("b", 4, 8, utilization=0.95, utilization_se=0.01, batches=32)
+    warm = WarmStart.from_records([noisy, sure], 0.9)
+    assert warm.start == (4, 8) and warm.met
+    calm = record("a", 2, 4, utilization=0.95, utilization_se=0.02, batches=32)
+    assert WarmStart.from_records([calm, sure], 0.9).start == (2, 4)
+    # Nothing clears its spread: the cheapest that met on the mean still starts the run.
+    assert WarmStart.from_records([noisy], 0.9).start == (2, 4)
+
+
 def _states(service_ms: float, step_ms: float, n: int = 40):
     from predictors.state import TunerState
 

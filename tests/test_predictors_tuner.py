@@ -574,3 +574,59 @@ def test_the_cores_share_is_learned_from_decode_time_over_its_cpu(cores, bursty)
     assert measure.fit_cores_share(_settled(workload, 4), 0.8, 0.15, 0.05, 8, 8, grid) == 0.8
     blind = [dataclasses.replace(s, cpu_ms=None) for s in states]
     assert measure.fit_cores_share(blind, 0.8, 0.15, 0.05, 8, 8, grid) == 0.8
+
+
+def test_a_warm_run_rides_out_the_bursts_its_history_has_seen():
+    """Bursty reads, the third run of each of ten draws with the two before as its
+    history: a slowdown the pooled services already reached is no regime shift, so the
+    run neither chases it with depth nor drops the batches that sized the depth. Judged
+    against the same tuner that reads every such burst as a regime
+    (`known_burst_share` above 1)."""
+    from benchmarks.tuner_history_study import drive, records_of
+    from predictors.config import CONSTANTS
+    from predictors.history import WarmStart
+
+    chased = dataclasses.replace(CONSTANTS, known_burst_share=2.0)
+    peak = {"known": 0, "chased": 0}
+    util = {"known": 0.0, "chased": 0.0}
+    for seed in range(520, 530):
+        s = draw("bursty", seed)
+        options = dict(target_utilization=s.target, memory_budget_bytes=s.budget, max_workers=16)
+        records = []
+        for k in (1, 2):
+            warm = WarmStart.from_records(records, s.target, memory_budget=s.budget)
+            _, states = drive(s, QueueingTuner(warm=warm, explore=None, **options), 100 + k)
+            records += records_of(f"run{k}", states, s, k)
+        warm = WarmStart.from_records(records, s.target, memory_budget=s.budget)
+        for name, constants in (("known", CONSTANTS), ("chased", chased)):
+            tuner = QueueingTuner(warm=warm, explore=None, constants=constants, **options)
+            metrics, states = drive(s, tuner, 103)
+            peak[name] += max(x.depth for x in states)
+            util[name] += metrics["utilization"]
+    assert peak["known"] < 0.9 * peak["chased"], peak
+    assert util["known"] >= util["chased"], util
+
+
+@pytest.mark.parametrize("burst, expected", [(None, 4), (3.25, 14), (6.0, 8)])
+def test_workers_that_cost_no_memory_are_sized_for_the_bursts_measured(burst, expected):
+    """Storage-bound reads at 40 ms, a 10 ms step, depth 16 within the budget: every
+    worker count from 4 up meets the target alike. Steady services take the fewest; with
+    one batch in ten four times slower, the fewest that keep up at that service (14:
+    14 x 10 ms over 40.6 x 3.25 ms), so a burst is ridden out by the workers as well as
+    by the depth; with bursts no count keeps up at, the most headroom up to one per
+    core (8)."""
+    from predictors.forecast import Forecaster
+    from predictors.measure import Service
+
+    relative = [1.0] * 100 if burst is None else ([0.75] * 9 + [burst]) * 10
+    est = Service(
+        service_ms=40.0, spread=0.3, cpu_ms=0.5, step_ms=10.0, active=4, samples=100,
+        wait_ms=39.5, cpu_count=8, relative=tuple(relative),
+    )  # fmt: skip
+    forecaster = Forecaster(target=0.9, budget=16.0, max_workers=16)
+    grid = [(w, 16) for w in range(4, 17)]
+    ones = np.ones(len(grid))
+    choice = forecaster.choose(
+        grid, ones, ones, goal=0.9, batch_bytes=1.0, est=est, cpu_count=8, allowed=ones > 0
+    )
+    assert choice.workers == expected
