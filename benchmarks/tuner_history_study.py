@@ -67,8 +67,15 @@ from predictors.tuner import QueueingTuner
 # needed an earned weight and before the history's set-aside rules changed; heldout42
 # (420,000-420,009 per family) runs after the last change. heldout-s6 (460,000-460,009
 # per family) was named after the warm runs' history evidence, the guard's two blocks
-# and torchrun's run ids, before it ran.
-STUDY_SEEDS = {**SEEDS, "heldout41": 410_000, "heldout42": 420_000, "heldout-s6": 460_000}
+# and torchrun's run ids, before it ran. heldout-s7 (470,000-470,009 per family) was
+# named after known bursts, tail-sized workers and warm starts that clear their spread.
+STUDY_SEEDS = {
+    **SEEDS,
+    "heldout41": 410_000,
+    "heldout42": 420_000,
+    "heldout-s6": 460_000,
+    "heldout-s7": 470_000,
+}
 DESIGNS = ("history", "probe", "model", "gp")
 RUNS = 5
 MIN_BATCHES = 4  # a configuration held fewer settled batches is not recorded
