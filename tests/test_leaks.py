@@ -66,16 +66,21 @@ def test_a_new_loader_each_epoch_leaves_nothing_behind(shard, collector, ending)
 
 
 def test_close_frees_the_cache_of_a_source_still_referenced(shard) -> None:
+    gc.collect()
+    before = pa.total_allocated_bytes()  # what earlier tests' objects still hold
     source = ParquetSource(shard)
     for _batch in DataLoader(source, batch_size=64, num_workers=2):
         pass
     del _batch
-    assert pa.total_allocated_bytes() > 2 * 2**20
+    assert pa.total_allocated_bytes() > before + 2 * 2**20
     source.close()
     # The loader (its worker threads, each batch's last read) is gone once collected; a
     # read close() stopped waiting for may still be landing: bounded, never kept.
     gc.collect()
-    assert _settle(lambda: pa.total_allocated_bytes() < 2**20), pa.total_allocated_bytes()
+    assert _settle(lambda: pa.total_allocated_bytes() < before + 2**20), (
+        before,
+        pa.total_allocated_bytes(),
+    )
     assert len(next(iter(DataLoader(source, batch_size=8)))["x"]) == 8  # reads again
 
 
