@@ -37,6 +37,8 @@ def write_markdown() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:]:  # a fixed grid: --help (or anything) must not start 10 minutes of runs
+        sys.exit(f"{__doc__}\nTakes no arguments; the grid is `iolib {' '.join(ARGS)}`.")
     try:
         main(ARGS)
     except SystemExit as exc:

@@ -177,3 +177,22 @@ def test_resume_with_another_world_size_loses_and_repeats_nothing(corpus) -> Non
     resumed.load_state_dict(json.loads(json.dumps(loaders[0].state_dict())))
     done = rows(head) + rows(resumed)
     assert done == whole[: len(done)] and len(whole) - len(done) < 2 * 2
+
+
+def test_a_segment_of_a_sliced_or_chunked_column_holds_its_own_documents() -> None:
+    """A row group's documents come from the list offsets as they are: a column that is a
+    slice of a larger array, or in several chunks, gives the documents it shows."""
+    from iolib.text.packed import Segment
+
+    kind = pa.list_(pa.int32())
+    whole = pa.array([[1, 2], [3], [4, 5, 6], None, [7], [8, 9]], type=kind)
+    shown = pa.chunked_array([pa.array([[3], [4, 5, 6], [7]], type=kind)])
+    for column in (
+        pa.chunked_array([whole.slice(1, 2), whole.slice(4, 1)]),
+        pa.chunked_array([pa.concat_arrays([whole.slice(1, 2), whole.slice(4, 1)]).slice(0)]),
+        pa.chunked_array([whole.slice(1, 4)]),  # a null row: no document, no eos
+    ):
+        segment, expected = Segment.build(column, 10, 0, None), Segment.build(shown, 10, 0, None)
+        assert segment.tokens.tolist() == expected.tokens.tolist() == [3, 0, 4, 5, 6, 0, 7, 0]
+        assert segment.starts.tolist() == expected.starts.tolist()
+    assert Segment.build(pa.chunked_array([whole.slice(2, 1)]), 0, 0, None).rows.tolist() == [0]

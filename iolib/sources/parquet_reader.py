@@ -165,10 +165,10 @@ class ParquetReader:
 
     def _misses(self, indices: np.ndarray) -> bool:
         """Whether a row group of `indices` is neither held nor in the in-memory store."""
-        if not indices.size:
-            return False
-        groups = np.unique(np.searchsorted(self.description.row_starts, indices, side="right") - 1)
         dense = self._dense
+        if not indices.size or (dense is not None and dense.complete):
+            return False  # every row group is in the store: nothing to look up a batch
+        groups = np.unique(np.searchsorted(self.description.row_starts, indices, side="right") - 1)
         with self._lock:
             return any(
                 g not in self._cache and (dense is None or not dense.filled[g])
@@ -406,6 +406,8 @@ class ParquetReader:
         if self._ahead.paused:
             return
         dense = self._dense_columns()
+        if dense is not None and dense.complete:
+            return  # nothing left to read: the epoch's plan need not be walked
         sizes = self.description.sizes
         with self._lock:
             upcoming = self._cache.upcoming(epoch, k, self.description.readahead)

@@ -80,11 +80,7 @@ class Segment:
     ) -> Segment:
         """Copy the documents in, one slice each: no temporary larger than the row
         group's own values (a vectorised gather would take 8 bytes a token)."""
-        array = array.combine_chunks()
-        values = array.flatten().to_numpy(zero_copy_only=False)
-        lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
-        lengths = lengths.astype(np.int64)
-        offsets = np.cumsum(lengths) - lengths  # into `values` (nulls add no values)
+        values, offsets, lengths = _documents(array)
         docs = np.flatnonzero(lengths)
         if order is not None:
             docs = docs[order.permutation(docs.size)]
@@ -536,6 +532,22 @@ class TokenReader:
             parts.append((position, row, column, lo, stop))
             lo, column, position = stop, column + stop - lo, position + 1
         return parts
+
+
+def _documents(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, each row's offset into them, its length) of a list column, int64
+    offsets and lengths; a null row is empty. Without null rows (Parquet's token
+    columns), the child's values as they are: ``flatten`` of a combined chunk cost
+    ~30 ms CPU a row group of 1.2 M tokens, ~20x the copy that packs its documents."""
+    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if array.null_count == 0:
+        bounds = array.offsets.to_numpy().astype(np.int64)  # into the child (a slice too)
+        values = array.values.to_numpy(zero_copy_only=False)
+        return values, bounds[:-1], np.diff(bounds)
+    values = array.flatten().to_numpy(zero_copy_only=False)
+    lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+    lengths = lengths.astype(np.int64)
+    return values, np.cumsum(lengths) - lengths, lengths  # nulls add no values
 
 
 def _fixed_lists(values: pa.Buffer, rows: int, length: int) -> pa.FixedSizeListArray:
