@@ -297,47 +297,8 @@ def test_each_worker_task_checks_the_heap_for_pages_to_give_back(
 
     calls = []
     real = heap.trim_heap
-    monkeypatch.setattr(heap, "trim_heap", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(heap, "trim_heap", lambda *a: calls.append(1) or real(*a))
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"x": np.arange(100)}), path, row_group_size=10)
     batches = list(DataLoader(ParquetSource(str(path)), batch_size=10, num_workers=2, seed=0))
     assert len(calls) >= len(batches) == 10
-
-
-def test_after_a_batch_the_heap_is_looked_at_once_per_interval_at_most(monkeypatch) -> None:
-    """A look walks malloc's free chunks (up to ~1 ms): `every` skips it when the last
-    one was that recent; a call without it looks every time."""
-    import platform
-
-    from iolib.decode import heap
-
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return
-    monkeypatch.setattr(heap, "_looked_at", -float("inf"))
-    assert trim_heap(0, every=60.0) is True  # growth 0: it trims whenever it looks
-    assert trim_heap(0, every=60.0) is False  # looked less than a minute ago
-    assert trim_heap(0) is True
-
-
-def test_worker_tasks_read_the_heap_counters_per_interval_not_per_batch(
-    tmp_path: Path, monkeypatch
-) -> None:
-    """Thread workers' check after each batch reads malloc's counters (`idle_bytes`) at
-    most once per `CHECK_EVERY_S`, however many batches pass meanwhile."""
-    import time
-
-    from iolib.decode import heap
-
-    looks = []
-    real = heap.idle_bytes
-    monkeypatch.setattr(heap, "idle_bytes", lambda: looks.append(1) or real())
-    monkeypatch.setattr(heap, "_looked_at", -float("inf"), raising=False)
-    monkeypatch.setattr(heap, "_floor", None)
-    path = tmp_path / "a.parquet"
-    pq.write_table(pa.table({"x": np.arange(4000)}), path, row_group_size=100)
-    start = time.monotonic()
-    batches = list(DataLoader(ParquetSource(str(path)), batch_size=10, num_workers=2, seed=0))
-    took = time.monotonic() - start
-    assert len(batches) == 400
-    # One look per interval, and the trim's own look after the first call.
-    assert len(looks) <= took / heap.CHECK_EVERY_S + 3 < len(batches)

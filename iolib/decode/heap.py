@@ -33,11 +33,7 @@ batch faults the same working set in again; DALI on the CPU then took ~18% more 
 per image (~105 page faults an image against ~22). `trim_heap` runs after each batch
 but trims only when the resident pages malloc holds free grew past `TRIM_GROWTH` since
 the last trim: a guard against a heap that fragments without bound, not a per-batch
-cost (benchmarks/results/images-vs-dali.md). After a batch it looks at most every
-`CHECK_EVERY_S`: glibc's ``mallinfo2`` walks every free chunk of every arena under the
-arena's lock, 0.1-1.4 ms on a loader's fragmented heap, which made variable-length token
-rows with 2 thread workers take ~30% more CPU a row
-(benchmarks/results/tokens-2026-12-07-regression.md). Elsewhere than glibc (musl, macOS) both
+cost (benchmarks/results/images-vs-dali.md). Elsewhere than glibc (musl, macOS) both
 do nothing.
 """
 
@@ -48,7 +44,6 @@ import ctypes.util
 import os
 import platform
 import sys
-import time
 from typing import Any
 
 # Free resident heap let stand between trims: above the working set of one DALI
@@ -64,16 +59,12 @@ _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 MMAP_THRESHOLD = 4 << 20
 MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 _M_MMAP_THRESHOLD = -3
-# Seconds between looks at the heap after batches: a look costs up to ~1 ms (see the
-# module's docstring); a heap grows far less than `TRIM_GROWTH` in this time.
-CHECK_EVERY_S = 0.25
 
 _libc: Any = None
 _looked = False
 _arenas_limited = False
 _mapping_fixed = False
 _floor: int | None = None  # the least idle bytes seen since the last trim
-_looked_at = -float("inf")  # time.monotonic() of the last look (`trim_heap`'s `every`)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -177,21 +168,14 @@ def idle_bytes() -> int:
     return resident - shared - info.uordblks - info.hblkhd
 
 
-def trim_heap(growth: int = TRIM_GROWTH, every: float = 0.0) -> bool:
+def trim_heap(growth: int = TRIM_GROWTH) -> bool:
     """Return the C heap's free pages to the OS (glibc's ``malloc_trim(0)``) when the
     resident bytes malloc holds free grew by more than `growth` since the last trim
-    (0: every call); True if it trimmed. False where there is no such call, or where
-    the heap was looked at less than `every` seconds ago (a call after each batch
-    passes `CHECK_EVERY_S`)."""
-    global _floor, _looked_at
+    (0: every call); True if it trimmed. False where there is no such call."""
+    global _floor
     libc = _lib()
     if libc is None:
         return False
-    if every > 0:
-        now = time.monotonic()
-        if now - _looked_at < every:
-            return False
-        _looked_at = now
     if _floor is not None and growth > 0:
         idle = idle_bytes()
         _floor = min(_floor, idle)  # pages given back since (large blocks, by glibc)

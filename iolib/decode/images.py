@@ -228,13 +228,13 @@ class ImagePipeline:
         Returns the new batch and the global indices of skipped samples; skipped rows are
         removed from every column, the others keep their order."""
         from iolib.decode.batch import decode_batch
-        from iolib.decode.heap import CHECK_EVERY_S, trim_heap
+        from iolib.decode.heap import trim_heap
 
         settings, backend = self._resolved()
         try:
             return decode_batch(settings, backend, batch, indices, seed=seed, epoch=epoch)
         finally:
-            trim_heap(every=CHECK_EVERY_S)  # freed buffers back to the OS: decode/heap.py
+            trim_heap()  # decoding's freed buffers back to the OS: see decode/heap.py
 
     def draw_crops(
         self, sizes: list[tuple[int, int]], indices: np.ndarray, *, seed: int, epoch: int

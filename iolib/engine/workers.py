@@ -157,11 +157,11 @@ def give_back_heap() -> None:
     """Once per task: the C heap's free pages back to the OS where they piled up past
     decode/heap.py's guard (``trim_heap``). Row groups, segments and batches are freed
     on other threads than the ones that made them, so glibc's arenas keep them, and an
-    epoch's next row group is built beside them. The heap is looked at every
-    `CHECK_EVERY_S` at most (a look walks malloc's free chunks: up to ~1 ms)."""
-    from iolib.decode.heap import CHECK_EVERY_S, trim_heap
+    epoch's next row group is built beside them; the check is two reads when nothing
+    piled up."""
+    from iolib.decode.heap import trim_heap
 
-    trim_heap(every=CHECK_EVERY_S)
+    trim_heap()
 
 
 def _where(kind: str, wid: int, stage: str) -> str:
