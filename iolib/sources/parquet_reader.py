@@ -343,13 +343,13 @@ class ParquetReader:
         whoever waits for it)."""
         self._local.epoch = epoch
         needed = self._ahead.needed()
+        opened = self._ahead.opened  # a close() from now on: nothing read is kept
         out: dict[int, object] = {}
         try:
             if not needed and not self._still_ahead(epoch, groups[0]):
                 return out  # waited behind needed reads until its batches passed
             with self._lock:  # read by another flight since this one was asked for
-                cache = self._cache  # a close() meanwhile replaces it: nothing is kept then
-                held = cache.tables.get(groups[0])
+                held = self._cache.tables.get(groups[0])
                 if held is not None or (dense is not None and dense.filled[groups[0]]):
                     return {groups[0]: held}
                 for group in groups:
@@ -369,8 +369,8 @@ class ParquetReader:
                     dense.fill(group, table)  # unfilled if it holds a null: the caller checks
                 else:
                     with self._lock:
-                        if self._cache is cache:
-                            cache.put(group, table, owner if needed else 0)
+                        if self._ahead.kept_since(opened):
+                            self._cache.put(group, table, owner if needed else 0)
                 out[group] = table
             return out
         finally:
