@@ -222,3 +222,63 @@ def test_one_read_of_several_keys_is_each_keys_flight() -> None:
     wait(ahead.values(), timeout=10)
     assert all(f.cancelled() for f in ahead.values())
     pool.close()
+
+
+def test_a_needed_read_takes_over_queued_read_ahead_of_its_keys() -> None:
+    """A batch that needs keys whose read-ahead is still queued reads them in its own
+    request, with its other keys: the read-ahead never runs, and whoever waits on it
+    gets the needed read's values. Read-ahead already running keeps its own read."""
+    pool = FetchPool(1, "test-take", lambda read, retries: None)
+    gate = threading.Event()
+    calls: list[list[str]] = []
+
+    def read(keys):
+        calls.append(list(keys))
+        return {k: k.upper() for k in keys}
+
+    busy = pool.submit(lambda: gate.wait(10))  # the one thread: what follows queues
+    b_ahead = pool.submit_many(read, ["b"], ahead=True)["b"]
+    cd_ahead = pool.submit_many(read, ["c", "d"], ahead=True)  # "d" not asked for below
+    futures = pool.submit_many(read, ["a", "b", "c"])
+    assert futures["b"] is b_ahead and futures["c"] is cd_ahead["c"]
+    gate.set()
+    wait([busy, *futures.values(), *cd_ahead.values()], timeout=10)
+    assert calls == [["a", "b"], ["c", "d"]]  # "c" stays with "d": nothing left unread
+    assert b_ahead.result() == "B" and futures["a"].result() == "A"
+    assert cd_ahead["d"].result() == "D"
+    pool.close()
+
+
+def test_a_batch_reads_queued_read_ahead_in_fewer_requests(tmp_path: Path, monkeypatch) -> None:
+    """A cache too small for the batches read ahead (issue 42's folding regression): the
+    row groups a batch finds still queued for read-ahead come in one request with their
+    neighbours, not one request each. Counted at a local `throttled::` store."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iolib import DataLoader
+    from iolib.sources import ParquetSource
+    from iolib.storage.throttle import ThrottledFileSystem
+
+    rng = np.random.default_rng(0)
+    table = pa.table({"x": np.arange(60000), "blob": [rng.bytes(100) for _ in range(60000)]})
+    path = tmp_path / "f.parquet"
+    pq.write_table(table, path, row_group_size=600, compression="none")  # 100 row groups
+    reads: list[int] = []
+    after = ThrottledFileSystem.after_request
+
+    def counting(self, token, data):
+        data = after(self, token, data)
+        if data is not None:
+            reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(ThrottledFileSystem, "after_request", counting)
+    options = {"throttled": {"latency_ms": 1, "skip_instance_cache": True}}
+    source = ParquetSource(f"throttled::file://{path}", storage_options=options,
+                           cache_bytes=4_000_000)  # fmt: skip
+    for _ in DataLoader(source, batch_size=2048, shuffle=False, num_workers=0):
+        pass
+    assert sum(reads) <= 1.02 * path.stat().st_size  # each row group read once
+    assert len(reads) <= 80, len(reads)  # 101 when each queued read-ahead came alone

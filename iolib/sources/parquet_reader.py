@@ -298,10 +298,12 @@ class ParquetReader:
     def _start(self, group: int, dense: DenseColumns | None) -> Future:
         """The needed read of `group`: the one in flight (promoted), else a new one that
         brings in the same request the batch's later row groups that no thread holds or
-        reads (`RowGroupFetcher.foldable`); their reads are kept for this thread."""
+        reads (`RowGroupFetcher.foldable`), taking over a read-ahead of `group` still
+        queued (`FetchPool.submit_many`); their reads are kept for this thread."""
         pool, now = self._ahead.pool(), self._now()
-        found = pool.flight(group, need=True, priority=now)
-        if found is not None:
+        found = pool.flight(group)
+        if found is not None and not pool.queued_ahead(found):
+            pool.promote(found, now)
             return found
         with self._lock:  # a read that landed since the caller looked cached it first
             held = self._cache.get(group)
@@ -324,7 +326,7 @@ class ParquetReader:
         later = self.fetcher.foldable(group, later)
         read = partial(self._load, now[0], dense, threading.get_ident())
         futures = pool.submit_many(read, [group, *later], priority=now)
-        pool.promote(futures[group], now)  # if a read-ahead of it was queued meanwhile
+        pool.promote(futures[group], now)  # if it began as a read-ahead meanwhile
         for g in later:
             pending[g] = futures[g]
         return futures[group]
@@ -445,9 +447,29 @@ class ParquetReader:
         queued meanwhile becomes needed reads."""
         pool, now = self._ahead.pool(), self._now()
         in_flight = set(pool.in_flight())
-        for group in in_flight.intersection(groups):
-            pool.flight(group, need=True, priority=now)
         pending = self._local.__dict__.setdefault("pending", {})
+        read = partial(self._load, now[0], dense, threading.get_ident())
+        queued = []
+        for group in sorted(in_flight.intersection(groups)):
+            found = pool.flight(group)
+            if found is not None and pool.queued_ahead(found):
+                queued.append(group)
+            elif found is not None:
+                pool.promote(found, now)
+        # Read-ahead of these row groups still queued: needed now, each read with the
+        # queued ones next to it in its file, one request a run (no byte between them
+        # that no batch asked for).
+        while queued:
+            run = [queued[0]]
+            for group in queued[1:]:
+                if group != run[-1] + 1:
+                    break
+                run.append(group)
+            run = [run[0], *self.fetcher.foldable(run[0], run[1:])]
+            queued = queued[len(run) :]
+            futures = pool.submit_many(read, run, priority=now)
+            pending.update(futures)
+            pool.promote(futures[run[0]], now)  # if one began as a read-ahead meanwhile
         with self._lock:
             missing = [g for g in groups if g not in self._cache and g not in in_flight]
             if dense is not None:
@@ -460,7 +482,6 @@ class ParquetReader:
                 missing = []
         if len(missing) < 2:
             return  # one read, which brings its neighbours along (`_start`)
-        read = partial(self._load, now[0], dense, threading.get_ident())
         for group in missing:
             pending.update(pool.submit_many(read, [group], priority=now))
 
