@@ -256,10 +256,10 @@ def test_a_needed_read_takes_over_queued_read_ahead_of_its_keys() -> None:
     pool.close()
 
 
-def test_a_batch_reads_queued_read_ahead_in_fewer_requests(tmp_path: Path, monkeypatch) -> None:
-    """A cache too small for the batches read ahead (issue 42's folding regression): the
-    row groups a batch finds still queued for read-ahead come in one request with their
-    neighbours, not one request each. Counted at a local `throttled::` store."""
+def _requests(tmp_path: Path, monkeypatch, shuffle) -> tuple[list[int], int]:
+    """The requests (their sizes) one epoch makes at a local `throttled::` store over 100
+    row groups of 600 rows (~70 KB each) with a 4 MB cache and batches of 2048 rows,
+    inline; and the file's size."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -285,7 +285,24 @@ def test_a_batch_reads_queued_read_ahead_in_fewer_requests(tmp_path: Path, monke
     options = {"throttled": {"latency_ms": 1, "skip_instance_cache": True}}
     source = ParquetSource(f"throttled::file://{path}", storage_options=options,
                            cache_bytes=4_000_000)  # fmt: skip
-    for _ in DataLoader(source, batch_size=2048, shuffle=False, num_workers=0):
+    loader = DataLoader(source, batch_size=2048, shuffle=shuffle, seed=0, num_workers=0)
+    for _ in loader:
         pass
-    assert sum(reads) <= 1.02 * path.stat().st_size  # each row group read once
+    return reads, path.stat().st_size
+
+
+def test_a_batch_reads_queued_read_ahead_in_fewer_requests(tmp_path: Path, monkeypatch) -> None:
+    """A cache too small for the batches read ahead (issue 42's folding regression): the
+    row groups a batch finds still queued for read-ahead come in one request with their
+    neighbours, not one request each. Counted at a local `throttled::` store."""
+    reads, size = _requests(tmp_path, monkeypatch, shuffle=False)
+    assert sum(reads) <= 1.02 * size  # each row group read once
     assert len(reads) <= 80, len(reads)  # 101 when each queued read-ahead came alone
+
+
+def test_a_shuffled_batch_reads_its_missing_row_groups_in_runs(tmp_path: Path, monkeypatch) -> None:
+    """A global shuffle through a cache too small for it: the row groups a batch misses
+    (queued for read-ahead or not read at all) come as one request for each run of them
+    next to each other in the file, not one request each."""
+    reads, _ = _requests(tmp_path, monkeypatch, shuffle="global")
+    assert len(reads) <= 50, len(reads)  # 78 when missing row groups came one a request

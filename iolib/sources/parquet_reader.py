@@ -439,12 +439,13 @@ class ParquetReader:
             pool.submit_many(read, [group], ahead=True, priority=(epoch, k))
 
     def _read_in_parallel(self, groups: list[int], dense: DenseColumns | None) -> None:
-        """Start reading a batch's row groups that are neither held nor being read, each
-        on its own pool thread (FETCH_THREADS at a time): on object storage a request's
-        latency, not the link, bounds one reader, and a batch of a global shuffle over
-        many files needs dozens of them. Only what the cache has room for (no evictions);
-        the rest are read as the batch gets to them. Read-ahead of these row groups
-        queued meanwhile becomes needed reads."""
+        """Start reading a batch's row groups that are neither held nor being read, a
+        request for each run of them next to each other in a file, on pool threads
+        (FETCH_THREADS at a time): on object storage a request's latency, not the link,
+        bounds one reader, and a batch of a global shuffle over many files needs dozens
+        of them. Only what the cache has room for (no evictions); the rest are read as
+        the batch gets to them. Read-ahead of these row groups still queued is taken
+        over by those runs; read-ahead already started is promoted."""
         pool, now = self._ahead.pool(), self._now()
         in_flight = set(pool.in_flight())
         pending = self._local.__dict__.setdefault("pending", {})
@@ -456,20 +457,6 @@ class ParquetReader:
                 queued.append(group)
             elif found is not None:
                 pool.promote(found, now)
-        # Read-ahead of these row groups still queued: needed now, each read with the
-        # queued ones next to it in its file, one request a run (no byte between them
-        # that no batch asked for).
-        while queued:
-            run = [queued[0]]
-            for group in queued[1:]:
-                if group != run[-1] + 1:
-                    break
-                run.append(group)
-            run = [run[0], *self.fetcher.foldable(run[0], run[1:])]
-            queued = queued[len(run) :]
-            futures = pool.submit_many(read, run, priority=now)
-            pending.update(futures)
-            pool.promote(futures[run[0]], now)  # if one began as a read-ahead meanwhile
         with self._lock:
             missing = [g for g in groups if g not in self._cache and g not in in_flight]
             if dense is not None:
@@ -481,9 +468,22 @@ class ParquetReader:
             else:
                 missing = []
         if len(missing) < 2:
-            return  # one read, which brings its neighbours along (`_start`)
-        for group in missing:
-            pending.update(pool.submit_many(read, [group], priority=now))
+            missing = []  # one read, which brings its neighbours along (`_start`)
+        # Each run of row groups next to each other in a file, one request (no byte
+        # between them that no batch asked for): read-ahead of them still queued is
+        # taken over, needed now.
+        todo = sorted({*queued, *missing})
+        while todo:
+            run = [todo[0]]
+            for group in todo[1:]:
+                if group != run[-1] + 1:
+                    break
+                run.append(group)
+            run = [run[0], *self.fetcher.foldable(run[0], run[1:])]
+            todo = todo[len(run) :]
+            futures = pool.submit_many(read, run, priority=now)
+            pending.update(futures)
+            pool.promote(futures[run[0]], now)  # if one began as a read-ahead meanwhile
 
     def _still_ahead(self, epoch: int, group: int) -> bool:
         """Whether a batch from the earliest one in progress on reads `group` (in view of
