@@ -298,6 +298,7 @@ _WORKER_EPOCH = textwrap.dedent("""
     path, pile = sys.argv[1], int(sys.argv[2])
     pq.write_table(pa.table({"x": np.arange(200)}), path, row_group_size=10)
     heap.TRIM_GROWTH, heap.CHECK_BYTES = 16 << 20, 8 << 20
+    heap.CHECK_S = 1e9  # looks by faults alone: a loaded machine makes epochs long
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
@@ -359,3 +360,64 @@ def test_workers_give_back_free_heap_pages_once_they_pile_up(tmp_path: Path) -> 
     assert batches == 20
     assert looks >= batches  # each batch faulted more than a look's worth in
     assert idle < quiet + 16  # MiB: what piled up went back (20 x 32 MiB were freed)
+
+
+_FREED_QUIETLY = textwrap.dedent("""
+    import ctypes, sys, threading, time
+    import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+    from iolib import DataLoader
+    from iolib.decode import heap
+    from iolib.sources import ParquetSource
+    path, held_bytes = sys.argv[1], int(sys.argv[2])
+    pq.write_table(pa.table({"x": np.arange(300)}), path, row_group_size=10)
+    # No look is due by faults after the first: only time can bring one.
+    heap.TRIM_GROWTH, heap.CHECK_BYTES, heap.CHECK_S = 16 << 20, 1 << 40, 0.05
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    held, fences, calls = [], [], [0]
+    def hold_then_free(batch, indices, *, seed, epoch):
+        # The 3rd batch builds memory that stays in use; the 10th frees it below blocks
+        # kept (free resident pages, no fault); the rest fault nothing in.
+        calls[0] += 1
+        if calls[0] == 3:
+            for _ in range(held_bytes // (64 << 10)):
+                block = libc.malloc(64 << 10)
+                ctypes.memset(block, 1, 64 << 10)
+                held.append(block)
+        if calls[0] == 10:
+            fences.extend(held[15::16])
+            for i, block in enumerate(held):
+                if i % 16 != 15:
+                    libc.free(block)
+        time.sleep(0.01)
+        return batch, []
+    hold_then_free.columns, hold_then_free.on_error = ("x",), "raise"
+    loader = DataLoader(ParquetSource(path), batch_size=10, num_workers=1, seed=0,
+                        decode=hold_then_free)
+    batches = sum(1 for _ in loader)
+    print(batches, heap.idle_bytes() >> 20)
+""")
+
+
+def _freed_quietly(tmp_path: Path, held: int) -> tuple[int, int]:
+    """Batches and the heap's free resident MiB after a one-thread-worker epoch whose
+    3rd batch builds `held` bytes that stay in use and 10th frees them."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FREED_QUIETLY, str(tmp_path / "a.parquet"), str(held)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        check=True, timeout=120,
+    )  # fmt: skip
+    batches, idle = map(int, done.stdout.split()[-2:])
+    return batches, idle
+
+
+def test_workers_give_back_memory_freed_without_a_page_fault(tmp_path: Path) -> None:
+    """Memory in use that a worker frees piles up free pages without faulting one in: the
+    workers still look at the heap once a while passed, and trim it."""
+    if not _glibc():
+        return
+    _, quiet = _freed_quietly(tmp_path, 0)
+    batches, idle = _freed_quietly(tmp_path, 96 << 20)
+    assert batches == 30
+    assert idle < quiet + 16  # MiB: 90 MiB were freed below the blocks kept

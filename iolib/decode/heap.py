@@ -39,8 +39,10 @@ do nothing.
 Why a loader's workers look only every `CHECK_BYTES` faulted in (`check_heap`): the
 look itself (``mallinfo2``) walks every free chunk of every arena, 0.1-6 ms on a
 fragmented heap, and after every token batch it cost 0.2-0.7 s CPU an epoch; free
-pages can outgrow the guard only by pages first faulted in, so the process's page
-faults (one ``getrusage``) say when a look can find something.
+pages pile up mostly as pages are first faulted in, so the process's page faults (one
+``getrusage``) say when a look can find something; a look at least every `CHECK_S`
+catches the rest (memory in use freed, which faults nothing in; huge pages, 2 MiB a
+fault).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import os
 import platform
 import sys
 import threading
+import time
 from typing import Any
 
 # Free resident heap let stand between trims: above the working set of one DALI
@@ -70,6 +73,9 @@ _M_MMAP_THRESHOLD = -3
 # Bytes faulted in between two looks at the heap by `check_heap`: a quarter of the
 # guard, so a look skipped lets resident memory grow by at most that much.
 CHECK_BYTES = 64 << 20
+# Seconds after which `check_heap` looks even without faults: memory freed that was in
+# use piles up free pages without one fault, and a huge page is one fault for 2 MiB.
+CHECK_S = 1.0
 
 _libc: Any = None
 _looked = False
@@ -203,18 +209,23 @@ def trim_heap(growth: int = TRIM_GROWTH) -> bool:
 
 def check_heap(every: int | None = None) -> bool:
     """`trim_heap` if at least `every` bytes (default `CHECK_BYTES`) were faulted in by
-    this process since this thread's last look (the first call looks); True if it
-    trimmed. Costs one ``getrusage`` otherwise: a loader's workers call it after every
-    task."""
+    this process since this thread's last look, or `CHECK_S` passed (the first call
+    looks); True if it trimmed. Costs one ``getrusage`` otherwise: a loader's workers
+    call it after every task."""
     if _lib() is None:
         return False
     import resource  # not on Windows, where `_lib()` is None
 
     every = CHECK_BYTES if every is None else every
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    now = time.monotonic()
     seen = getattr(_looked_at, "faults", None)
     # Fewer than last time: a forked child, whose counts start again.
-    if seen is not None and 0 <= (faults - seen) * _PAGE < every:
+    if (
+        seen is not None
+        and 0 <= (faults - seen) * _PAGE < every
+        and now - _looked_at.when < CHECK_S
+    ):
         return False
-    _looked_at.faults = faults
+    _looked_at.faults, _looked_at.when = faults, now
     return trim_heap(TRIM_GROWTH)
