@@ -289,16 +289,135 @@ def test_an_image_pipeline_leaves_glibcs_threshold(tmp_path: Path) -> None:
     assert _after_a_loader(tmp_path, loop) == "heap"
 
 
-def test_each_worker_task_checks_the_heap_for_pages_to_give_back(
-    tmp_path: Path, monkeypatch
-) -> None:
-    """Thread workers call `trim_heap` after each batch (it trims only past its guard)."""
+_WORKER_EPOCH = textwrap.dedent("""
+    import ctypes, sys
+    import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+    from iolib import DataLoader
     from iolib.decode import heap
+    from iolib.sources import ParquetSource
+    path, pile = sys.argv[1], int(sys.argv[2])
+    pq.write_table(pa.table({"x": np.arange(200)}), path, row_group_size=10)
+    heap.TRIM_GROWTH, heap.CHECK_BYTES = 16 << 20, 8 << 20
+    heap.CHECK_S = 1e9  # looks by faults alone: a loaded machine makes epochs long
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    fences, looks = [], [0]
+    def pile_up(batch, indices, *, seed, epoch):
+        # Heap blocks touched (faulted in) and freed below a block kept: free pages
+        # that only a trim gives back.
+        blocks = [libc.malloc(64 << 10) for _ in range(pile // (64 << 10))]
+        for b in blocks:
+            ctypes.memset(b, 1, 64 << 10)
+        fences.append(libc.malloc(64 << 10))
+        for b in blocks:
+            libc.free(b)
+        return batch, []
+    pile_up.columns, pile_up.on_error = ("x",), "raise"
+    def audit(event, args):
+        if event == "open" and args[0] == "/proc/self/statm":
+            looks[0] += 1
+    sys.addaudithook(audit)
+    loader = DataLoader(ParquetSource(path), batch_size=10, num_workers=2, seed=0,
+                        decode=pile_up if pile else None)
+    batches = sum(1 for _ in loader)
+    print(batches, looks[0], heap.idle_bytes() >> 20)
+""")
 
-    calls = []
-    real = heap.trim_heap
-    monkeypatch.setattr(heap, "trim_heap", lambda *a: calls.append(1) or real(*a))
-    path = tmp_path / "a.parquet"
-    pq.write_table(pa.table({"x": np.arange(100)}), path, row_group_size=10)
-    batches = list(DataLoader(ParquetSource(str(path)), batch_size=10, num_workers=2, seed=0))
-    assert len(calls) >= len(batches) == 10
+
+def _worker_epoch(tmp_path: Path, pile: int) -> tuple[int, int, int]:
+    """Batches, reads of /proc/self/statm (each look at the heap makes one or two) and
+    the heap's free resident MiB after a thread-worker epoch in a fresh interpreter whose
+    batches each pile `pile` bytes of free pages on the heap (guard 16 MiB, a look
+    every 8 MiB faulted in)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKER_EPOCH, str(tmp_path / "a.parquet"), str(pile)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        check=True, timeout=120,
+    )  # fmt: skip
+    batches, looks, idle = map(int, done.stdout.split()[-3:])
+    return batches, looks, idle
+
+
+def test_workers_look_at_the_heap_as_memory_is_faulted_in_not_every_batch(
+    tmp_path: Path,
+) -> None:
+    """A look at the heap walks every free chunk: batches that fault little in are not
+    followed by one each."""
+    if not _glibc():
+        return
+    batches, looks, _ = _worker_epoch(tmp_path, 0)
+    assert batches == 20
+    assert looks <= 6  # the first look, and one per 8 MiB the loader's start faulted in
+
+
+def test_workers_give_back_free_heap_pages_once_they_pile_up(tmp_path: Path) -> None:
+    """Batches that each leave 32 MiB of free pages on the heap: the workers trim it."""
+    if not _glibc():
+        return
+    _, _, quiet = _worker_epoch(tmp_path, 0)  # what the process maps besides the heap
+    batches, looks, idle = _worker_epoch(tmp_path, 32 << 20)
+    assert batches == 20
+    assert looks >= batches  # each batch faulted more than a look's worth in
+    assert idle < quiet + 16  # MiB: what piled up went back (20 x 32 MiB were freed)
+
+
+_FREED_QUIETLY = textwrap.dedent("""
+    import ctypes, sys, threading, time
+    import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+    from iolib import DataLoader
+    from iolib.decode import heap
+    from iolib.sources import ParquetSource
+    path, held_bytes = sys.argv[1], int(sys.argv[2])
+    pq.write_table(pa.table({"x": np.arange(300)}), path, row_group_size=10)
+    # No look is due by faults after the first: only time can bring one.
+    heap.TRIM_GROWTH, heap.CHECK_BYTES, heap.CHECK_S = 16 << 20, 1 << 40, 0.05
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    held, fences, calls = [], [], [0]
+    def hold_then_free(batch, indices, *, seed, epoch):
+        # The 3rd batch builds memory that stays in use; the 10th frees it below blocks
+        # kept (free resident pages, no fault); the rest fault nothing in.
+        calls[0] += 1
+        if calls[0] == 3:
+            for _ in range(held_bytes // (64 << 10)):
+                block = libc.malloc(64 << 10)
+                ctypes.memset(block, 1, 64 << 10)
+                held.append(block)
+        if calls[0] == 10:
+            fences.extend(held[15::16])
+            for i, block in enumerate(held):
+                if i % 16 != 15:
+                    libc.free(block)
+        time.sleep(0.01)
+        return batch, []
+    hold_then_free.columns, hold_then_free.on_error = ("x",), "raise"
+    loader = DataLoader(ParquetSource(path), batch_size=10, num_workers=1, seed=0,
+                        decode=hold_then_free)
+    batches = sum(1 for _ in loader)
+    print(batches, heap.idle_bytes() >> 20)
+""")
+
+
+def _freed_quietly(tmp_path: Path, held: int) -> tuple[int, int]:
+    """Batches and the heap's free resident MiB after a one-thread-worker epoch whose
+    3rd batch builds `held` bytes that stay in use and 10th frees them."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FREED_QUIETLY, str(tmp_path / "a.parquet"), str(held)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        check=True, timeout=120,
+    )  # fmt: skip
+    batches, idle = map(int, done.stdout.split()[-2:])
+    return batches, idle
+
+
+def test_workers_give_back_memory_freed_without_a_page_fault(tmp_path: Path) -> None:
+    """Memory in use that a worker frees piles up free pages without faulting one in: the
+    workers still look at the heap once a while passed, and trim it."""
+    if not _glibc():
+        return
+    _, quiet = _freed_quietly(tmp_path, 0)
+    batches, idle = _freed_quietly(tmp_path, 96 << 20)
+    assert batches == 30
+    assert idle < quiet + 16  # MiB: 90 MiB were freed below the blocks kept

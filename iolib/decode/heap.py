@@ -35,6 +35,14 @@ but trims only when the resident pages malloc holds free grew past `TRIM_GROWTH`
 the last trim: a guard against a heap that fragments without bound, not a per-batch
 cost (benchmarks/results/images-vs-dali.md). Elsewhere than glibc (musl, macOS) both
 do nothing.
+
+Why a loader's workers look only every `CHECK_BYTES` faulted in (`check_heap`): the
+look itself (``mallinfo2``) walks every free chunk of every arena, 0.1-6 ms on a
+fragmented heap, and after every token batch it cost 0.2-0.7 s CPU an epoch; free
+pages pile up mostly as pages are first faulted in, so the process's page faults (one
+``getrusage``) say when a look can find something; a look at least every `CHECK_S`
+catches the rest (memory in use freed, which faults nothing in; huge pages, 2 MiB a
+fault).
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ import ctypes.util
 import os
 import platform
 import sys
+import threading
+import time
 from typing import Any
 
 # Free resident heap let stand between trims: above the working set of one DALI
@@ -60,11 +70,22 @@ MMAP_THRESHOLD = 4 << 20
 MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 _M_MMAP_THRESHOLD = -3
 
+# Bytes faulted in between two looks at the heap by `check_heap`: a quarter of the
+# guard, so a look skipped lets resident memory grow by at most that much.
+CHECK_BYTES = 64 << 20
+# Seconds after which `check_heap` looks even without faults: memory freed that was in
+# use piles up free pages without one fault, and a huge page is one fault for 2 MiB.
+CHECK_S = 1.0
+
 _libc: Any = None
 _looked = False
 _arenas_limited = False
 _mapping_fixed = False
 _floor: int | None = None  # the least idle bytes seen since the last trim
+# This process's page faults at the calling thread's last `check_heap` look: per thread,
+# so a look on one worker thread does not take the count of what another's task, not yet
+# freed, faulted in.
+_looked_at = threading.local()
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -184,3 +205,27 @@ def trim_heap(growth: int = TRIM_GROWTH) -> bool:
     libc.malloc_trim(0)
     _floor = idle_bytes()
     return True
+
+
+def check_heap(every: int | None = None) -> bool:
+    """`trim_heap` if at least `every` bytes (default `CHECK_BYTES`) were faulted in by
+    this process since this thread's last look, or `CHECK_S` passed (the first call
+    looks); True if it trimmed. Costs one ``getrusage`` otherwise: a loader's workers
+    call it after every task."""
+    if _lib() is None:
+        return False
+    import resource  # not on Windows, where `_lib()` is None
+
+    every = CHECK_BYTES if every is None else every
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    now = time.monotonic()
+    seen = getattr(_looked_at, "faults", None)
+    # Fewer than last time: a forked child, whose counts start again.
+    if (
+        seen is not None
+        and 0 <= (faults - seen) * _PAGE < every
+        and now - _looked_at.when < CHECK_S
+    ):
+        return False
+    _looked_at.faults, _looked_at.when = faults, now
+    return trim_heap(TRIM_GROWTH)

@@ -155,13 +155,13 @@ class Fatal:
 
 def give_back_heap() -> None:
     """Once per task: the C heap's free pages back to the OS where they piled up past
-    decode/heap.py's guard (``trim_heap``). Row groups, segments and batches are freed
-    on other threads than the ones that made them, so glibc's arenas keep them, and an
-    epoch's next row group is built beside them; the check is two reads when nothing
-    piled up."""
-    from iolib.decode.heap import trim_heap
+    decode/heap.py's guard, looked at once enough was faulted in since the last look
+    (``check_heap``). Row groups, segments and batches are freed on other threads than
+    the ones that made them, so glibc's arenas keep them, and an epoch's next row group
+    is built beside them; between looks the check is one ``getrusage``."""
+    from iolib.decode.heap import check_heap
 
-    trim_heap()
+    check_heap()
 
 
 def _where(kind: str, wid: int, stage: str) -> str:

@@ -86,6 +86,7 @@ class FetchPool:
         self._entries: dict[Future, list[Any]] = {}
         self._flights: dict[Hashable, Future] = {}  # keyed reads queued or running
         self._alias: dict[Future, Future] = {}  # a key's future -> the read that brings it
+        self._shares: dict[Future, dict[Hashable, Future]] = {}  # that read -> its keys'
         self._seq = itertools.count()
         self._running = {NEED: 0, AHEAD: 0}
         self._needing = 0  # needed reads led by callers' own threads (`needing`)
@@ -152,47 +153,87 @@ class FetchPool:
         priority: Priority = 0,
     ) -> dict[Hashable, Future]:
         """One read for several keys (one request that brings neighbouring row groups'
-        bytes too): `fn(led)` gets the keys not in flight already, in order, and returns
-        {key: value} (a value that is an exception is raised to that key's waiters; a key
-        left out gets None). Each led key is a flight (`flight`, `promote`) until `fn`
-        returns; a key in flight already keeps its own read. Returns every key's future."""
+        bytes too): `fn(led)` gets the keys it leads, in order, and returns {key: value}
+        (a value that is an exception is raised to that key's waiters; a key left out
+        gets None). It leads the keys not in flight and, for a needed read, those whose
+        read is a read-ahead still queued (`queued_ahead`) of none but these keys: that
+        read is dropped, and their waiters get this one's values. Each led key is a
+        flight (`flight`, `promote`) until `fn` returns; a key read otherwise keeps its
+        own read. Returns every key's future."""
         out: dict[Hashable, Future] = {}
         led: list[Hashable] = []
+        fresh: list[Hashable] = []  # led keys not in flight before
         runner: Future = Future()
         dropped: list[Future] = []
+        taken: set[Hashable] = set()
+        wanted = set(keys)
         with self._cv:
             for key in keys:
                 found = self._flights.get(key)
                 if found is None:
                     found = self._flights[key] = Future()
-                    led.append(key)
+                    fresh.append(key)
+                elif key not in taken:
+                    if ahead or _exiting or not self._takeable(found, wanted):
+                        out[key] = found
+                        continue
+                    # Its queued read is dropped (all of whose keys this one leads).
+                    before = self._alias.pop(found)
+                    self._entries.pop(before)[5] = False
+                    taken.update(self._shares.pop(before))
+                    dropped.append(before)
+                led.append(key)
                 out[key] = found
+            if led:
+                self._shares[runner] = {key: out[key] for key in led}
             if led and not _exiting:
                 # Queued under the same lock as the flights: a waiter that promotes one
                 # finds the read it belongs to.
                 for key in led:
                     self._alias[out[key]] = runner
-                dropped = self._prune()
+                dropped += self._prune()
                 self._closed = False
                 self._push([AHEAD if ahead else NEED, _rank(priority), next(self._seq),
                             partial(fn, led), runner, True, self.generation])  # fmt: skip
                 self._grow()
                 self._cv.notify()
-        _cancel(dropped)
-        led_futures = {key: out[key] for key in led}
-        for key, future in led_futures.items():
-            future.add_done_callback(partial(self._landed, key))
+        _cancel(dropped)  # a taken read's keys are this one's now: its cancel reaches none
+        for key in fresh:
+            out[key].add_done_callback(partial(self._landed, key))
         if led:
-            runner.add_done_callback(partial(self._share, led_futures))
+            runner.add_done_callback(self._share)
             if _exiting:  # no new threads once the exit hook ran: needed reads run here
                 _inline(runner, partial(fn, led), ahead)
         return out
 
-    def _share(self, futures: dict[Hashable, Future], runner: Future) -> None:
-        """A read of several keys ended: each key's future gets its value."""
+    def _takeable(self, future: Future, keys: set[Hashable]) -> bool:
+        """Whether `future` is a key of a read-ahead still queued whose keys are all among
+        `keys` (under the lock)."""
+        runner = self._alias.get(future)
+        entry = None if runner is None else self._entries.get(runner)
+        return (
+            entry is not None
+            and entry[5]
+            and entry[0] == AHEAD
+            and self._shares.get(runner, {}).keys() <= keys
+        )
+
+    def queued_ahead(self, future: Future) -> bool:
+        """Whether `future` (a key's, from `submit_many`) is a read-ahead not started yet:
+        a needed `submit_many` of its keys takes it over, with its neighbours."""
         with self._cv:
+            runner = self._alias.get(future)
+            keys = self._shares.get(runner, {}) if runner is not None else {}
+            return self._takeable(future, set(keys))
+
+    def _share(self, runner: Future) -> None:
+        """A read of several keys ended: each key's future gets its value (none when a
+        needed read took its keys over and it was cancelled)."""
+        with self._cv:
+            futures = self._shares.pop(runner, {})
             for future in futures.values():
-                self._alias.pop(future, None)
+                if self._alias.get(future) is runner:
+                    del self._alias[future]
         if runner.cancelled():
             _cancel(list(futures.values()))
             return

@@ -298,10 +298,12 @@ class ParquetReader:
     def _start(self, group: int, dense: DenseColumns | None) -> Future:
         """The needed read of `group`: the one in flight (promoted), else a new one that
         brings in the same request the batch's later row groups that no thread holds or
-        reads (`RowGroupFetcher.foldable`); their reads are kept for this thread."""
+        reads (`RowGroupFetcher.foldable`), taking over a read-ahead of `group` still
+        queued (`FetchPool.submit_many`); their reads are kept for this thread."""
         pool, now = self._ahead.pool(), self._now()
-        found = pool.flight(group, need=True, priority=now)
-        if found is not None:
+        found = pool.flight(group)
+        if found is not None and not pool.queued_ahead(found):
+            pool.promote(found, now)
             return found
         with self._lock:  # a read that landed since the caller looked cached it first
             held = self._cache.get(group)
@@ -324,7 +326,7 @@ class ParquetReader:
         later = self.fetcher.foldable(group, later)
         read = partial(self._load, now[0], dense, threading.get_ident())
         futures = pool.submit_many(read, [group, *later], priority=now)
-        pool.promote(futures[group], now)  # if a read-ahead of it was queued meanwhile
+        pool.promote(futures[group], now)  # if it began as a read-ahead meanwhile
         for g in later:
             pending[g] = futures[g]
         return futures[group]
@@ -343,13 +345,13 @@ class ParquetReader:
         whoever waits for it)."""
         self._local.epoch = epoch
         needed = self._ahead.needed()
+        opened = self._ahead.opened  # a close() from now on: nothing read is kept
         out: dict[int, object] = {}
         try:
             if not needed and not self._still_ahead(epoch, groups[0]):
                 return out  # waited behind needed reads until its batches passed
             with self._lock:  # read by another flight since this one was asked for
-                cache = self._cache  # a close() meanwhile replaces it: nothing is kept then
-                held = cache.tables.get(groups[0])
+                held = self._cache.tables.get(groups[0])
                 if held is not None or (dense is not None and dense.filled[groups[0]]):
                     return {groups[0]: held}
                 for group in groups:
@@ -369,8 +371,8 @@ class ParquetReader:
                     dense.fill(group, table)  # unfilled if it holds a null: the caller checks
                 else:
                     with self._lock:
-                        if self._cache is cache:
-                            cache.put(group, table, owner if needed else 0)
+                        if self._ahead.kept_since(opened):
+                            self._cache.put(group, table, owner if needed else 0)
                 out[group] = table
             return out
         finally:
@@ -439,17 +441,24 @@ class ParquetReader:
             pool.submit_many(read, [group], ahead=True, priority=(epoch, k))
 
     def _read_in_parallel(self, groups: list[int], dense: DenseColumns | None) -> None:
-        """Start reading a batch's row groups that are neither held nor being read, each
-        on its own pool thread (FETCH_THREADS at a time): on object storage a request's
-        latency, not the link, bounds one reader, and a batch of a global shuffle over
-        many files needs dozens of them. Only what the cache has room for (no evictions);
-        the rest are read as the batch gets to them. Read-ahead of these row groups
-        queued meanwhile becomes needed reads."""
+        """Start reading a batch's row groups that are neither held nor being read, a
+        request for each run of them next to each other in a file, on pool threads
+        (FETCH_THREADS at a time): on object storage a request's latency, not the link,
+        bounds one reader, and a batch of a global shuffle over many files needs dozens
+        of them. Only what the cache has room for (no evictions); the rest are read as
+        the batch gets to them. Read-ahead of these row groups still queued is taken
+        over by those runs; read-ahead already started is promoted."""
         pool, now = self._ahead.pool(), self._now()
         in_flight = set(pool.in_flight())
-        for group in in_flight.intersection(groups):
-            pool.flight(group, need=True, priority=now)
         pending = self._local.__dict__.setdefault("pending", {})
+        read = partial(self._load, now[0], dense, threading.get_ident())
+        queued = []
+        for group in sorted(in_flight.intersection(groups)):
+            found = pool.flight(group)
+            if found is not None and pool.queued_ahead(found):
+                queued.append(group)
+            elif found is not None:
+                pool.promote(found, now)
         with self._lock:
             missing = [g for g in groups if g not in self._cache and g not in in_flight]
             if dense is not None:
@@ -461,10 +470,22 @@ class ParquetReader:
             else:
                 missing = []
         if len(missing) < 2:
-            return  # one read, which brings its neighbours along (`_start`)
-        read = partial(self._load, now[0], dense, threading.get_ident())
-        for group in missing:
-            pending.update(pool.submit_many(read, [group], priority=now))
+            missing = []  # one read, which brings its neighbours along (`_start`)
+        # Each run of row groups next to each other in a file, one request (no byte
+        # between them that no batch asked for): read-ahead of them still queued is
+        # taken over, needed now.
+        todo = sorted({*queued, *missing})
+        while todo:
+            run = [todo[0]]
+            for group in todo[1:]:
+                if group != run[-1] + 1:
+                    break
+                run.append(group)
+            run = [run[0], *self.fetcher.foldable(run[0], run[1:])]
+            todo = todo[len(run) :]
+            futures = pool.submit_many(read, run, priority=now)
+            pending.update(futures)
+            pool.promote(futures[run[0]], now)  # if one began as a read-ahead meanwhile
 
     def _still_ahead(self, epoch: int, group: int) -> bool:
         """Whether a batch from the earliest one in progress on reads `group` (in view of

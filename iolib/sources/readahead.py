@@ -3,8 +3,9 @@
 
 Why one component: both readers read blocks (row groups) along a plan the loader gives
 them, on a pool of threads that serves the batch waited on first (`FetchPool`); both
-must stop reading when their loader is closed, dropped or left, count what their helper
-threads read in the batch that takes it over, and let the threads go with the reader.
+must stop reading when their loader is closed, dropped or left, keep nothing a read
+brings in after the reader was closed, count what their helper threads read in the batch
+that takes it over, and let the threads go with the reader.
 Each reader keeps what differs: how a block is read and decoded, and its cache's policy.
 """
 
@@ -20,9 +21,10 @@ from iolib.sources.fetch_pool import FetchPool, running_needed
 
 class ReadAhead:
     """A reader's fetch pool (made on first use, released when this object is
-    collected), the bytes and retries its threads read (`take_io`), and cancellation
+    collected), the bytes and retries its threads read (`take_io`), cancellation
     (`cancel`: queued read-ahead dropped; a batch begun before it reads nothing more
-    ahead: `begin`, `paused`).
+    ahead: `begin`, `paused`) and closes (`close`: a read keeps what it brings only in
+    the cache it started with, `opened`, `kept_since`).
 
     `threads`: reads at once (a number, or a function asked when the pool is made);
     `ahead_threads`: at most that many of them read-ahead (all when None)."""
@@ -44,6 +46,7 @@ class ReadAhead:
         # loader that was left) and not that of a batch another loader begins after it.
         self._cancels = self._resumed = 0
         self._began = threading.local()
+        self._closes = 0  # `opened`
 
     @property
     def started(self) -> FetchPool | None:
@@ -99,8 +102,24 @@ class ReadAhead:
         """A new plan: read-ahead may start again on threads that never said `begin`."""
         self._resumed = self._cancels
 
+    @property
+    def opened(self) -> int:
+        """The reader's closes so far: a read notes it when it starts, and keeps what it
+        read only while `kept_since` that note (a close drops the cache it started with:
+        what lands afterwards belongs to no loader)."""
+        return self._closes
+
+    def kept_since(self, opened: int) -> bool:
+        """Whether a read that started at `opened` may keep what it read: no `close`
+        since. Asked under the reader's lock, which its close takes to drop the cache
+        after counting the close, so a read that kept something kept it before the drop."""
+        return self._closes == opened
+
     def close(self) -> None:
-        """Cancel, and let the threads go (a bounded wait for reads on the wire)."""
+        """Cancel, and let the threads go (a bounded wait for reads on the wire); reads
+        that land afterwards keep nothing (`kept_since`). The reader drops its cache
+        after this, under its lock."""
+        self._closes += 1
         self.cancel()
         pool = self._pool
         if pool is not None:

@@ -337,7 +337,7 @@ class TokenReader:
 
     def _load(self, epoch: int, group: int) -> Segment:
         """Read and decode row group `group` in `epoch`'s document order, and cache it."""
-        cache = self._cache  # a close() meanwhile replaces it: nothing is kept then
+        opened = self._reads.opened  # a close() from now on: nothing read is kept
         try:
             needed = self._reads.needed()  # a batch waits for it: read in parallel pieces
             parquet = self.d.parquet
@@ -350,14 +350,13 @@ class TokenReader:
             del table
             documents = segment.starts.size - 1  # the index's counts, checked (free here)
             self.d.index.check_segment(group, segment.tokens.size - documents, documents)
+            self._keep_pieces(epoch, group, segment, opened)
             with self._lock:
-                if self._cache is not cache:
+                if not self._reads.kept_since(opened):
                     return segment
-            self._keep_pieces(epoch, group, segment)
-            with self._lock:
-                cache.record_read(group, epoch)
-                if group not in cache:  # counted once, whichever read lands first
-                    cache.put(group, segment, threading.get_ident())
+                self._cache.record_read(group, epoch)
+                if group not in self._cache:  # counted once, whichever read lands first
+                    self._cache.put(group, segment, threading.get_ident())
             return segment
         finally:
             with self._lock:
@@ -466,26 +465,29 @@ class TokenReader:
             return segment
         group = int(self._epoch(epoch)[0][position])
         with self._reorder:
+            opened = self._reads.opened
             with self._lock:
                 held = self._cache.tables.get(group)
             if held is not None and held.epoch == epoch:
                 return held  # another thread put it in this order meanwhile
             rng = stream_rng(self.d.seed, epoch, group)
             new = segment.reordered(rng, self.d.eos_id, epoch)
-            self._keep_pieces(epoch, group, new)
+            self._keep_pieces(epoch, group, new, opened)
             with self._lock:
                 if self._cache.tables.get(group) is held is not None:
                     self._cache.tables[group] = new  # the same bytes: what it holds is true
         return new
 
-    def _keep_pieces(self, epoch: int, group: int, segment: Segment) -> None:
+    def _keep_pieces(self, epoch: int, group: int, segment: Segment, opened: int) -> None:
         """Keep the pieces of `segment` (in `epoch`'s order) that this epoch's windows
-        straddling two chunks take (a corpus in one chunk has no edges: none)."""
+        straddling two chunks take (a corpus in one chunk has no edges: none), unless the
+        reader was closed since the read began at `opened`."""
         ranges = self._edge_pieces(epoch).get(group, ())
         if ranges:
             pieces = [segment.piece(a, b) for a, b in ranges]
             with self._lock:
-                self._pieces[(epoch, group)] = pieces
+                if self._reads.kept_since(opened):
+                    self._pieces[(epoch, group)] = pieces
 
     def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
         """The windows' columns, filled by one compiled pass over each segment's pieces
