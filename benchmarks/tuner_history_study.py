@@ -69,12 +69,15 @@ from predictors.tuner import QueueingTuner
 # per family) was named after the warm runs' history evidence, the guard's two blocks
 # and torchrun's run ids, before it ran. heldout-s7 (470,000-470,009 per family) was
 # named after known bursts, tail-sized workers and warm starts that clear their spread.
+# heldout-s8 (480,000-480,009 per family) was named after bursts in a warm run's first
+# batches judged by its history and warm runs that hold their start through bursts.
 STUDY_SEEDS = {
     **SEEDS,
     "heldout41": 410_000,
     "heldout42": 420_000,
     "heldout-s6": 460_000,
     "heldout-s7": 470_000,
+    "heldout-s8": 480_000,
 }
 DESIGNS = ("history", "probe", "model", "gp")
 RUNS = 5

@@ -84,6 +84,12 @@ class TunerConstants:
     known_burst_share: float = 0.01
     known_burst_level: float = 0.8
     known_burst_samples: int = 64
+    # A history whose slow batches (`burst_slow` x their record's median or more,
+    # `burst_batches_seen` of them at least) follow a slow one in a share
+    # `burst_persistence` or more saw bursts: a warm run does not plan below its start.
+    burst_slow: float = 2.0
+    burst_persistence: float = 0.25
+    burst_batches_seen: int = 8
     regime_window: int = 256  # settled batches of a regime the service estimate keeps
     fresh_batches: int = 2  # at least this many batches make a new regime's estimate
     detector_drift: float = 0.5  # the CUSUM's allowance per batch (standardized)

@@ -46,6 +46,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import threading
@@ -217,15 +218,26 @@ class QueueingTuner:
         # configuration measured meeting over earlier runs is not left on a few slow
         # batches of this one.
         self._history_measured = _history_evidence(warm, constants)
+        # Where the history has seen bursts (slow batches in runs), a warm run plans no
+        # fewer workers and no less depth than where it started (what the history
+        # measured meeting, or a probe this run measured) while the history stands: its
+        # calm stretches do not say the bursts to come spare a cheaper configuration
+        # (a probe, guarded, tries one). Without bursts it plans down as a cold run does.
+        self._floor: tuple[int, int] | None = None
         if warm is not None:
             self.start = warm.start
             self._current = Decision(*warm.start, warm.describe())
+            if warm.met and _bursts_seen(warm, constants):
+                self._floor = warm.start
         self._records: dict[tuple[int, int], Measured] = defaultdict(self._new_record)
         self._samples: list[TunerState] = []  # settled batches of the current configuration
         self._regime: list[TunerState] = []  # settled batches since the last shift
         self._evidence: list[TunerState] = []  # settled batches, shifts or not: the cores' share
         self._episode: Episode | None = None
         self._known_until: int | None = None  # a known burst's end is expected before
+        # A burst the history's check took as known: (its alarm's batch, its end expected
+        # before); one that does not end was another workload after all.
+        self._unended: tuple[int, int] | None = None
         self._in_effect = True
         self._settle_ms = 0.0
         self._contention: dict[tuple[int, int], float] = {}
@@ -237,9 +249,13 @@ class QueueingTuner:
         self._prior_spread = float(getattr(model, "utilization_error", constants.prior_spread))
         if warm is not None and warm.reference_ms:
             # The detector's reference is what the history measured at the start, so a
-            # run whose service differs from it alarms as a regime shift would.
-            for ms in warm.reference_ms[-constants.detector_reference :]:
-                self.detector.update(ms)
+            # run whose service differs from it alarms as a regime shift would: spread
+            # over every sample measured there (the last few may be one burst's, and the
+            # run's usual service then alarms "faster").
+            ordered = sorted(warm.reference_ms)
+            n = constants.detector_reference
+            for i in range(n):
+                self.detector.update(ordered[(2 * i + 1) * len(ordered) // (2 * n)])
             self._settle_ms = cfg.settle_services * median(warm.reference_ms)
 
     def _explore(self, warm: WarmStart, max_workers: int | None, explore: bool) -> None:
@@ -288,6 +304,7 @@ class QueueingTuner:
         if not self.history:
             self.history.append((state.batch_index, self._current))
         self.fallback = p.start
+        self._floor = (p.workers, p.depth) if self._floor else None
         predicted = {"utilization": p.predicted, "lower_bound": p.lower}
         self._current = Decision(p.workers, p.depth, f"model's probe: {p.why}", predicted)
         self._contention = {(p.workers, p.depth): p.contention}
@@ -341,6 +358,9 @@ class QueueingTuner:
         if shift is not None and self._known_burst(state, shift):
             shift = None
         self._check_warm(shift)
+        ended = shift is None and self._unended and state.batch_index > self._unended[1]
+        if ended and (plan := self._burst_did_not_end(state)) is not None:
+            return plan
         if shift is not None:
             fresh = max(self.detector.run, k.fresh_batches)
             before = self._last.service_ms if self._last else float("nan")
@@ -398,6 +418,7 @@ class QueueingTuner:
             f"{self.target:.2f}: back to {fallback[0]}/{fallback[1]}, met in the history"
         )
         self._current = Decision(*fallback, why)
+        self._floor = fallback if self._floor else None
         ratio = self.forecaster.service_ratio(est, min(config), min(fallback))
         self._contention = {fallback: ratio}
         self._in_effect = False
@@ -498,25 +519,63 @@ class QueueingTuner:
         services, so the regime and its records stand: reset, the next plan would
         chase the burst with memory and then drop the batches that sized the depth."""
         c, k = self.config, self.constants
-        if self._warm_batches and self._warm_batches <= 2 * k.detector_reference:
-            return False  # the history's check reads this alarm
         if shift == "faster":
             known = self._known_until is not None and state.batch_index <= self._known_until
-            self._known_until = None
+            self._known_until = self._unended = None
             return known
         fresh = max(self.detector.run, k.fresh_batches)
-        before = self._regime[:-fresh]  # the alarm's own batches are what is judged
-        if self._last is None or not before:
-            return False
-        ratio = summarize(self._samples[-fresh:]).service_ms / self._last.service_ms
-        relative = np.asarray(self._pooled(summarize(before)).relative)
+        after = summarize(self._samples[-fresh:]).service_ms
+        if self._warm_batches and self._warm_batches <= 2 * k.detector_reference:
+            # The history's check: against the service the history measured at the
+            # start and its pooled services alone (a burst in this run's first batches
+            # set half the bursty warm runs' history aside, tuner-history.md).
+            warm = self.warm
+            if warm is None or not warm.reference_ms or self.warm_set_aside is not None:
+                return False
+            ratio = after / median(warm.reference_ms)
+            relative = np.asarray(warm.relative)
+            alarm = state.batch_index - fresh + 1
+        else:
+            before = self._regime[:-fresh]  # the alarm's own batches are what is judged
+            if self._last is None or not before:
+                return False
+            ratio = after / self._last.service_ms
+            relative = np.asarray(self._pooled(summarize(before)).relative)
+            alarm = None
         if relative.size < k.known_burst_samples:
             return False
         seen = float(np.mean(relative >= k.known_burst_level * ratio * np.median(relative)))
         if seen < k.known_burst_share:
             return False
         self._known_until = state.batch_index + c.burst_batches
+        if alarm is not None:
+            self._unended = (alarm, self._known_until)
         return True
+
+    def _burst_did_not_end(self, state: TunerState) -> Decision | None:
+        """`burst_batches` after a slowdown the history's check took for a burst it had
+        seen: if the batches since serve `transient_level` x slower than the history
+        measured at the start still (their median), this run is another workload (a
+        persistent slowdown within the bursts' range): the history is set aside and
+        the plan made from the batches since the alarm, as for a regime shift."""
+        assert self._unended is not None and self.warm is not None
+        alarm, _ = self._unended
+        self._unended = self._known_until = None
+        since = [x.service_ms for x in self._regime if x.batch_index >= alarm]
+        level = median(self.warm.reference_ms)
+        if not since or median(since) <= self.constants.transient_level * level:
+            return None  # it ended, unannounced: the history stands
+        config = (self._current.workers, self._current.depth)
+        self.warm_set_aside = (
+            "regime shift (slower) against the history's service: a burst that did not end"
+        )
+        self._samples = [x for x in self._samples if x.batch_index >= alarm]
+        self._regime = [x for x in self._regime if x.batch_index >= alarm]
+        self._records.clear()
+        self._history_measured = {}
+        self._records[config] = self._record(self._samples)
+        self._calibration = Calibration()
+        return self._plan(state, self.warm_set_aside, shifted=True)
 
     def _due(self) -> bool:
         """A decision is due when the record's interval excludes the goal, or a window
@@ -570,6 +629,10 @@ class QueueingTuner:
         here = config[1] * state.one_batch_bytes
         # Little's law: the workers (and depth) a slowdown needs grow with its size.
         allowed = (memory <= here * c.max_step * jump) & (memory >= here / c.max_step)
+        if self._floor is not None and self.warm_set_aside is None:
+            above = np.array([w >= self._floor[0] and d >= self._floor[1] for w, d in grid])
+            if (allowed & above).any():
+                allowed &= above
         choice = self.forecaster.choose(
             grid,
             point,
@@ -747,6 +810,22 @@ def _history_evidence(
         se = max(within, between, constants.history_run_error) / math.sqrt(len(utils))
         out[key] = (fmean(utils), se)
     return out
+
+
+def _bursts_seen(warm: WarmStart, constants: TunerConstants) -> bool:
+    """The history's services came in bursts: of the batches slower than `burst_slow`
+    x their record's median (`burst_batches_seen` at least), a share `burst_persistence`
+    or more followed a slow one. Tails and jitter are slow one batch at a time (a share
+    of 0 on every steady family of the simulator, 0.47-0.79 on bursty ones)."""
+    slow = after_slow = 0
+    for r in warm.records:
+        if len(r.service_ms) < 2:
+            continue
+        level = constants.burst_slow * median(r.service_ms)
+        flags = [v >= level for v in r.service_ms]
+        slow += sum(flags[1:])
+        after_slow += sum(a and b for a, b in itertools.pairwise(flags))
+    return slow >= constants.burst_batches_seen and after_slow >= constants.burst_persistence * slow
 
 
 def _disagree(history: tuple[float, float], utilization: float, se: float) -> bool:
