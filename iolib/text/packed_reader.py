@@ -469,7 +469,11 @@ class TokenReader:
         with self._lock:  # which batch this thread cuts: the cache keeps its row groups
             self._cache.begin(thread, epoch, int(windows[0]) if windows.size else None, k)
         try:
-            found = {p: self._fetch(epoch, p, windows, batch=at) for p in positions}  # at once
+            # At once, the largest first: reads in pieces take turns on the link
+            # (`ranges`), and the smaller one's decode after the last byte is the shorter.
+            sizes = self.d.group_bytes[self._epoch(epoch)[0][positions]]
+            ordered = [positions[i] for i in np.argsort(-sizes, kind="stable")]
+            found = {p: self._fetch(epoch, p, windows, batch=at) for p in ordered}
             if k is not None:
                 self._read_ahead(epoch, k)
             segments = {p: self._wait(epoch, p, windows, f, at) for p, f in found.items()}
