@@ -104,7 +104,7 @@ class Segment:
         into = np.zeros(lengths.size, dtype=np.int64)  # each row's place in `tokens`
         into[docs] = starts[:-1]
         tokens = None
-        first = freed = 0
+        first = freed = total = 0
         for i in range(len(chunks)):
             values = chunks[i].flatten().to_numpy(zero_copy_only=False)
             if tokens is None:  # untouched pages: they are mapped as documents land
@@ -118,9 +118,9 @@ class Segment:
             freed += chunks[i].nbytes
             del values
             chunks[i] = None  # its Arrow buffers go now, not with the last chunk's
-            if freed >= RELEASE_BYTES:
-                pa.default_memory_pool().release_unused()
-                freed = 0
+            if freed >= RELEASE_BYTES or (i == len(chunks) - 1 and total + freed >= RELEASE_BYTES):
+                pa.default_memory_pool().release_unused()  # the last: this thread's decode's too
+                total, freed = total + freed, 0
         tokens[starts[1:] - 1] = eos
         return cls(tokens, starts, docs + first_row, epoch=epoch)
 
