@@ -164,6 +164,36 @@ def test_the_heap_is_trimmed_once_free_pages_piled_up_not_after_every_batch(monk
     libc.free(fence)
 
 
+def test_the_heap_is_looked_at_once_every_interval_at_most(monkeypatch) -> None:
+    """A worker checks after each task, but looks at the heap (a read of /proc and a walk
+    of malloc's arenas under their locks) once every `every_s` at most: pages freed just
+    after a look wait for the next one."""
+    import ctypes
+    import platform
+
+    from iolib.decode import heap
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return
+    growth = 32 << 20
+    monkeypatch.setattr(heap, "_floor", None)
+    monkeypatch.setattr(heap, "_looked_at", float("-inf"))
+    assert trim_heap(growth) is True  # where growth counts from
+    assert trim_heap(growth, 3600.0) is False  # looked: nothing piled up
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(64 << 10) for _ in range(2 * growth // (64 << 10))]
+    for b in blocks:
+        ctypes.memset(b, 1, 64 << 10)
+    fence = libc.malloc(64 << 10)
+    for b in blocks:
+        libc.free(b)
+    assert trim_heap(growth, 3600.0) is False  # piled up, but looked at a moment ago
+    assert trim_heap(growth) is True  # no interval: looked at, trimmed
+    libc.free(fence)
+
+
 def test_an_image_pipeline_caps_the_malloc_arenas_unless_the_user_chose() -> None:
     """Threads that start after an ImagePipeline is made share at most one arena per
     core (at least 2); a MALLOC_ARENA_MAX in the environment is left to glibc."""

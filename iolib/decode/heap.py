@@ -44,6 +44,7 @@ import ctypes.util
 import os
 import platform
 import sys
+import time
 from typing import Any
 
 # Free resident heap let stand between trims: above the working set of one DALI
@@ -52,6 +53,11 @@ from typing import Any
 # map (DALI's own buffers): at 64 MB DALI epochs trimmed often enough to fault 75 pages
 # an image against 30.
 TRIM_GROWTH = 256 << 20
+# Seconds a loader's worker lets pass between two looks at the heap (`give_back_heap`):
+# a look reads /proc and walks malloc's arenas under their locks, and after every token
+# batch (~0.5 ms each) the two loader threads queued on it and on the GIL (0.06-0.12 s
+# of CPU and half the wall time of an epoch served from the cache).
+TRIM_CHECK_S = 0.1
 ARENA_ENV = "MALLOC_ARENA_MAX"
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 # Blocks at least this large are mapped on their own (see the module's docstring): above
@@ -65,6 +71,7 @@ _looked = False
 _arenas_limited = False
 _mapping_fixed = False
 _floor: int | None = None  # the least idle bytes seen since the last trim
+_looked_at = float("-inf")  # time.monotonic() of the last look at the heap
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -168,15 +175,20 @@ def idle_bytes() -> int:
     return resident - shared - info.uordblks - info.hblkhd
 
 
-def trim_heap(growth: int = TRIM_GROWTH) -> bool:
+def trim_heap(growth: int = TRIM_GROWTH, every_s: float = 0.0) -> bool:
     """Return the C heap's free pages to the OS (glibc's ``malloc_trim(0)``) when the
     resident bytes malloc holds free grew by more than `growth` since the last trim
-    (0: every call); True if it trimmed. False where there is no such call."""
-    global _floor
+    (0: every call); True if it trimmed. False where there is no such call, and without
+    looking when the last look was less than `every_s` seconds ago."""
+    global _floor, _looked_at
     libc = _lib()
     if libc is None:
         return False
     if _floor is not None and growth > 0:
+        now = time.monotonic()
+        if now - _looked_at < every_s:
+            return False
+        _looked_at = now
         idle = idle_bytes()
         _floor = min(_floor, idle)  # pages given back since (large blocks, by glibc)
         if idle - _floor <= growth:

@@ -154,14 +154,14 @@ class Fatal:
 
 
 def give_back_heap() -> None:
-    """Once per task: the C heap's free pages back to the OS where they piled up past
+    """After each task: the C heap's free pages back to the OS where they piled up past
     decode/heap.py's guard (``trim_heap``). Row groups, segments and batches are freed
     on other threads than the ones that made them, so glibc's arenas keep them, and an
-    epoch's next row group is built beside them; the check is two reads when nothing
-    piled up."""
-    from iolib.decode.heap import trim_heap
+    epoch's next row group is built beside them; the heap is looked at once every
+    ``TRIM_CHECK_S`` at most, not after every task (a look takes arena locks)."""
+    from iolib.decode.heap import TRIM_CHECK_S, TRIM_GROWTH, trim_heap
 
-    trim_heap()
+    trim_heap(TRIM_GROWTH, TRIM_CHECK_S)
 
 
 def _where(kind: str, wid: int, stage: str) -> str:
