@@ -471,8 +471,10 @@ class TokenReader:
         try:
             # At once, the largest first: reads in pieces take turns on the link
             # (`ranges`), and the smaller one's decode after the last byte is the shorter.
-            sizes = self.d.group_bytes[self._epoch(epoch)[0][positions]]
-            ordered = [positions[i] for i in np.argsort(-sizes, kind="stable")]
+            ordered = positions
+            if len(positions) > 1:  # most batches need one row group: nothing to order
+                sizes = self.d.group_bytes[self._epoch(epoch)[0][positions]]
+                ordered = [positions[i] for i in np.argsort(-sizes, kind="stable")]
             found = {p: self._fetch(epoch, p, windows, batch=at) for p in ordered}
             if k is not None:
                 self._read_ahead(epoch, k)
