@@ -33,8 +33,9 @@ batch faults the same working set in again; DALI on the CPU then took ~18% more 
 per image (~105 page faults an image against ~22). `trim_heap` runs after each batch
 but trims only when the resident pages malloc holds free grew past `TRIM_GROWTH` since
 the last trim: a guard against a heap that fragments without bound, not a per-batch
-cost (benchmarks/results/images-vs-dali.md). Elsewhere than glibc (musl, macOS) both
-do nothing.
+cost (benchmarks/results/images-vs-dali.md). A loader's workers look at the heap once
+every `TRIM_CHECK_S` at most (benchmarks/results/2026-12-07-tokens-memory.md).
+Elsewhere than glibc (musl, macOS) both do nothing.
 """
 
 from __future__ import annotations
