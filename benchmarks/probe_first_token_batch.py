@@ -10,6 +10,7 @@ wait can be told from decoding's); then which row groups the first batches need.
     /work/peers-venv/bin/python benchmarks/probe_first_token_batch.py \\
         --data benchmarks/data/peers/tokens24000000-images2000-shard_mb64.0/tokens/iolib-pyarrow
     ... --shuffle-window 40000000     # a window below the corpus: chunks of row groups
+    ... --timeline                    # when each ranged load, decode and build ended
 """
 
 from __future__ import annotations
@@ -40,7 +41,53 @@ from benchmarks import bench_peers as bp  # noqa: E402
 @click.option("--workers", default=2)
 @click.option("--batch", default=16)
 @click.option("--seq-len", default=2048)
-def main(data: str, shuffle_window: int, seed: int, workers: int, batch: int, seq_len: int):
+@click.option("--timeline", is_flag=True,
+              help="Print when each ranged load, row-group fetch (load and decode), segment "
+              "build and batch read began and ended (s, per thread).")  # fmt: skip
+def main(
+    data: str, shuffle_window: int, seed: int, workers: int, batch: int, seq_len: int,
+    timeline: bool,
+):  # fmt: skip
+    events = _timers() if timeline else None
+    try:
+        _probe(data, shuffle_window, seed, workers, batch, seq_len)
+    finally:
+        for event in sorted(events or [], key=lambda e: e[2])[:40]:
+            print(*event)
+
+
+def _timers() -> list:
+    """Wrap the reads' steps with timers: (what, thread, began s, ended s) each call."""
+    import functools
+    import threading
+
+    from iolib.sources import parquet_fetch, ranges
+    from iolib.text import packed_reader
+
+    began, events = time.perf_counter(), []
+
+    def wrap(owner: type, name: str, what: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            at = time.perf_counter() - began
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                events.append((what, threading.current_thread().name, round(at, 2),
+                               round(time.perf_counter() - began, 2)))  # fmt: skip
+
+        setattr(owner, name, timed)
+
+    wrap(ranges.RangedFile, "load", "ranged load")
+    wrap(parquet_fetch.RowGroupFetcher, "fetch", "fetch (load + decode)")
+    wrap(packed_reader.TokenReader, "_load", "row group (fetch + build)")
+    wrap(packed_reader.TokenReader, "read", "batch read")
+    return events
+
+
+def _probe(data: str, shuffle_window: int, seed: int, workers: int, batch: int, seq_len: int):
     with bp.throttled_store(0.04, 5.0, 20.0) as store:
         bp.upload(store["direct"], data, "tokens/probe")
         bp.index_beside(store["direct"], "tokens/probe")

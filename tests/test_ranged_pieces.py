@@ -234,3 +234,60 @@ def test_the_row_group_read_to_size_the_cache_is_not_read_again(
     assert rows == 3 * ROWS
     stored = sum(end - begin for begin, end in (_group_span(local, g) for g in range(3)))
     assert store_log.bytes(start) <= 1.02 * stored, (store_log.bytes(start), stored)
+
+
+class _CountedPieces:
+    """A file system over one local file that counts the pieces on the wire at once and
+    the order they started in (each takes 0.2 s)."""
+
+    def __init__(self, path) -> None:
+        self.path, self.lock = path, threading.Lock()
+        self.now = self.most = 0
+        self.started: list[str] = []
+        self.first_in = threading.Event()
+
+    def cat_file(self, path, start, end):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.started.append(path)
+            if len(self.started) == ranges.MAX_PIECES:
+                self.first_in.set()
+        try:
+            time.sleep(0.2)
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                return f.read(end - start)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def test_two_needed_reads_take_turns_on_the_link(tmp_path, monkeypatch) -> None:
+    """Two row groups a batch waits for, each read in MAX_PIECES pieces: at most
+    MAX_PIECES pieces on the wire at once, and all of the first read's before any of
+    the second's, so that the first lands (and is decoded) while the second is still on
+    the wire (before: both reads' pieces at once, both landing together at the end)."""
+    monkeypatch.setattr(ranges, "SPLIT_ABOVE", 1000)
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 100)
+    size = 100 * ranges.MAX_PIECES
+    (tmp_path / "data.bin").write_bytes(bytes(range(100)) * ranges.MAX_PIECES * 2)
+    fs = _CountedPieces(tmp_path / "data.bin")
+    got = {}
+
+    def load(name: str) -> None:
+        ranged = ranges.RangedFile(fs, name, 2 * size, timeout_s=60)
+        ranged.load([(0, 2 * size)], split=True)
+        got[name] = bytes(ranged.read(2 * size))
+
+    first = threading.Thread(target=load, args=("first",))
+    first.start()
+    assert fs.first_in.wait(30)  # the first read's pieces are on the wire
+    second = threading.Thread(target=load, args=("second",))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert got["first"] == got["second"] == (tmp_path / "data.bin").read_bytes()
+    assert fs.most <= ranges.MAX_PIECES
+    count = len(fs.started) // 2
+    assert fs.started[:count] == ["first"] * count  # all of the first read's pieces first

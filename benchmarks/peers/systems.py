@@ -404,6 +404,16 @@ def memory_parts() -> dict:
     return out
 
 
+def _vmstat() -> dict:
+    """The kernel's counts of huge-page faults and compaction (`/proc/vmstat`; {} where
+    there is none): a large NumPy array is madvised for huge pages, and faulting one in
+    may stall on compaction."""
+    keep = ("thp_fault_alloc", "compact_stall", "compact_isolated")
+    with contextlib.suppress(OSError), open("/proc/vmstat") as f:
+        return {k: int(v) for k, v in (line.split() for line in f) if k in keep}
+    return {}
+
+
 def threading_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -424,15 +434,19 @@ def main(spec: dict) -> dict:
         if spec["system"] == "iolib":
             trace.loader = loader
         result = warm_up(loader, start, spec)
-        used = resource.getrusage(resource.RUSAGE_SELF)
+        used, kernel = resource.getrusage(resource.RUSAGE_SELF), _vmstat()
         result.update(run_epoch(loader, count, spec))
-        after = resource.getrusage(resource.RUSAGE_SELF)
+        after, kernel_after = resource.getrusage(resource.RUSAGE_SELF), _vmstat()
         # CPU and page faults of the measured epoch (this process; threads included):
         # what mapping large blocks on their own costs shows as faults and system time.
         result["epoch_cpu"] = {
             "user_s": after.ru_utime - used.ru_utime,
             "sys_s": after.ru_stime - used.ru_stime,
             "minor_faults": after.ru_minflt - used.ru_minflt,
+            "voluntary_switches": after.ru_nvcsw - used.ru_nvcsw,
+            "involuntary_switches": after.ru_nivcsw - used.ru_nivcsw,
+            # The whole machine's: huge pages faulted in and the stalls compacting for them.
+            **{k: kernel_after.get(k, 0) - kernel.get(k, 0) for k in kernel_after},
         }
         if spec["system"] == "iolib":
             result["iolib_stats"] = _jsonable(loader.stats())

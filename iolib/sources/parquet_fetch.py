@@ -49,6 +49,9 @@ class _DecodeSlots:
 
 
 _DECODING = _DecodeSlots()
+# Decoded bytes a record batch of a transient read holds: Arrow's peak while decoding a
+# row group is then about the group and one batch (2.1x the group read whole).
+DECODE_BATCH_BYTES = 2 * 2**20
 reset_after_fork(_DECODING)  # a slot held by a parent's thread at the fork is the child's
 
 
@@ -60,6 +63,18 @@ def decode_slots() -> int:
 def _null_items(column: pa.ChunkedArray) -> bool:
     """Whether any list of `column` holds a null item (null rows themselves are allowed)."""
     return any(chunk.flatten().null_count for chunk in column.chunks)
+
+
+def _read_in_batches(reader: pq.ParquetFile, group: int, columns: list[str] | None) -> pa.Table:
+    """Row group `group` decoded in record batches of about DECODE_BATCH_BYTES: the same
+    values as `read_row_group`, in chunks, without its decode buffers of the whole group."""
+    meta = reader.metadata.row_group(group)
+    rows = max(1, meta.num_rows * DECODE_BATCH_BYTES // max(meta.total_byte_size, 1))
+    batches = list(reader.iter_batches(batch_size=rows, row_groups=[group], columns=columns,
+                                       use_threads=False))  # fmt: skip
+    if not batches:  # no rows: the schema from a whole read (nothing to decode)
+        return reader.read_row_group(group, columns=columns, use_threads=False)
+    return pa.Table.from_batches(batches)
 
 
 class RowGroupFetcher:
@@ -84,8 +99,10 @@ class RowGroupFetcher:
         """Row group `group` (numbered across files) of the projected columns; the bytes
         of row groups `later` of the same file come in the same request where they fit.
         `transient`: the caller copies the table out and drops it on this thread, so the
-        pool is left as it is (see arrow_pool.py). `needed`: a batch waits for it, so a
-        large one is read in pieces on parallel connections (`ranges.SPLIT_ABOVE`)."""
+        pool is left as it is (see arrow_pool.py), and the row group is decoded in record
+        batches (the table's chunks, `DECODE_BATCH_BYTES` each). `needed`: a batch waits
+        for it, so a large one is read in pieces on parallel connections
+        (`ranges.SPLIT_ABOVE`)."""
         if not transient:
             prefer_releasing_pool()  # before a row group is allocated: see arrow_pool.py
         description = self.description
@@ -104,7 +121,7 @@ class RowGroupFetcher:
         fetched = [0]  # bytes every attempt received (the helper's counts are not ours)
         try:
             table = call_with_retries(
-                lambda: self._read(meta, local, spans, handles, fetched, needed),
+                lambda: self._read(meta, local, spans, handles, fetched, needed, transient),
                 what=what,
                 policy=description.retry,
                 redact=description.redact,
@@ -165,6 +182,7 @@ class RowGroupFetcher:
         handles: dict,
         fetched: list[int],
         needed: bool = False,
+        in_batches: bool = False,
     ) -> pa.Table:
         # Taken out of `handles` while in use: an attempt abandoned on a timeout keeps
         # its file to itself, and the retry opens another.
@@ -187,8 +205,11 @@ class RowGroupFetcher:
                 ranged.load(spans, split=needed)
                 columns = list(description.columns) if description.columns is not None else None
                 with _DECODING.slots:
-                    table = reader.read_row_group(meta.first_group + local, columns=columns,
-                                                  use_threads=False)  # fmt: skip
+                    if in_batches:
+                        table = _read_in_batches(reader, meta.first_group + local, columns)
+                    else:
+                        table = reader.read_row_group(meta.first_group + local, columns=columns,
+                                                      use_threads=False)  # fmt: skip
             finally:  # a read outside the loaded ranges is a request too
                 fetched[0] += ranged.fetched_bytes - before
             handles[meta.path] = (reader, ranged)

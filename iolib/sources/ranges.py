@@ -35,12 +35,14 @@ import io
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow.parquet as pq
 from fsspec.utils import merge_offset_ranges
 
+from iolib.base.forks import reset_after_fork
 from iolib.base.redact import redact_url
 from iolib.base.resources import thread_budget
 from iolib.storage import ShortReadError
@@ -69,6 +71,31 @@ MAX_PIECES = thread_budget().pieces
 # A read in pieces waits at most this long for its pieces (a stuck connection), as a
 # request does by default (`RetryPolicy.timeout_s`): then a TimeoutError, retried.
 PIECES_WAIT_S = 120.0
+
+
+class _PieceSlots:
+    """At most MAX_PIECES pieces on the wire at once in this process, a read's pieces
+    granted together in the order the reads came: the pieces of one read fill the link,
+    and those of a later read start as they end. Of two row groups a batch waits for,
+    the first then lands (and is decoded) while the second is still on the wire, rather
+    than both landing together at the end."""
+
+    def __init__(self) -> None:
+        self._after_fork()
+
+    def _after_fork(self) -> None:
+        # Slots held by a parent's threads at the fork are free here.
+        self.slots = threading.Semaphore(MAX_PIECES)
+        self.order = threading.Lock()  # one read takes its slots at a time
+
+    def take(self, timeout_s: float) -> bool:
+        """A slot for one piece, waiting at most `timeout_s` (then the piece goes anyway:
+        False, no slot to give back)."""
+        return self.slots.acquire(timeout=timeout_s)
+
+
+_PIECES = _PieceSlots()
+reset_after_fork(_PIECES)
 
 
 Span = tuple[int, int]
@@ -271,16 +298,18 @@ class RangedFile(io.RawIOBase):
 def _read_in_parallel(
     fs: Any, path: str, requests: list[Span], timeout_s: float = PIECES_WAIT_S
 ) -> list[bytes]:
-    """Each range of `path` on its own connection at once: the first on this thread,
-    the others on short-lived threads (daemons: none holds up an exit). The caller waits
-    for them at most `timeout_s` (TimeoutError: a stuck connection, retried) and no
-    longer than the first error (raised at once: the other pieces are not wanted)."""
+    """Each range of `path` on its own connection, each started once it has a slot
+    (`_PieceSlots`), on short-lived threads (daemons: none holds up an exit). The caller
+    waits for them at most `timeout_s` in all (TimeoutError: a stuck connection, retried)
+    and no longer than the first error (raised at once: the other pieces are not
+    wanted); pieces still without a slot after a quarter of that go without one."""
     datas: list[Any] = [None] * len(requests)
     errors: list[BaseException] = []
-    left = [len(requests) - 1]  # pieces on helper threads not ended yet
+    left = [len(requests)]  # pieces not ended yet
     ended = threading.Condition()
+    deadline = time.monotonic() + timeout_s
 
-    def read(i: int) -> None:
+    def read(i: int, slot: bool) -> None:
         try:
             datas[i] = fs.cat_file(path, start=requests[i][0], end=requests[i][1])
         except BaseException as exc:  # raised on the caller's thread below
@@ -288,16 +317,20 @@ def _read_in_parallel(
                 errors.append(exc)
                 ended.notify_all()
         finally:
-            if i:
-                with ended:
-                    left[0] -= 1
-                    ended.notify_all()
+            if slot:
+                _PIECES.slots.release()
+            with ended:
+                left[0] -= 1
+                ended.notify_all()
 
-    for i in range(1, len(requests)):
-        threading.Thread(target=read, args=(i,), name="iolib-piece", daemon=True).start()
-    read(0)
+    give_up = time.monotonic() + timeout_s / 4  # on slots held by stuck connections
+    with _PIECES.order:
+        for i in range(len(requests)):
+            slot = _PIECES.take(max(0.0, give_up - time.monotonic()))
+            threading.Thread(target=read, args=(i, slot), name="iolib-piece", daemon=True).start()
     with ended:
-        if not ended.wait_for(lambda: errors or not left[0], timeout=timeout_s):
+        wait = max(0.0, deadline - time.monotonic())
+        if not ended.wait_for(lambda: errors or not left[0], timeout=wait):
             raise TimeoutError(
                 f"read of {redact_url(path)}: {left[0]} of {len(requests)} pieces still "
                 f"running after {timeout_s:g} s"

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from iolib.base.redact import Redactor
 from iolib.base.resources import parse_bytes
@@ -60,10 +61,9 @@ def row_lengths(source: ParquetSource, column: str) -> np.ndarray:
         )
     lengths = []
     for group in range(len(source.blocks())):
-        array = source.fetch_row_group(group).column(column).combine_chunks()
-        counts = np.diff(array.offsets.to_numpy()).astype(np.int64)
-        counts[array.is_null().to_numpy(zero_copy_only=False)] = 0
-        lengths.append(counts)
+        array = source.fetch_row_group(group).column(column)  # in chunks: not combined
+        counts = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+        lengths.append(counts.astype(np.int64))
     return np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
 
 

@@ -36,6 +36,10 @@ FETCH_THREADS = thread_budget().remote_reads  # reads in flight from a store (`_
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 RETRY_BATCHES = 8  # batches a read-ahead that found no room waits before it looks again
+# Arrow bytes a segment's build lets go between returns of the pool's free pages: its
+# default pool (mimalloc) keeps what a thread freed, so the packed chunks' pages stay
+# resident beside the segment otherwise (~5 ms a return).
+RELEASE_BYTES = 16 * 2**20
 log = logging.getLogger("iolib.text.packed")
 
 
@@ -72,22 +76,47 @@ class Segment:
     @classmethod
     def build(
         cls,
-        array: pa.ChunkedArray,
+        array: pa.ChunkedArray | list[pa.Array],
         first_row: int,
         eos: int,
         order: np.random.Generator | None,
         epoch: int | None = None,
     ) -> Segment:
-        """Copy the documents in, one slice each: no temporary larger than the row
-        group's own values (a vectorised gather would take 8 bytes a token)."""
-        values, offsets, lengths = _documents(array)
+        """Copy the documents in, one slice each, chunk by chunk: no temporary larger
+        than the row group's own values (a vectorised gather would take 8 bytes a
+        token). A list of chunks is consumed: each is let go once its documents are
+        packed (the caller holds no other reference: the peak is then about the row
+        group, not the row group and the segment); it must hold one chunk at least."""
+        if isinstance(array, pa.ChunkedArray):
+            chunks = list(array.chunks) or [pa.array([], type=array.type)]
+        else:
+            chunks = array
+        # Where a document goes depends on the lengths of all before it in the order:
+        # every chunk's lengths first (8 bytes a document), then its values.
+        lengths = np.concatenate([_lengths(c) for c in chunks])
         docs = np.flatnonzero(lengths)
         if order is not None:
             docs = docs[order.permutation(docs.size)]
         starts = np.zeros(docs.size + 1, dtype=np.int64)
         np.cumsum(lengths[docs] + 1, out=starts[1:])
-        tokens = np.empty(int(starts[-1]), dtype=values.dtype)
-        loops.pack_documents(values, offsets[docs], lengths[docs], starts, tokens)
+        into = np.zeros(lengths.size, dtype=np.int64)  # each row's place in `tokens`
+        into[docs] = starts[:-1]
+        tokens = None
+        first = freed = total = 0
+        for i in range(len(chunks)):
+            values, offsets, sizes = _documents(chunks[i])
+            if tokens is None:  # untouched pages: they are mapped as documents land
+                tokens = np.empty(int(starts[-1]), dtype=values.dtype)
+            rows = slice(first, first + len(chunks[i]))
+            full = np.flatnonzero(sizes)
+            loops.pack_documents(values, offsets[full], sizes[full], into[rows][full], tokens)
+            first = rows.stop
+            freed += chunks[i].nbytes
+            del values
+            chunks[i] = None  # its Arrow buffers go now, not with the last chunk's
+            if freed >= RELEASE_BYTES or (i == len(chunks) - 1 and total + freed >= RELEASE_BYTES):
+                pa.default_memory_pool().release_unused()  # the last: this thread's decode's too
+                total, freed = total + freed, 0
         tokens[starts[1:] - 1] = eos
         return cls(tokens, starts, docs + first_row, epoch=epoch)
 
@@ -345,9 +374,13 @@ class TokenReader:
             first_row = int(self.d.parquet.row_starts()[group])
             order = stream_rng(self.d.seed, epoch, group) if self.d.shuffle_documents else None
             tagged = epoch if order is not None else None
-            segment = Segment.build(table.column(self.d.column), first_row, self.d.eos_id, order,
-                                    tagged)  # fmt: skip
-            del table
+            column = table.column(self.d.column)
+            chunks = column.chunks or [pa.array([], type=column.type)]
+            del (
+                table,
+                column,
+            )  # the chunks alone hold the row group: `build` lets each go when packed
+            segment = Segment.build(chunks, first_row, self.d.eos_id, order, tagged)
             documents = segment.starts.size - 1  # the index's counts, checked (free here)
             self.d.index.check_segment(group, segment.tokens.size - documents, documents)
             self._keep_pieces(epoch, group, segment, opened)
@@ -431,7 +464,13 @@ class TokenReader:
         with self._lock:  # which batch this thread cuts: the cache keeps its row groups
             self._cache.begin(thread, epoch, int(windows[0]) if windows.size else None, k)
         try:
-            found = {p: self._fetch(epoch, p, windows, batch=at) for p in positions}  # at once
+            # At once, the largest first: reads in pieces take turns on the link
+            # (`ranges`), and the smaller one's decode after the last byte is the shorter.
+            ordered = positions
+            if len(positions) > 1:  # most batches need one row group: nothing to order
+                sizes = self.d.group_bytes[self._epoch(epoch)[0][positions]]
+                ordered = [positions[i] for i in np.argsort(-sizes, kind="stable")]
+            found = {p: self._fetch(epoch, p, windows, batch=at) for p in ordered}
             if k is not None:
                 self._read_ahead(epoch, k)
             segments = {p: self._wait(epoch, p, windows, f, at) for p, f in found.items()}
@@ -536,19 +575,23 @@ class TokenReader:
         return parts
 
 
-def _documents(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(values, each row's offset into them, its length) of a list column, int64
+def _lengths(array: pa.Array) -> np.ndarray:
+    """Each row's length of a list array, int64; a null row is empty."""
+    if array.null_count == 0:
+        return np.diff(array.offsets.to_numpy()).astype(np.int64)
+    return pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _documents(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, each row's offset into them, its length) of a list array, int64
     offsets and lengths; a null row is empty. Without null rows (Parquet's token
-    columns), the child's values as they are: ``flatten`` of a combined chunk cost
-    ~30 ms CPU a row group of 1.2 M tokens, ~20x the copy that packs its documents."""
-    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    columns), the child's values as they are: ``flatten`` cost ~30 ms CPU a row group
+    of 1.2 M tokens, ~20x the copy that packs its documents."""
     if array.null_count == 0:
         bounds = array.offsets.to_numpy().astype(np.int64)  # into the child (a slice too)
-        values = array.values.to_numpy(zero_copy_only=False)
-        return values, bounds[:-1], np.diff(bounds)
+        return array.values.to_numpy(zero_copy_only=False), bounds[:-1], np.diff(bounds)
     values = array.flatten().to_numpy(zero_copy_only=False)
-    lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
-    lengths = lengths.astype(np.int64)
+    lengths = _lengths(array)
     return values, np.cumsum(lengths) - lengths, lengths  # nulls add no values
 
 
