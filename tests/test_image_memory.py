@@ -358,7 +358,9 @@ def test_workers_give_back_free_heap_pages_once_they_pile_up(tmp_path: Path) -> 
     _, _, quiet = _worker_epoch(tmp_path, 0)  # what the process maps besides the heap
     batches, looks, idle = _worker_epoch(tmp_path, 32 << 20)
     assert batches == 20
-    assert looks >= batches  # each batch faulted more than a look's worth in
+    # More looks than an epoch that faults nothing in makes (at most 6, above); not one a
+    # batch: a batch that reuses pages the other worker's look did not trim faults none.
+    assert looks > 6
     assert idle < quiet + 16  # MiB: what piled up went back (20 x 32 MiB were freed)
 
 

@@ -24,7 +24,6 @@ from iolib.sources.arrow_pool import prefer_releasing_pool
 from iolib.sources.parquet_description import ParquetDescription
 from iolib.sources.parquet_files import FileMeta, is_corrupt
 from iolib.sources.ranges import (
-    GROUP_HOLE_BYTES,
     MAX_REQUEST_BYTES,
     RangedFile,
     Span,
@@ -143,7 +142,9 @@ class RowGroupFetcher:
         spans = coalesce(description.chunk_spans(group))  # holes between its columns
         for other in self.foldable(group, later):
             spans += coalesce(description.chunk_spans(other))
-        return coalesce(spans, hole=GROUP_HOLE_BYTES)  # neighbours only, across groups
+        # Across row groups only ranges that touch: a gap there is columns nobody asked
+        # for (a stage that reads one small column read its neighbours' payloads too).
+        return coalesce(spans, hole=0)
 
     def foldable(self, group: int, later: Sequence[int]) -> list[int]:
         """Those of `later` whose bytes `fetch(group, later)` loads with `group`'s: row

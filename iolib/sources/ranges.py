@@ -53,10 +53,6 @@ log = logging.getLogger(__name__)
 # another request: a request costs 2 ms on nas (0.5 MB at 250 MB/s) and 50 ms on object
 # storage (5 MB at 100 MB/s); 1 MiB sits between them.
 HOLE_BYTES = 1 << 20
-# Row groups of one batch are merged into one request only across gaps up to this: a
-# wider gap is another row group, whose bytes nobody asked for (1 MB row groups of a
-# shuffle window once fetched 2.0x the data, bridged by HOLE_BYTES).
-GROUP_HOLE_BYTES = 64 << 10
 # One request reads at most this much (a batch of many small row groups is read in
 # several): the bytes stay in memory until the batch is decoded.
 MAX_REQUEST_BYTES = 64 << 20
