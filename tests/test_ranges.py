@@ -101,6 +101,28 @@ def test_a_batch_of_every_other_row_group_reads_no_row_group_between(tmp_path, m
     assert sum(end - start for start, end in reads) == sum(e - s for s, e in chunks)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_column_of_small_row_groups_is_read_without_the_columns_between(
+    tmp_path, monkeypatch, workers
+) -> None:
+    """One small column of a batch's neighbouring row groups: the other column's chunks
+    lie between them, and nobody asked for those bytes (a pipeline stage reading only
+    labels once read the payloads between them, 20x its own bytes)."""
+    rows = np.arange(1600)
+    payload = np.random.default_rng(0).integers(0, 2**62, (1600, 4)).tolist()
+    path = tmp_path / "a.parquet"
+    table = pa.table({"label": rows, "payload": payload})
+    pq.write_table(table, path, row_group_size=100, compression="none")
+    reads = _record_reads(monkeypatch)
+    source = _throttled(tmp_path, columns=["label"], cache_bytes=1)
+    assert len(source) == len(rows)
+    reads.clear()
+    batches = list(DataLoader(source, batch_size=400, num_workers=workers))
+    assert np.concatenate([b["label"].numpy() for b in batches]).tolist() == rows.tolist()
+    chunks = [_chunk(path, g, "label") for g in range(16)]
+    assert sum(end - start for start, end in reads) == sum(e - s for s, e in chunks)
+
+
 def test_the_bytes_read_for_a_batch_are_let_go_after_it(tmp_path) -> None:
     """The reads run on pool threads and their helpers (timeouts), the batch ends on
     the caller's: every file a read opened lets go of its bytes, or it kept every row
