@@ -692,28 +692,34 @@ def test_a_warm_run_sets_its_history_aside_when_a_known_burst_does_not_end():
     assert all(aside), aside
 
 
+def _probe_without_a_model(s, warm):
+    """What the probing history (no model) proposes for a warm run of draw `s`."""
+    from predictors.explore import PooledPrior, Weight, propose
+    from predictors.forecast import Forecaster
+
+    one = s.workload.memory_factor * s.workload.batch_bytes
+    grid = Forecaster(target=s.target, budget=s.budget, max_workers=16).grid(
+        one, s.workload.cpu_count
+    )
+    prior = PooledPrior(s.workload.cpu_count, target=s.target)
+    no_model = Weight(0.0, 0, None, None, "no model")
+    return propose(warm.records, prior, grid, s.target, weight=no_model, explore=True,
+                   start=warm.start)  # fmt: skip
+
+
 def test_a_bursty_warm_run_that_fell_back_from_its_probe_holds_the_fallback():
     """Bursty reads: a warm run probing one grid step cheaper than where its history met
     the target, whose probe then measured a miss, goes back to that configuration and
     plans no lower than it while the history stands (its calm stretches do not undo
     the miss the run measured). Twenty-five draws, two run seeds each."""
     from benchmarks.tuner_history_study import _tuner, drive
-    from predictors.explore import PooledPrior, Weight, propose
-    from predictors.forecast import Forecaster
 
     fell_back = 0
     for seed in range(520, 545):
         s, _, warm = _warm_bursty(seed)
         if not warm.met:
             continue
-        one = s.workload.memory_factor * s.workload.batch_bytes
-        grid = Forecaster(target=s.target, budget=s.budget, max_workers=16).grid(
-            one, s.workload.cpu_count
-        )
-        prior = PooledPrior(s.workload.cpu_count, target=s.target)
-        no_model = Weight(0.0, 0, None, None, "no model")
-        p = propose(warm.records, prior, grid, s.target, weight=no_model, explore=True,
-                    start=warm.start)  # fmt: skip
+        p = _probe_without_a_model(s, warm)
         if not p.probe:
             continue
         for run_seed in (103, 104):
@@ -738,22 +744,13 @@ def test_a_bursty_warm_run_whose_probe_met_plans_on_from_the_probe(monkeypatch):
     start kept as the floor)."""
     import predictors.explore
     from benchmarks.tuner_history_study import drive
-    from predictors.explore import PooledPrior, Weight, propose
-    from predictors.forecast import Forecaster
 
     cheaper = runs = 0
     for seed in range(530, 550):
         s, options, warm = _warm_bursty(seed)
         if not warm.met:
             continue
-        one = s.workload.memory_factor * s.workload.batch_bytes
-        grid = Forecaster(target=s.target, budget=s.budget, max_workers=16).grid(
-            one, s.workload.cpu_count
-        )
-        prior = PooledPrior(s.workload.cpu_count, target=s.target)
-        no_model = Weight(0.0, 0, None, None, "no model")
-        p = propose(warm.records, prior, grid, s.target, weight=no_model, explore=True,
-                    start=warm.start)  # fmt: skip
+        p = _probe_without_a_model(s, warm)
         if not p.probe:
             continue
         monkeypatch.setattr(predictors.explore, "plan_warm", lambda *a, p=p, **k: (None, None, p))
