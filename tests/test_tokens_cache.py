@@ -148,3 +148,39 @@ def test_room_for_a_read_ahead_evicts_only_what_is_needed_later() -> None:
     assert cache.make_room(1, (0, 3)) and 1 in cache and 5 not in cache
     assert not cache.make_room(2, (0, 3))  # only by evicting batch 1's
     assert not cache.make_room(1, (0, 3), reserved=1)  # a read in flight takes the room
+
+
+def _two_groups_held(threads: int):
+    """A cache of two row groups (batch k reads row group k; row group 2 again at batch
+    10) holding row groups 2 and 6; `threads` threads began batches 0 and 1, then one
+    began batch 3 (batch 2 not begun)."""
+    from iolib.sources import EpochUses, PlannedCache
+
+    batches = [np.array([k]) for k in range(12)]
+    batches[10] = np.array([2])
+    cache = PlannedCache(2, lambda table: 1)
+    cache.plan(EpochUses.build(0, batches, lambda indices: indices))
+    for k in (0, 1):
+        cache.begin(1 + k % threads, 0, k, k)
+        cache.end(1 + k % threads)
+    for group in (2, 6):
+        assert cache.put(group, object(), thread=9)  # a read-ahead thread's
+    cache.begin(threads, 0, 3, 3)
+    return cache
+
+
+def test_a_batch_dealt_to_a_thread_that_has_not_begun_it_keeps_its_row_groups() -> None:
+    """Two thread workers: thread 2 begins batch 3 while thread 1, dealt batch 2, has not
+    begun it. Room for a read ahead evicts batch 6's row group, not batch 2's (before,
+    "now" was batch 3, and batch 2 read its row group a second time in the epoch)."""
+    cache = _two_groups_held(threads=2)
+    assert cache.make_room(1, (0, 4))
+    assert 2 in cache and 6 not in cache
+
+
+def test_one_thread_that_passes_a_batch_over_does_not_hold_it() -> None:
+    """One thread (a process worker, dealt every other batch of the rank) that passes
+    batch 2 over: no other thread here will read it, so its row group gives way."""
+    cache = _two_groups_held(threads=1)
+    assert cache.make_room(1, (0, 4))
+    assert 2 not in cache and 6 in cache

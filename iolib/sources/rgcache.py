@@ -22,6 +22,9 @@ from typing import Any
 import numpy as np
 
 _NEVER = (1 << 62, 0)
+# Batches a passed-over batch stays protected for (`PlannedCache.pending`): a batch that
+# never begins here (skipped under on_error="skip") stops holding the cache back then.
+PENDING_SPAN = 16
 
 
 @dataclass
@@ -164,8 +167,10 @@ class CacheCounts:
 class PlannedCache:
     """Decoded row groups under a byte budget. Not thread-safe: the caller holds a lock.
 
-    `plan(uses)` gives an epoch's future; `now(epoch, batch)` says which batch a thread
-    is assembling (the earliest one in progress is protected)."""
+    `plan(uses)` gives an epoch's future; `begin(thread, epoch, ...)` says which batch a
+    thread is assembling. "Now" is the earliest batch in progress, or dealt to a thread
+    that has not begun it: with thread workers, batch k+1 may begin before batch k, whose
+    row groups must then stay."""
 
     def __init__(self, budget: int, sizeof: Callable[[Any], int]) -> None:
         self.budget, self.sizeof = budget, sizeof
@@ -175,6 +180,11 @@ class PlannedCache:
         self.active: dict[int, tuple[int, int]] = {}  # thread id -> (epoch, batch)
         # The latest batch begun: "now" between batches (a read-ahead thread's puts).
         self.last: tuple[int, int] | None = None
+        # Batches passed over by a thread that began a later one, not begun yet: another
+        # thread holds them (at most one per other thread, see `_passed_over`).
+        self.pending: set[tuple[int, int]] = set()
+        self.threads: set[int] = set()  # threads that began a batch here
+        self.newest: tuple[int, int] | None = None  # the latest batch begun
         self.counts = CacheCounts()
 
     # -- the future ----------------------------------------------------------------------
@@ -200,9 +210,36 @@ class PlannedCache:
             k = plan.batch_of(first_index) if k is None else k
         if k is not None:
             self.active[thread] = self.last = (epoch, k)
+            self._passed_over(thread, epoch, k)
         else:
             self.active.pop(thread, None)
         return k
+
+    def _passed_over(self, thread: int, epoch: int, k: int) -> None:
+        """Note the batches just before `k` that no thread began: with T threads, up to
+        T - 1 of them are dealt to the others (a process worker, one thread, sees every
+        other batch of the rank and notes none)."""
+        self.threads.add(thread)
+        self.pending.discard((epoch, k))
+        newest = self.newest
+        if newest is not None and newest[0] == epoch and k > newest[1] + 1:
+            lo = max(newest[1] + 1, k - (len(self.threads) - 1))
+            self.pending.update((epoch, j) for j in range(lo, k))
+        if newest is None or (epoch, k) > newest:
+            self.newest = newest = (epoch, k)
+        if self.pending:
+            self.pending = {
+                p for p in self.pending if p[0] == newest[0] and p[1] >= newest[1] - PENDING_SPAN
+            }
+
+    def forget_threads(self) -> None:
+        """A forked worker: the parent's threads, and the batches they held, are gone."""
+        self.active, self.pending, self.threads = {}, set(), set()
+
+    def _now(self) -> tuple[int, int] | None:
+        """The earliest batch in progress or passed over; else the latest begun."""
+        waiting = [*self.active.values(), *self.pending]
+        return min(waiting) if waiting else self.last
 
     def end(self, thread: int) -> None:
         done = self.active.pop(thread, None)
@@ -217,7 +254,8 @@ class PlannedCache:
         plan = self.plans.get(epoch)
         if plan is None:
             return None
-        start = min([b for e, b in self.active.values() if e == epoch] + [k])
+        waiting = [*self.active.values(), *self.pending]
+        start = min([b for e, b in waiting if e == epoch] + [k])
         return plan.upcoming(start, k - start + ahead + 1)
 
     def room_ahead(self, upcoming: list[int], sizes: Sequence[int]) -> int:
@@ -237,7 +275,7 @@ class PlannedCache:
         ahead is needed), the one needed furthest ahead first, until `size` bytes fit
         beside `reserved` (reads in flight); whether they fit. A read ahead thus never
         displaces what is needed sooner than itself. False without a plan."""
-        now = min(self.active.values()) if self.active else self.last
+        now = self._now()
         while self.held + reserved + size > self.budget:
             if now is None or not self.plans or not self.tables:
                 return False
@@ -252,7 +290,7 @@ class PlannedCache:
         """Whether a batch from the earliest one in progress on reads `group` (in view
         of the plan); True without a plan or a batch in progress."""
         plan = self.plans.get(epoch)
-        now = [b for e, b in self.active.values() if e == epoch]
+        now = [b for e, b in [*self.active.values(), *self.pending] if e == epoch]
         if self.last is not None and self.last[0] == epoch:
             now.append(self.last[1])
         if plan is None or not now:
@@ -309,7 +347,7 @@ class PlannedCache:
             while self.held + size > self.budget and self.tables:
                 self._evict(next(iter(self.tables)))  # least recently used
         else:
-            now = min(self.active.values()) if self.active else self.last
+            now = self._now()
             # A batch's own thread holds this table for that batch: its next use is later.
             # A read-ahead thread holds it for nobody: its next use may be now.
             mine = self.active.get(thread)

@@ -170,7 +170,7 @@ class TokenReader:
         worker."""
         self._lock = threading.Lock()  # the read-ahead resets itself (`ReadAhead`)
         self._reorder = threading.Lock()
-        self._cache.active = {}  # the parent's threads' batches: none here
+        self._cache.forget_threads()
 
     def close(self) -> None:
         """Stop the reads and drop the cached row groups."""
