@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import io
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from PIL import Image
 # Every prefetch="auto" run records itself in the run history: never in the user's cache,
 # and (below) in a history of each test's own, so no test warm-starts from another.
 os.environ["IOLIB_HISTORY"] = tempfile.mkdtemp(prefix="iolib-history-")
+atexit.register(shutil.rmtree, os.environ["IOLIB_HISTORY"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
