@@ -21,7 +21,7 @@ benchmarks/results/tuner-real-repeats.md and .json.
 Utilization is time-weighted over the last third of each run (the first batch left
 out); memory is the peak held in batches in flight or ready. With `--repeats`, a case
 whose sweep finds no configuration meeting the target on this machine gets a longer step
-(the best one's batch time, with 15% to spare) and a second sweep: a target nothing
+(the best one's batch time, with 15% to spare, `--spare`) and a second sweep: a target nothing
 reaches would judge no tuner (`--keep-step` turns this off). Results:
 benchmarks/results/tuner-real.md.
 """
@@ -271,11 +271,11 @@ def repeats(args: argparse.Namespace) -> None:
             meets = [r for r in sweep if r["utilization"] >= TARGET]
             if not meets and not args.keep_step:
                 # A target no configuration reaches on this machine tests no tuner: the
-                # step is lengthened until the best configuration of the sweep has 15%
-                # to spare (a loader-bound pipeline's utilization is step / batch time).
+                # step is lengthened until the best configuration of the sweep has
+                # `--spare` to spare (a loader-bound pipeline's utilization is step / batch time).
                 best = max(r["utilization"] for r in sweep)
                 old_step = case["step_ms"]
-                case["step_ms"] = round(1.15 * old_step / max(best, 0.05), 1)
+                case["step_ms"] = round((1 + args.spare) * old_step / max(best, 0.05), 1)
                 print(
                     f"{name}: no configuration met {TARGET} (best {best:.3f}); step "
                     f"{old_step} -> {case['step_ms']} ms, sweep again",
@@ -411,6 +411,14 @@ def main() -> None:
         action="store_true",
         help="With --repeats: keep a case's step even where no configuration meets the "
         "target (by default the step is lengthened until the best one would).",
+    )
+    parser.add_argument(
+        "--spare",
+        type=float,
+        default=0.15,
+        help="With --repeats, where the step is lengthened: the fraction of the best "
+        "configuration's batch time to spare (small: the configurations just cheaper than "
+        "the best fall just short of the target, where a model has something to learn).",
     )
     args = parser.parse_args()
     if args.repeats:
