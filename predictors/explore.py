@@ -13,10 +13,11 @@ holds them) say what each configuration measured. Two predictors read them:
 
 The model's weight on a workload is earned: its leave-one-run-out error against the
 history alone's, on that workload's own runs; 0 until it has measured better on at
-least `min_runs` runs. `propose` starts where the history says the target was met
-with the least memory and tries one grid step cheaper (a smaller depth) where the
-blended lower confidence bound still meets the target; the tuner falls back to the
-start at once if the run's own measurement disagrees (`QueueingTuner(fallback=...)`).
+least `min_runs` runs, by more than twice the spread of that difference. `propose`
+starts where the history says the target was met with the least memory and tries one
+grid step cheaper (a smaller depth) where the blended lower confidence bound still
+meets the target; the tuner falls back to the start at once if the run's own
+measurement disagrees (`QueueingTuner(fallback=...)`).
 
 scikit-learn is imported here only, when a workload has history, between runs.
 """
@@ -58,6 +59,11 @@ GP_LENGTH = 1.0  # in log2 of workers and of depth: one doubling
 SE_FLOOR = 0.01  # a record's standard error is at least this
 MET_BATCHES = 16  # a meet counts from a record this long (two blocks), a miss from any
 Z = 0.5  # the lower bound's z: the tuner's `confidence`
+# Standard errors of the model's leave-one-out gain over the history that the gain must
+# exceed: on a real S3 workload a gain of 0.01-0.02 on 3-4 runs (within the runs'
+# spread) gave the model weight 0.13-0.24, and it then met less often than the history
+# alone (benchmarks/results/tuner-history.md, "A tight S3 case").
+WEIGHT_Z = 2.0
 ERROR_FLOOR = 0.005  # leave-one-out errors are at least this (no division by ~0)
 
 
@@ -225,8 +231,10 @@ class Weight:
 def earned_weight(records: Sequence[Any], prior: Prior, min_runs: int = 3) -> Weight:
     """Leave each run out, predict its configurations' measured utilization from the
     others (prior included: fed with the others' services) by the model and by the
-    history alone; weight 1 - (model error / history error)^2 where the model erred
-    less, else 0. Fewer than `min_runs` runs: 0 (nothing measured yet)."""
+    history alone; weight 1 - (model error / history error)^2, the model's error taken
+    `WEIGHT_Z` standard errors of the paired difference above its mean, where that
+    still errs less than the history, else 0. Fewer than `min_runs` runs: 0 (nothing
+    measured yet)."""
     records = _measured(records)
     runs = list(dict.fromkeys(r.run_id for r in records))
     if len(runs) < min_runs:
@@ -249,7 +257,13 @@ def earned_weight(records: Sequence[Any], prior: Prior, min_runs: int = 3) -> We
     )
     if em >= eh:
         return Weight(0.0, len(runs), em, eh, words + ": not better, weight 0")
-    weight = 1.0 - (em / eh) ** 2
+    gains = np.subtract(hist_err, model_err)
+    spread = float(gains.std(ddof=1) / math.sqrt(gains.size)) if gains.size > 1 else eh
+    cautious = em + WEIGHT_Z * spread
+    if cautious >= eh:
+        why = f": better by {eh - em:.3f}, within {WEIGHT_Z:g}x its spread {spread:.3f}, weight 0"
+        return Weight(0.0, len(runs), em, eh, words + why)
+    weight = 1.0 - (cautious / eh) ** 2
     return Weight(weight, len(runs), em, eh, words + f": weight {weight:.2f}")
 
 

@@ -311,3 +311,36 @@ def test_warm_runs_hold_the_memory_their_history_met_with() -> None:
         assert metrics["memory"] <= 1.25 * best, (k, metrics)
         assert metrics["utilization"] >= s.target, (k, metrics)
         records += records_of(f"run{k}", states, s, k)
+
+
+def _weight_from_errors(monkeypatch, model_err: list[float], history_err: list[float]):
+    """`earned_weight` where leaving run i out, the model errs by model_err[i] and the
+    history alone by history_err[i] on its one configuration (truth 0.9)."""
+    import predictors.explore as explore
+
+    records = [Record(f"r{i}", 2, 2 * (i + 1), 0.9) for i in range(len(model_err))]
+
+    def left_out(rest) -> int:
+        ids = {r.run_id for r in rest}
+        return next(i for i in range(len(records)) if f"r{i}" not in ids)
+
+    monkeypatch.setattr(explore, "history_predict", lambda rest, prior, grid: (
+        np.array([0.9 - history_err[left_out(rest)]]), None))  # fmt: skip
+    monkeypatch.setattr(explore, "model_predict", lambda rest, prior, grid: (
+        np.array([0.9 - model_err[left_out(rest)]]), None, None))  # fmt: skip
+    return earned_weight(records, flat_prior(0.75))
+
+
+def test_a_gain_within_its_spread_earns_no_weight(monkeypatch) -> None:
+    """Better on average by 0.005 with run-to-run swings of 0.1: weight 0 (before: about
+    0.1, and on a real S3 workload such a weight made the model probe and lose)."""
+    w = _weight_from_errors(monkeypatch, [0.0, 0.19, 0.0, 0.19], [0.1, 0.1, 0.1, 0.1])
+    assert w.model_error < w.history_error
+    assert w.weight == 0, w.why
+    assert "spread" in w.why
+
+
+def test_a_steady_gain_earns_its_weight(monkeypatch) -> None:
+    """Half the history's error on every run: the whole weight the ratio gives."""
+    w = _weight_from_errors(monkeypatch, [0.05, 0.05, 0.051, 0.049], [0.1, 0.1, 0.1, 0.1])
+    assert w.weight == pytest.approx(0.75, abs=0.03), w.why
