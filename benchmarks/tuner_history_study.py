@@ -71,6 +71,8 @@ from predictors.tuner import QueueingTuner
 # named after known bursts, tail-sized workers and warm starts that clear their spread.
 # heldout-s8 (480,000-480,009 per family) was named after bursts in a warm run's first
 # batches judged by its history and warm runs that hold their start through bursts.
+# heldout-s9 (490,000-490,009 per family) was named after the model's weight had to
+# clear twice the spread of its leave-one-out gain.
 STUDY_SEEDS = {
     **SEEDS,
     "heldout41": 410_000,
@@ -78,6 +80,7 @@ STUDY_SEEDS = {
     "heldout-s6": 460_000,
     "heldout-s7": 470_000,
     "heldout-s8": 480_000,
+    "heldout-s9": 490_000,
 }
 DESIGNS = ("history", "probe", "model", "gp")
 RUNS = 5
