@@ -707,6 +707,18 @@ def _probe_without_a_model(s, warm):
                    start=warm.start)  # fmt: skip
 
 
+def _bursty_probes(seeds: range):
+    """(scenario, options, warm start, proposal) of the bursty draws in `seeds` whose
+    first run met the target and whose history alone proposes a probe."""
+    for seed in seeds:
+        s, options, warm = _warm_bursty(seed)
+        if not warm.met:
+            continue
+        p = _probe_without_a_model(s, warm)
+        if p.probe:
+            yield seed, s, options, warm, p
+
+
 def test_a_bursty_warm_run_that_fell_back_from_its_probe_holds_the_fallback():
     """Bursty reads: a warm run probing one grid step cheaper than where its history met
     the target, whose probe then measured a miss, goes back to that configuration and
@@ -715,13 +727,7 @@ def test_a_bursty_warm_run_that_fell_back_from_its_probe_holds_the_fallback():
     from benchmarks.tuner_history_study import _tuner, drive
 
     fell_back = 0
-    for seed in range(520, 545):
-        s, _, warm = _warm_bursty(seed)
-        if not warm.met:
-            continue
-        p = _probe_without_a_model(s, warm)
-        if not p.probe:
-            continue
+    for seed, s, _, warm, p in _bursty_probes(range(520, 545)):
         for run_seed in (103, 104):
             probing = dataclasses.replace(warm, start=(p.workers, p.depth), reference_ms=())
             tuner = _tuner(s, probing, warm.start)
@@ -746,13 +752,7 @@ def test_a_bursty_warm_run_whose_probe_met_plans_on_from_the_probe(monkeypatch):
     from benchmarks.tuner_history_study import drive
 
     cheaper = runs = 0
-    for seed in range(530, 550):
-        s, options, warm = _warm_bursty(seed)
-        if not warm.met:
-            continue
-        p = _probe_without_a_model(s, warm)
-        if not p.probe:
-            continue
+    for _, s, options, warm, p in _bursty_probes(range(530, 550)):
         monkeypatch.setattr(predictors.explore, "plan_warm", lambda *a, p=p, **k: (None, None, p))
         for run_seed in (103, 104):
             tuner = QueueingTuner(warm=warm, explore=True, **options)
