@@ -21,8 +21,8 @@ benchmarks/results/tuner-real-repeats.md and .json.
 Utilization is time-weighted over the last third of each run (the first batch left
 out); memory is the peak held in batches in flight or ready. With `--repeats`, a case
 whose sweep finds no configuration meeting the target on this machine gets a longer step
-(the best one's batch time, with 15% to spare, `--spare`) and a second sweep: a target nothing
-reaches would judge no tuner (`--keep-step` turns this off). Results:
+(the best one's batch time, with 15% to spare: `--spare`) and a second sweep: a target
+nothing reaches would judge no tuner (`--keep-step` turns this off). Results:
 benchmarks/results/tuner-real.md.
 """
 
@@ -272,7 +272,8 @@ def repeats(args: argparse.Namespace) -> None:
             if not meets and not args.keep_step:
                 # A target no configuration reaches on this machine tests no tuner: the
                 # step is lengthened until the best configuration of the sweep has
-                # `--spare` to spare (a loader-bound pipeline's utilization is step / batch time).
+                # `--spare` to spare (a loader-bound pipeline's utilization is step /
+                # batch time).
                 best = max(r["utilization"] for r in sweep)
                 old_step = case["step_ms"]
                 case["step_ms"] = round((1 + args.spare) * old_step / max(best, 0.05), 1)

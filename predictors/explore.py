@@ -59,10 +59,9 @@ GP_LENGTH = 1.0  # in log2 of workers and of depth: one doubling
 SE_FLOOR = 0.01  # a record's standard error is at least this
 MET_BATCHES = 16  # a meet counts from a record this long (two blocks), a miss from any
 Z = 0.5  # the lower bound's z: the tuner's `confidence`
-# Standard errors of the model's leave-one-out gain over the history that the gain must
-# exceed: on a real S3 workload a gain of 0.01-0.02 on 3-4 runs (within the runs'
-# spread) gave the model weight 0.13-0.24, and it then met less often than the history
-# alone (benchmarks/results/tuner-history.md, "A tight S3 case").
+# Standard errors of its paired leave-one-out gain that the model's gain must exceed to
+# earn a weight: a gain within the runs' spread let it act on noise and lose to the
+# history alone on a real workload (tuner-history.md, "A tight S3 case").
 WEIGHT_Z = 2.0
 ERROR_FLOOR = 0.005  # leave-one-out errors are at least this (no division by ~0)
 
