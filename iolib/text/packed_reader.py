@@ -16,7 +16,8 @@ import logging
 import threading
 import weakref
 from concurrent.futures import CancelledError, Future
-from functools import partial
+from functools import lru_cache, partial
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -261,8 +262,8 @@ class TokenReader:
         lanes, _, _ = _lanes_of(batches)
         order, cum = self._epoch(epoch)
         # Not a method: the cache's plan must not keep its reader alive (a cycle).
-        groups = partial(_groups_in, order, cum, self.d.seq_len)
-        uses = EpochUses.build(epoch, batches, groups)
+        pairs = partial(_window_pairs, order, cum, self.d.seq_len)
+        uses = EpochUses.build(epoch, batches, pairs_of=pairs)
         with self._lock:
             self._cache.plan(uses)  # the cache evicts by next use along these batches
             # The uses first: a thread that finds the batches (no lock) finds them too.
@@ -451,9 +452,9 @@ class TokenReader:
         tensors without a copy); `batch`: which batch of the plan they are (read-ahead
         follows the plan from there)."""
         windows = np.asarray(indices, dtype=np.int64)
-        if windows.size and (windows.min() < 0 or windows.max() >= len(self.d)):
+        k = self._told(windows, epoch, batch)  # the plan's windows are in range
+        if k is None and windows.size and (windows.min() < 0 or windows.max() >= len(self.d)):
             raise IndexError(f"window indices outside 0..{len(self.d) - 1}")
-        k = self._told(windows, epoch, batch)
         if k is not None:
             positions = self._planned(epoch, k)[1]  # found when this batch was read ahead
         else:
@@ -546,21 +547,24 @@ class TokenReader:
             spans = np.array([p for r in rows for p in self._spans(r, int(starts[r]), cum)])
             pieces = np.concatenate([pieces[whole], spans[:, 1:]])
             owners = np.concatenate([owners[whole], spans[:, 0]])
-        shape = (4 if self.d.document_ids else 3, count, length)
+        planes = 4 if d.document_ids else 3
+        plane = count * length * 8
         # From pyarrow's default pool (mimalloc, unless a ParquetSource chose the system
         # allocator: arrow_pool.py), which keeps freed pages: the system allocator gave
         # each batch fresh pages when a worker thread cut it and the consumer freed it.
-        buffer = pa.allocate_buffer(int(np.prod(shape)) * 8)
-        out = np.frombuffer(buffer, dtype=np.int64).reshape(shape)
-        for owner in np.unique(owners).tolist():
-            segment, mine = segments[owner], pieces[owners == owner]
+        buffer = pa.allocate_buffer(planes * plane)
+        out = np.frombuffer(buffer, dtype=np.int64)
+        if owners.size > 1:  # a segment's pieces together: one pass over each segment
+            by_owner = np.argsort(owners, kind="stable")
+            owners, pieces = owners[by_owner], pieces[by_owner]
+        bounds = [0, *(np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist(), owners.size]
+        for a, b in pairwise(bounds):
+            owner = int(owners[a])
+            segment, mine = segments[owner], pieces[a:b]
             mine[:, 2:] -= int(cum[owner]) + segment.offset
             loops.cut_pieces(segment.tokens, segment.starts, segment.rows, mine, d.ignore_index,
                              out, count, length, d.document_ids)  # fmt: skip
-        names = ["input_ids", "labels", "position_ids", "document_ids"][: shape[0]]
-        plane = count * length * 8
-        return pa.table({name: _fixed_lists(buffer.slice(i * plane, plane), count, length)
-                         for i, name in enumerate(names)})  # fmt: skip
+        return _window_table(buffer, planes, count, length)
 
     def _spans(self, row: int, lo: int, cum: np.ndarray) -> list[tuple[int, int, int, int, int]]:
         """(position, row, column, a, b) of each segment's part of a window (and its next
@@ -595,11 +599,26 @@ def _documents(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return values, np.cumsum(lengths) - lengths, lengths  # nulls add no values
 
 
-def _fixed_lists(values: pa.Buffer, rows: int, length: int) -> pa.FixedSizeListArray:
-    """`rows` fixed-size lists of `length` int64 that share `values`' memory (collated
-    to a [rows, length] tensor without a copy)."""
-    flat = pa.Array.from_buffers(pa.int64(), rows * length, [None, values])
-    return pa.FixedSizeListArray.from_arrays(flat, length)
+_PLANE_NAMES = ("input_ids", "labels", "position_ids", "document_ids")
+
+
+@lru_cache(maxsize=8)
+def _window_schema(planes: int, length: int) -> pa.Schema:
+    return pa.schema([(name, pa.list_(pa.int64(), length)) for name in _PLANE_NAMES[:planes]])
+
+
+def _window_table(buffer: pa.Buffer, planes: int, rows: int, length: int) -> pa.Table:
+    """The planes of `buffer` ([planes, rows, length] int64) as columns of `rows`
+    fixed-size lists that share its memory (collated to [rows, length] tensors without a
+    copy)."""
+    schema, plane = _window_schema(planes, length), rows * length * 8
+    columns = [
+        pa.Array.from_buffers(field.type, rows, [None], children=[
+            pa.Array.from_buffers(pa.int64(), rows * length, [None, buffer.slice(i * plane, plane)])
+        ])
+        for i, field in enumerate(schema)
+    ]  # fmt: skip
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _lanes_of(plan: Any) -> tuple[int, int, int]:
@@ -625,23 +644,31 @@ def _nbytes(segment: Segment) -> int:
     return segment.nbytes
 
 
-def _positions(windows: np.ndarray, cum: np.ndarray, seq_len: int) -> np.ndarray:
-    """Positions (in an epoch's row-group order, whose prefix sums of stream tokens are
-    `cum`) that windows' tokens come from, with the token after each window (its last
-    label)."""
+def _spans_of(windows: np.ndarray, cum: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(window, position) pairs, repeats allowed: the positions (in an epoch's row-group
+    order, whose prefix sums of stream tokens are `cum`) that each window's tokens come
+    from, with the token after it (its last label)."""
     lo = windows * seq_len
     hi = np.minimum(lo + seq_len, cum[-1] - 1)
     first = np.searchsorted(cum, lo, side="right") - 1
     last = np.searchsorted(cum, hi, side="right") - 1
+    at = np.arange(windows.size)
     if (last - first <= 1).all():  # a window in one or two segments: no gaps to fill
-        return np.unique(np.concatenate([first, last]))
+        return np.concatenate([at, at]), np.concatenate([first, last])
     counts = last - first + 1
-    spans = np.repeat(first, counts) + (
-        np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    )
-    return np.unique(spans)
+    steps = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(at, counts), np.repeat(first, counts) + steps
 
 
-def _groups_in(order: np.ndarray, cum: np.ndarray, seq_len: int, windows: np.ndarray) -> np.ndarray:
-    """Row groups that windows' tokens come from (`_positions`, in `order`)."""
-    return order[_positions(np.asarray(windows, dtype=np.int64), cum, seq_len)]
+def _positions(windows: np.ndarray, cum: np.ndarray, seq_len: int) -> np.ndarray:
+    """Positions that windows' tokens come from (`_spans_of`), each once, sorted."""
+    return np.unique(_spans_of(windows, cum, seq_len)[1])
+
+
+def _window_pairs(
+    order: np.ndarray, cum: np.ndarray, seq_len: int, windows: np.ndarray, ks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(batch number, row group) pairs of windows whose batch numbers are `ks`: what
+    the cache's plan counts (`EpochUses`), for a stretch of batches at once."""
+    at, positions = _spans_of(np.asarray(windows, dtype=np.int64), cum, seq_len)
+    return ks[at], order[positions]
