@@ -401,21 +401,31 @@ class TokenReader:
                 # CPU a batch).
                 pa.default_memory_pool().release_unused()
 
-    def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int]]:
-        """Windows of batch k of the plan and the positions of their row groups (the
-        batches read ahead are kept: each costs an order lookup, and they are asked for
-        again to find this batch)."""
+    def _planned(self, epoch: int, k: int) -> tuple[np.ndarray, list[int], list[int]]:
+        """Windows of batch k of the plan, the positions of their row groups, and those
+        positions the largest row group first (the batches read ahead are kept: each
+        costs an order lookup, and they are asked for again to find this batch)."""
         key = (epoch, k)
         found = self._recent.get(key)
         if found is None:
             windows = np.asarray(self._plans[epoch][k], dtype=np.int64)
             uses, rank = self._uses[epoch]  # the cache's plan found them: no second search
-            found = (windows, sorted(rank[uses.upcoming(k, 1)].tolist()))
+            positions = sorted(rank[uses.upcoming(k, 1)].tolist())
+            found = (windows, positions, self._largest_first(epoch, positions))
             with self._lock:
                 self._recent[key] = found
                 while len(self._recent) > self._horizon(epoch) + 4 * BEHIND_BATCHES:
                     del self._recent[next(iter(self._recent))]
         return found
+
+    def _largest_first(self, epoch: int, positions: list[int]) -> list[int]:
+        """`positions` the largest row group first: a batch's reads start at once, take
+        turns on the link in pieces (`ranges`), and the smaller one's decode after the
+        last byte is the shorter."""
+        if len(positions) < 2:  # most batches need one row group: nothing to order
+            return positions
+        sizes = self.d.group_bytes[self._epoch(epoch)[0][positions]]
+        return [positions[i] for i in np.argsort(-sizes, kind="stable")]
 
     def _told(self, windows: np.ndarray, epoch: int, batch: int | None) -> int | None:
         """`batch` if the loader said which batch of the plan these windows are and they
@@ -424,7 +434,9 @@ class TokenReader:
         batches = self._plans.get(epoch)
         if batch is None or batches is None or not 0 <= batch < len(batches):
             return None
-        return batch if np.array_equal(self._planned(epoch, batch)[0], windows) else None
+        planned = self._planned(epoch, batch)[0]
+        # Most often the plan's own array (the loader's task holds it): no comparison.
+        return batch if planned is windows or np.array_equal(planned, windows) else None
 
     def _read_ahead(self, epoch: int, now: int) -> None:
         """Start reading the row groups of the batches after batch `now`, where the cache
@@ -440,7 +452,7 @@ class TokenReader:
         done_epoch, done = self._ahead
         start = max(now + 1, done + 1 if done_epoch == epoch else 0)
         for k in range(start, min(total, now + 1 + self._horizon(epoch))):
-            windows, positions = self._planned(epoch, k)
+            windows, positions, _ = self._planned(epoch, k)
             for position in positions:
                 if self._fetch(epoch, position, windows, ahead=True, batch=k) is None:
                     self._stalled = (epoch, now)
@@ -456,21 +468,15 @@ class TokenReader:
         if k is None and windows.size and (windows.min() < 0 or windows.max() >= len(self.d)):
             raise IndexError(f"window indices outside 0..{len(self.d) - 1}")
         if k is not None:
-            positions = self._planned(epoch, k)[1]  # found when this batch was read ahead
+            ordered = self._planned(epoch, k)[2]  # found when this batch was read ahead
         else:
-            positions = self._groups_of(windows, epoch).tolist()
+            ordered = self._largest_first(epoch, self._groups_of(windows, epoch).tolist())
         at = k if k is not None else 0
         self._reads.begin()  # a cancel from now on stops this batch's read-ahead only
         thread = threading.get_ident()
         with self._lock:  # which batch this thread cuts: the cache keeps its row groups
             self._cache.begin(thread, epoch, int(windows[0]) if windows.size else None, k)
         try:
-            # At once, the largest first: reads in pieces take turns on the link
-            # (`ranges`), and the smaller one's decode after the last byte is the shorter.
-            ordered = positions
-            if len(positions) > 1:  # most batches need one row group: nothing to order
-                sizes = self.d.group_bytes[self._epoch(epoch)[0][positions]]
-                ordered = [positions[i] for i in np.argsort(-sizes, kind="stable")]
             found = {p: self._fetch(epoch, p, windows, batch=at) for p in ordered}
             if k is not None:
                 self._read_ahead(epoch, k)
