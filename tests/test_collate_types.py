@@ -67,3 +67,14 @@ def test_a_null_boolean_is_refused_naming_the_column_and_row(tmp_path) -> None:
     pq.write_table(table, tmp_path / "a.parquet")
     with pytest.raises(DataError, match=r"Column 'flag' \(bool\) is null .*sample 1"):
         next(iter(DataLoader(ParquetSource(str(tmp_path)), batch_size=4)))
+
+
+def test_a_sliced_fixed_size_list_column_collates_to_its_own_rows() -> None:
+    """A fixed-size list column that is a slice of a larger array (a table's rows taken
+    from the middle) gives a [rows, size] tensor of those rows, not the array's first."""
+    from iolib.collate import collate_table
+
+    values = pa.array(np.arange(40, dtype=np.int64))
+    whole = pa.FixedSizeListArray.from_arrays(values, 4)  # rows [0..3], [4..7], ...
+    batch = collate_table(pa.table({"x": whole.slice(3, 4)}))
+    assert batch["x"].tolist() == [[12 + 4 * r + c for c in range(4)] for r in range(4)]

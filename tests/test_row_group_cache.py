@@ -110,3 +110,54 @@ def test_row_groups_of_the_next_batches_are_read_ahead(docs) -> None:
 def test_readahead_must_be_a_count(docs) -> None:
     with pytest.raises(ConfigError, match="readahead"):
         ParquetSource(docs, readahead=-1)
+
+
+@pytest.mark.parametrize("spans", [False, True])
+def test_the_plans_uses_match_each_batch_looked_at_alone(spans) -> None:
+    """The cache's view of an epoch (which row groups each batch reads, and when each row
+    group is next used) is built for many batches in one pass: it must be what each batch
+    gives looked at alone, for samples in one row group and for samples (token windows)
+    that span several, with empty batches and batches of differing sizes."""
+    from iolib.sources import EpochUses
+
+    rng = np.random.default_rng(7)
+    groups = 40
+    batches = [rng.integers(0, 1000, size=int(rng.integers(0, 9))) for _ in range(300)]
+
+    def alone(indices: np.ndarray) -> set[int]:  # a sample reads groups g .. g + span
+        first = indices * groups // 1000
+        span = indices % 3 if spans else np.zeros_like(indices)
+        return {
+            int(g)
+            for f, s in zip(first, span, strict=True)
+            for g in range(f, min(f + s, groups - 1) + 1)
+        }
+
+    def pairs(samples: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        first = samples * groups // 1000
+        span = samples % 3 if spans else np.zeros_like(samples)
+        rows = [
+            (k, g)
+            for k, f, s in zip(ks, first, span, strict=True)
+            for g in range(f, min(f + s, groups - 1) + 1)
+        ]
+        return np.array([k for k, _ in rows], dtype=np.int64), np.array(
+            [g for _, g in rows], dtype=np.int64
+        )
+
+    uses = (
+        EpochUses(0, batches, pairs_of=pairs, horizon=64)
+        if spans
+        else EpochUses(0, batches, lambda i: i * groups // 1000, horizon=64)
+    )
+    for k, indices in enumerate(batches):
+        assert set(uses.upcoming(k, 1)) == alone(indices), k
+        if indices.size:
+            assert uses.batch_of(int(indices[0])) is not None
+    for group in range(groups):
+        for after in (0, 63, 64, 130, 299):
+            reads = [k for k in range(after, len(batches)) if group in alone(batches[k])]
+            seen = uses.next_use(group, after)
+            # Looked at within two stretches of 64 batches: a use further on is "none".
+            expected = reads[0] if reads and reads[0] < (after // 64 + 2) * 64 else None
+            assert seen == expected, (group, after)
