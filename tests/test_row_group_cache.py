@@ -112,17 +112,19 @@ def test_readahead_must_be_a_count(docs) -> None:
         ParquetSource(docs, readahead=-1)
 
 
+@pytest.mark.parametrize("largest", [8, 400])
 @pytest.mark.parametrize("spans", [False, True])
-def test_the_plans_uses_match_each_batch_looked_at_alone(spans) -> None:
+def test_the_plans_uses_match_each_batch_looked_at_alone(spans, largest) -> None:
     """The cache's view of an epoch (which row groups each batch reads, and when each row
-    group is next used) is built for many batches in one pass: it must be what each batch
+    group is next used) is built for many batches at once: it must be what each batch
     gives looked at alone, for samples in one row group and for samples (token windows)
-    that span several, with empty batches and batches of differing sizes."""
+    that span several, with empty batches and batches of differing sizes, small (one
+    sort for all) and large (a sort a batch)."""
     from iolib.sources import EpochUses
 
     rng = np.random.default_rng(7)
     groups = 40
-    batches = [rng.integers(0, 1000, size=int(rng.integers(0, 9))) for _ in range(300)]
+    batches = [rng.integers(0, 1000, size=int(rng.integers(0, largest + 1))) for _ in range(300)]
 
     def alone(indices: np.ndarray) -> set[int]:  # a sample reads groups g .. g + span
         first = indices * groups // 1000
@@ -150,13 +152,14 @@ def test_the_plans_uses_match_each_batch_looked_at_alone(spans) -> None:
         if spans
         else EpochUses(0, batches, lambda i: i * groups // 1000, horizon=64)
     )
+    read = [alone(indices) for indices in batches]
     for k, indices in enumerate(batches):
-        assert set(uses.upcoming(k, 1)) == alone(indices), k
+        assert set(uses.upcoming(k, 1)) == read[k], k
         if indices.size:
             assert uses.batch_of(int(indices[0])) is not None
     for group in range(groups):
         for after in (0, 63, 64, 130, 299):
-            reads = [k for k in range(after, len(batches)) if group in alone(batches[k])]
+            reads = [k for k in range(after, len(batches)) if group in read[k]]
             seen = uses.next_use(group, after)
             # Looked at within two stretches of 64 batches: a use further on is "none".
             expected = reads[0] if reads and reads[0] < (after // 64 + 2) * 64 else None
