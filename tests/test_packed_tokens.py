@@ -146,6 +146,14 @@ def test_bad_input_fails_clearly(tmp_path, corpus) -> None:
         len(PackedTokens(bad, column="tokens", seq_len=4, eos_id=0))
 
 
+def test_a_read_of_no_windows_is_an_empty_batch(corpus) -> None:
+    source = _packed(corpus)
+    table = source.read(np.array([], dtype=np.int64))
+    assert table.num_rows == 0
+    assert table.column_names == ["input_ids", "labels", "position_ids", "document_ids"]
+    source.close()
+
+
 def test_stages_get_their_keys(corpus) -> None:
     loader = DataLoader(_packed(corpus), batch_size=4, shuffle=True, seed=0)
     # Each stage reads epoch 0 (a new iter() after a partial pass would start epoch 1).

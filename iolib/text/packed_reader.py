@@ -563,8 +563,8 @@ class TokenReader:
         if owners.size > 1:  # a segment's pieces together: one pass over each segment
             by_owner = np.argsort(owners, kind="stable")
             owners, pieces = owners[by_owner], pieces[by_owner]
-        bounds = [0, *(np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist(), owners.size]
-        for a, b in pairwise(bounds):
+        cuts = (np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist()
+        for a, b in pairwise([0, *cuts, owners.size] if owners.size else []):
             owner = int(owners[a])
             segment, mine = segments[owner], pieces[a:b]
             mine[:, 2:] -= int(cum[owner]) + segment.offset
