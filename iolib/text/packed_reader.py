@@ -567,7 +567,7 @@ class TokenReader:
         for a, b in pairwise([0, *cuts, owners.size] if owners.size else []):
             owner = int(owners[a])
             segment, mine = segments[owner], pieces[a:b]
-            mine[:, 2:] -= int(cum[owner]) + segment.offset
+            mine[:, 2:] -= int(cum[owner]) + segment.offset  # into the segment's tokens
             loops.cut_pieces(segment.tokens, segment.starts, segment.rows, mine, d.ignore_index,
                              out, count, length, d.document_ids)  # fmt: skip
         return _window_table(buffer, planes, count, length)
@@ -617,14 +617,10 @@ def _window_table(buffer: pa.Buffer, planes: int, rows: int, length: int) -> pa.
     """The planes of `buffer` ([planes, rows, length] int64) as columns of `rows`
     fixed-size lists that share its memory (collated to [rows, length] tensors without a
     copy)."""
-    schema, plane = _window_schema(planes, length), rows * length * 8
-    columns = [
-        pa.Array.from_buffers(field.type, rows, [None], children=[
-            pa.Array.from_buffers(pa.int64(), rows * length, [None, buffer.slice(i * plane, plane)])
-        ])
-        for i, field in enumerate(schema)
-    ]  # fmt: skip
-    return pa.Table.from_arrays(columns, schema=schema)
+    schema = _window_schema(planes, length)
+    values = pa.Array.from_buffers(pa.int64(), planes * rows * length, [None, buffer])
+    lists = pa.Array.from_buffers(schema[0].type, planes * rows, [None], children=[values])
+    return pa.Table.from_arrays([lists.slice(i * rows, rows) for i in range(planes)], schema=schema)
 
 
 def _lanes_of(plan: Any) -> tuple[int, int, int]:
