@@ -69,12 +69,17 @@ def test_a_null_boolean_is_refused_naming_the_column_and_row(tmp_path) -> None:
         next(iter(DataLoader(ParquetSource(str(tmp_path)), batch_size=4)))
 
 
-def test_a_sliced_fixed_size_list_column_collates_to_its_own_rows() -> None:
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8, np.float32, np.float64])
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_a_sliced_fixed_size_list_column_collates_to_its_own_rows(dtype, chunks) -> None:
     """A fixed-size list column that is a slice of a larger array (a table's rows taken
-    from the middle) gives a [rows, size] tensor of those rows, not the array's first."""
+    from the middle), of any numeric type, in one chunk or several, gives a [rows, size]
+    tensor of those rows, not the array's first."""
     from iolib.collate import collate_table
 
-    values = pa.array(np.arange(40, dtype=np.int64))
+    values = pa.array(np.arange(40).astype(dtype))
     whole = pa.FixedSizeListArray.from_arrays(values, 4)  # rows [0..3], [4..7], ...
-    batch = collate_table(pa.table({"x": whole.slice(3, 4)}))
+    parts = [whole.slice(3, 4)] if chunks == 1 else [whole.slice(3, 2), whole.slice(5, 2)]
+    batch = collate_table(pa.table({"x": pa.chunked_array(parts)}))
+    assert batch["x"].dtype == torch.from_numpy(np.zeros(1, dtype=dtype)).dtype
     assert batch["x"].tolist() == [[12 + 4 * r + c for c in range(4)] for r in range(4)]
