@@ -46,13 +46,13 @@ class _Chunk:
     def build(cls, lo: int, batches: Sequence[np.ndarray], hi: int, pairs_of: Callable) -> _Chunk:
         parts = [np.asarray(batches[k], dtype=np.int64) for k in range(lo, hi)]
         firsts = np.array([part[0] if part.size else -1 for part in parts], dtype=np.int64)
-        by_batch = _groups_by_batch(parts, lo, pairs_of)
+        ks, groups = _batch_group_pairs(parts, lo, pairs_of)
+        bounds = np.searchsorted(ks, np.arange(lo, hi + 1)).tolist()
+        by_batch = [groups[a:b] for a, b in pairwise(bounds)]
         uses: dict[int, np.ndarray] = {}
-        if by_batch and any(groups.size for groups in by_batch):
-            g = np.concatenate(by_batch)
-            k = np.repeat(np.arange(lo, hi, dtype=np.int64), [groups.size for groups in by_batch])
-            by_group = np.lexsort((k, g))
-            g, k = g[by_group], k[by_group]
+        if groups.size:
+            by_group = np.lexsort((ks, groups))
+            g, k = groups[by_group], ks[by_group]
             cuts = np.flatnonzero(np.diff(g)) + 1
             for part_g, part_k in zip(np.split(g, cuts), np.split(k, cuts), strict=True):
                 uses[int(part_g[0])] = part_k
@@ -60,28 +60,31 @@ class _Chunk:
         return cls(lo, uses, firsts[by_first], by_first + lo, by_batch, firsts)
 
 
-def _groups_by_batch(parts: list[np.ndarray], lo: int, pairs_of: Callable) -> list[np.ndarray]:
-    """Each batch's row groups, sorted, once each. Small batches (a packed batch's 16
-    windows): one sort of every (batch, row group) pair, where a sort a batch cost ~30
-    us each, a tenth of the batch's cut. Large ones: a sort a batch, cheaper than one
-    sort of millions of pairs (1.7 s against 0.4 for 2,048 batches of 4,096)."""
-    count = sum(part.size for part in parts)
-    if count > SMALL_BATCH * len(parts):
-        return [
-            np.unique(pairs_of(part, np.full(part.size, lo + i, dtype=np.int64))[1])
-            for i, part in enumerate(parts)
-        ]
-    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+def _batch_group_pairs(
+    parts: list[np.ndarray], lo: int, pairs_of: Callable
+) -> tuple[np.ndarray, np.ndarray]:
+    """(batch number, row group) of each row group each batch `lo + i` (samples
+    `parts[i]`) reads, once each, sorted by batch then row group. Small batches (a packed
+    batch's 16 windows): one sort of every pair, where a sort a batch cost ~30 us each, a
+    tenth of the batch's cut. Large ones: a sort a batch, cheaper than one sort of
+    millions of pairs (1.7 s against 0.4 for 2,048 batches of 4,096)."""
+    numbers = np.arange(lo, lo + len(parts), dtype=np.int64)
     counts = [part.size for part in parts]
-    ks, groups = pairs_of(flat, np.repeat(np.arange(lo, lo + len(parts), dtype=np.int64), counts))
+    if sum(counts) > SMALL_BATCH * len(parts):
+        found = [
+            np.unique(pairs_of(part, np.full(part.size, k))[1])
+            for k, part in zip(numbers, parts, strict=True)
+        ]
+        groups = np.concatenate(found).astype(np.int64, copy=False)
+        return np.repeat(numbers, [g.size for g in found]), groups
+    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    ks, groups = pairs_of(flat, np.repeat(numbers, counts))
     ks, groups = np.asarray(ks, dtype=np.int64), np.asarray(groups, dtype=np.int64)
     by_k = np.lexsort((groups, ks))
     ks, groups = ks[by_k], groups[by_k]
     once = np.ones(ks.size, dtype=bool)
     once[1:] = (ks[1:] != ks[:-1]) | (groups[1:] != groups[:-1])
-    ks, groups = ks[once], groups[once]
-    bounds = np.searchsorted(ks, np.arange(lo, lo + len(parts) + 1)).tolist()
-    return [groups[a:b] for a, b in pairwise(bounds)]
+    return ks[once], groups[once]
 
 
 def _each_in_one(group_of: Callable, samples: np.ndarray, ks: np.ndarray) -> tuple:
@@ -279,9 +282,13 @@ class PlannedCache:
         """A forked worker: the parent's threads, and the batches they held, are gone."""
         self.active, self.pending, self.threads = {}, set(), set()
 
+    def _waiting(self) -> list[tuple[int, int]]:
+        """Batches in progress, and those passed over that another thread holds."""
+        return [*self.active.values(), *self.pending]
+
     def _now(self) -> tuple[int, int] | None:
         """The earliest batch in progress or passed over; else the latest begun."""
-        waiting = [*self.active.values(), *self.pending]
+        waiting = self._waiting()
         return min(waiting) if waiting else self.last
 
     def end(self, thread: int) -> None:
@@ -297,8 +304,7 @@ class PlannedCache:
         plan = self.plans.get(epoch)
         if plan is None:
             return None
-        waiting = [*self.active.values(), *self.pending]
-        start = min([b for e, b in waiting if e == epoch] + [k])
+        start = min([b for e, b in self._waiting() if e == epoch] + [k])
         return plan.upcoming(start, k - start + ahead + 1)
 
     def room_ahead(self, upcoming: list[int], sizes: Sequence[int]) -> int:
@@ -333,7 +339,7 @@ class PlannedCache:
         """Whether a batch from the earliest one in progress on reads `group` (in view
         of the plan); True without a plan or a batch in progress."""
         plan = self.plans.get(epoch)
-        now = [b for e, b in [*self.active.values(), *self.pending] if e == epoch]
+        now = [b for e, b in self._waiting() if e == epoch]
         if self.last is not None and self.last[0] == epoch:
             now.append(self.last[1])
         if plan is None or not now:

@@ -646,7 +646,9 @@ def _nbytes(segment: Segment) -> int:
     return segment.nbytes
 
 
-def _spans_of(windows: np.ndarray, cum: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def _window_positions(
+    windows: np.ndarray, cum: np.ndarray, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(window, position) pairs, repeats allowed: the positions (in an epoch's row-group
     order, whose prefix sums of stream tokens are `cum`) that each window's tokens come
     from, with the token after it (its last label)."""
@@ -663,8 +665,8 @@ def _spans_of(windows: np.ndarray, cum: np.ndarray, seq_len: int) -> tuple[np.nd
 
 
 def _positions(windows: np.ndarray, cum: np.ndarray, seq_len: int) -> np.ndarray:
-    """Positions that windows' tokens come from (`_spans_of`), each once, sorted."""
-    return np.unique(_spans_of(windows, cum, seq_len)[1])
+    """Positions that windows' tokens come from (`_window_positions`), each once, sorted."""
+    return np.unique(_window_positions(windows, cum, seq_len)[1])
 
 
 def _window_pairs(
@@ -672,5 +674,5 @@ def _window_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(batch number, row group) pairs of windows whose batch numbers are `ks`: what
     the cache's plan counts (`EpochUses`), for a stretch of batches at once."""
-    at, positions = _spans_of(np.asarray(windows, dtype=np.int64), cum, seq_len)
+    at, positions = _window_positions(np.asarray(windows, dtype=np.int64), cum, seq_len)
     return ks[at], order[positions]
