@@ -164,6 +164,49 @@ def test_the_heap_is_trimmed_once_free_pages_piled_up_not_after_every_batch(monk
     libc.free(fence)
 
 
+def test_pages_freed_just_after_a_trim_count_as_growth_not_as_the_floor(monkeypatch) -> None:
+    """Another thread's batch freed between the trim and the reading after it: the next
+    look still trims it, instead of letting it stand as the heap's idle floor (where
+    batches reuse it without a fault, so no look comes)."""
+    import ctypes
+    import platform
+
+    from iolib.decode import heap
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return
+    growth = 16 << 20
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(64 << 10) for _ in range(2 * growth // (64 << 10))]
+    for b in blocks:
+        ctypes.memset(b, 1, 64 << 10)
+    fence = libc.malloc(64 << 10)
+    real = heap._lib()
+
+    class FreedJustAfterTheTrim:
+        """glibc itself; its trim is followed at once by the other thread's free."""
+
+        def __getattr__(self, name: str):
+            return getattr(real, name)
+
+        def malloc_trim(self, pad: int) -> int:
+            done = real.malloc_trim(pad)
+            for b in blocks:
+                libc.free(b)
+            return done
+
+    monkeypatch.setattr(heap, "_floor", None)
+    monkeypatch.setattr(heap, "_libc", FreedJustAfterTheTrim())
+    assert trim_heap(growth) is True
+    monkeypatch.setattr(heap, "_libc", real)
+    piled = heap.resident_bytes()
+    assert trim_heap(growth) is True  # 2x growth freed after the first trim goes back
+    assert heap.resident_bytes() < piled - growth
+    libc.free(fence)
+
+
 def test_an_image_pipeline_caps_the_malloc_arenas_unless_the_user_chose() -> None:
     """Threads that start after an ImagePipeline is made share at most one arena per
     core (at least 2); a MALLOC_ARENA_MAX in the environment is left to glibc."""

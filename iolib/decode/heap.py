@@ -172,21 +172,27 @@ def resident_bytes() -> int:
         return 0
 
 
-def idle_bytes() -> int:
-    """Anonymous resident bytes not allocated by malloc: the heap's free pages still
-    resident, plus memory others map (a near-constant); where glibc has no
-    ``mallinfo2``, the whole resident set. 0 where unreadable."""
+def _reading() -> tuple[int, int]:
+    """(anonymous resident bytes, of which idle): see `idle_bytes`; (0, 0) where
+    unreadable."""
     libc = _lib()
     try:
         with open("/proc/self/statm", "rb") as f:
             fields = f.read().split()
         resident, shared = int(fields[1]) * _PAGE, int(fields[2]) * _PAGE
     except (OSError, ValueError, IndexError):
-        return 0
+        return 0, 0
     if libc is None or not hasattr(libc, "mallinfo2"):
-        return resident
+        return resident - shared, resident
     info = libc.mallinfo2()
-    return resident - shared - info.uordblks - info.hblkhd
+    return resident - shared, resident - shared - info.uordblks - info.hblkhd
+
+
+def idle_bytes() -> int:
+    """Anonymous resident bytes not allocated by malloc: the heap's free pages still
+    resident, plus memory others map (a near-constant); where glibc has no
+    ``mallinfo2``, the whole resident set. 0 where unreadable."""
+    return _reading()[1]
 
 
 def trim_heap(growth: int = TRIM_GROWTH) -> bool:
@@ -197,13 +203,19 @@ def trim_heap(growth: int = TRIM_GROWTH) -> bool:
     libc = _lib()
     if libc is None:
         return False
+    resident, idle = _reading()
     if _floor is not None and growth > 0:
-        idle = idle_bytes()
         _floor = min(_floor, idle)  # pages given back since (large blocks, by glibc)
         if idle - _floor <= growth:
             return False
     libc.malloc_trim(0)
-    _floor = idle_bytes()
+    resident_after, idle_after = _reading()
+    # Another thread's batch freed just after the trim is idle afterwards but is growth,
+    # not floor: left as the floor, it stays resident while batches reuse it without a
+    # fault that would make a look. What the trim gave back, taken from the idle bytes
+    # before it, leaves such a free out; a block faulted in meanwhile inflates that
+    # estimate instead, and the reading after leaves it out: the lesser of the two.
+    _floor = min(idle_after, idle - max(0, resident - resident_after))
     return True
 
 
