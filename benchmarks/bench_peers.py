@@ -472,6 +472,9 @@ def versions() -> dict:
 @click.option("--cache-mb", default=0.0, help="PackedTokens(cache_bytes=) (0: its default).")
 @click.option("--image-cache-mb", default=0.0,
               help="iolib's ParquetSource(cache_bytes=) for images (0: its default).")  # fmt: skip
+@click.option("--image-window-mb", default=0.0,
+              help="iolib's ParquetSource(shuffle_window=) for images, in MiB (0: its default, "
+              "a full shuffle).")  # fmt: skip
 @click.option(
     "--decode-threads", default=0, help="ImagePipeline(threads=) of iolib (0: its default)."
 )
@@ -540,6 +543,7 @@ def main(**opts: Any) -> None:
                 "batch": cfg["token_batch"] if workload == "tokens" else cfg["image_batch"],
                 "cache_mb": cfg["cache_mb"], "decode_threads": cfg["decode_threads"],
                 "image_cache_mb": cfg["image_cache_mb"], "image_backend": cfg["image_backend"],
+                "image_window_mb": cfg["image_window_mb"],
                 "iolib_path": cfg["iolib_path"], "settle_s": cfg["settle_s"],
             }  # fmt: skip
             if system == "streaming":

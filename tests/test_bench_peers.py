@@ -123,3 +123,17 @@ def test_pacer_books_bytes_back_to_back(rate, sizes):
 def test_upstream_must_be_an_http_host_and_port():
     with pytest.raises(ValueError, match="upstream"):
         ThrottlingProxy("s3://bucket")
+
+
+@pytest.mark.parametrize(("groups", "rows", "batch"), [(19, 105, 64), (2, 105, 64), (250, 40, 64)])
+def test_the_first_batch_floor_counts_the_row_groups_a_shuffled_batch_touches(groups, rows, batch):
+    """The floor of a shuffled first batch: the row groups a random batch touches on
+    average, as a draw of that batch from the rows says."""
+    import numpy as np
+
+    from benchmarks.peers.formats import groups_touched
+
+    rng = np.random.default_rng(0)
+    owner = np.repeat(np.arange(groups), rows)
+    drawn = [np.unique(rng.choice(owner, batch, replace=False)).size for _ in range(2000)]
+    assert groups_touched(groups, rows, batch) == pytest.approx(np.mean(drawn), rel=0.02)

@@ -105,10 +105,22 @@ def row_groups(folder: str) -> list[tuple[int, int]]:
     return groups
 
 
+def groups_touched(groups: int, rows: int, batch: int) -> float:
+    """Row groups, of `rows` rows each, that `batch` rows drawn at random without
+    replacement from `groups` of them touch on average: a full shuffle's first batch."""
+    total = groups * rows
+    missed = 1.0  # the chance that one given row group gives none of the batch's rows
+    for i in range(min(batch, total)):
+        missed *= max(0, total - rows - i) / (total - i)
+    return groups * (1.0 - missed)
+
+
 def first_batch_bytes(workload: str, system: str, folder: str, cfg: dict, facts: dict) -> int:
     """The bytes a first batch needs, in the read units of the system's format: whole
     row groups (iolib), a whole shard or chunk (streaming, litdata download one before
-    reading it) or the batch's samples (WebDataset streams a tar)."""
+    reading it) or the batch's samples (WebDataset streams a tar). iolib's images are
+    shuffled over the whole set (its default) or within `--image-window-mb`: the row
+    groups a random batch from the first window touches."""
     files = [p for p in Path(folder).rglob("*") if p.is_file() and p.name != ".done"]
     if system == "iolib":
         groups = row_groups(folder)
@@ -117,9 +129,12 @@ def first_batch_bytes(workload: str, system: str, folder: str, cfg: dict, facts:
         if workload == "tokens":
             per_token = size / max(1, facts["tokens"]["tokens_with_eos"] / len(groups))
             need = cfg["token_batch"] * cfg["seq_len"] * per_token
-        else:
-            need = cfg["image_batch"] * size / max(1, rows)
-        return int(size * max(1, -(-need // size)))
+            return int(size * max(1, -(-need // size)))
+        # As systems.iolib_loader sets it: a cache below the data comes with half of it.
+        window = int((cfg.get("image_window_mb") or cfg.get("image_cache_mb", 0) / 2) * 2**20)
+        largest = max(g for g, _ in groups)
+        in_window = len(groups) if not window else min(len(groups), max(1, window // largest))
+        return int(size * groups_touched(in_window, rows, cfg["image_batch"]))
     if system == "webdataset":
         return int(folder_bytes(folder) * cfg["image_batch"] / max(1, facts["images"]["images"]))
     shards = sorted(p.stat().st_size for p in files if not p.name.endswith(".json"))

@@ -130,6 +130,9 @@ def iolib_loader(spec: dict) -> tuple[Any, Callable[[Any], int], dict]:
     # default (all of it here, a global shuffle).
     cache = int(spec["image_cache_mb"] * 2**20) if spec.get("image_cache_mb") else None
     window = {"shuffle_window": cache // 2} if cache else {}
+    if spec.get("image_window_mb"):
+        window = {"shuffle_window": int(spec["image_window_mb"] * 2**20)}
+    notes["image_shuffle_window"] = window.get("shuffle_window")
     source = ParquetSource(url, storage_options=options, cache_bytes=cache, **window)
     notes["image_cache_bytes"] = cache
     loader = iolib.DataLoader(source, batch_size=spec["batch"], decode=decode, **common)
