@@ -36,7 +36,8 @@ def arrow_bytes(field: pa.Field, rows: int, parquet_bytes: int, leaf_values: int
     """Bytes a row group's column takes in Arrow, from the footer alone: exact for
     fixed-width types and lists of them (offsets plus values: Parquet's encoded size of
     token ids is often half of it, which made the cache too small and thrash), Parquet's
-    uncompressed size plus offsets otherwise (strings; corrected by a measured read)."""
+    uncompressed size plus offsets otherwise (strings: near exact without a dictionary,
+    else corrected by a measured read)."""
     kind = field.type
     width = _fixed_width(kind)
     if width is not None:
@@ -55,6 +56,26 @@ def exact_size(kind: pa.DataType) -> bool:
         return True
     return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
         _fixed_width(kind.value_type) is not None
+    )
+
+
+def plain_bytes_exact(kind: pa.DataType) -> bool:
+    """Whether `arrow_bytes` is exact for a chunk of `kind` written without a dictionary:
+    flat strings and binary, which Parquet then stores back to back as Arrow does (the
+    estimate is over by their length prefixes). With a dictionary, a repeated value is
+    stored once and decoded many times: only a read tells."""
+    return (
+        pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+    )  # fmt: skip
+
+
+def dictionary_columns(group: pq.RowGroupMetaData) -> frozenset[str]:
+    """Top-level columns of one row group with a dictionary page in any of their chunks."""
+    return frozenset(
+        group.column(j).path_in_schema.split(".")[0]
+        for j in range(group.num_columns)
+        if group.column(j).has_dictionary_page
     )
 
 

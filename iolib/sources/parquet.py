@@ -254,8 +254,9 @@ class ParquetSource(Source):
     # -- sizing the cache ----------------------------------------------------------------
     def estimated_bytes(self, *, measure: bool = True) -> list[int]:
         """Arrow bytes of each row group's projected columns, from the footers (exact for
-        numbers and lists of numbers), scaled by a measured read where the estimate is
-        approximate (strings, binary, nested records) unless `measure` is False."""
+        numbers, lists of numbers, and strings and binary written without a dictionary),
+        scaled by a measured read where the estimate is approximate (dictionary-encoded
+        strings, nested records) unless `measure` is False."""
         description = self.description
         sizes, exact = description.footer_estimates()
         if not exact and sizes and (measure or description.decoded is not None):

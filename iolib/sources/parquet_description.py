@@ -24,7 +24,7 @@ from iolib.base.resources import parse_bytes
 from iolib.collate import ListFormat
 from iolib.errors import ConfigError, DataError
 from iolib.plan import window_groups
-from iolib.sources.footer import arrow_bytes, exact_size, leaf_values
+from iolib.sources.footer import arrow_bytes, exact_size, leaf_values, plain_bytes_exact
 from iolib.sources.parquet_files import FileMeta, list_files, pack_files, unpack_files
 from iolib.sources.ranges import Span
 from iolib.sources.schemas import drifted, unified_schema
@@ -215,7 +215,8 @@ class ParquetDescription:
     # -- sizes ---------------------------------------------------------------------------
     def footer_estimates(self) -> tuple[list[int], bool]:
         """Arrow bytes of each row group's projected columns from the footers, and
-        whether that is exact (numbers and lists of numbers) rather than approximate."""
+        whether that is exact (numbers and lists of numbers; strings and binary written
+        without a dictionary, within their length prefixes) rather than approximate."""
         sizes, exact = [], True
         for f in self._index():
             for local, rows in enumerate(f.row_groups):
@@ -225,7 +226,11 @@ class ParquetDescription:
                     if (self.columns is None or c in self.columns) and c in f.schema.names:
                         field = f.schema.field(c)
                         total += arrow_bytes(field, rows, raw, counts.get(c, rows))
-                        exact = exact and exact_size(field.type)
+                        if exact and not exact_size(field.type):
+                            exact = (
+                                plain_bytes_exact(field.type)
+                                and c not in f.dictionary_columns[local]
+                            )
                 sizes.append(total)
         return sizes, exact
 

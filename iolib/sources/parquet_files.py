@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from iolib.base.redact import Redactor
 from iolib.base.resources import thread_budget
 from iolib.errors import DataError
-from iolib.sources.footer import column_sizes
+from iolib.sources.footer import column_sizes, dictionary_columns
 from iolib.sources.ranges import Span, column_spans
 from iolib.sources.summary import (
     SummarizedFile,
@@ -83,6 +83,11 @@ class FileMeta:
     def column_raw_bytes(self) -> tuple[dict[str, int], ...]:
         """Uncompressed bytes per column, per row group."""
         return tuple(column_sizes(self.group_meta(i), False) for i in range(len(self.row_groups)))
+
+    @cached_property
+    def dictionary_columns(self) -> tuple[frozenset[str], ...]:
+        """Columns with a dictionary page, per row group."""
+        return tuple(dictionary_columns(self.group_meta(i)) for i in range(len(self.row_groups)))
 
     @cached_property
     def spans(self) -> tuple[dict[str, tuple[Span, ...]], ...]:
