@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from iolib.base.startup import reads_sent
 from iolib.collate import (
     batch_nbytes,
     collate_rows,
@@ -327,7 +326,6 @@ class BatchFetcher:
             meta,
             task.number,
         )
-        reads_sent()  # a source that read without the fetch pool: the decoder waits no more
         if data is None:
             meta.samples = 0
             return None

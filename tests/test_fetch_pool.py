@@ -306,35 +306,3 @@ def test_a_shuffled_batch_reads_its_missing_row_groups_in_runs(tmp_path: Path, m
     next to each other in the file, not one request each."""
     reads, _ = _requests(tmp_path, monkeypatch, shuffle="global")
     assert len(reads) <= 50, len(reads)  # 78 when missing row groups came one a request
-
-
-_FIRST_READS = textwrap.dedent("""
-    import threading
-    from iolib.base.startup import after_first_reads, reads_were_sent
-    from iolib.sources.fetch_pool import FetchPool
-    pool = FetchPool(1, "iolib-fetch-test", lambda read, retries: None)
-    began, busy, gate, seen = threading.Event(), threading.Event(), threading.Event(), []
-    # A read-ahead holds the pool's one thread while both needed reads are queued.
-    ahead = pool.submit(lambda: (seen.append(("ahead", reads_were_sent())), began.set(),
-                                 busy.wait(10)), ahead=True)
-    began.wait(10)
-    first = pool.submit(lambda: (seen.append(("first", reads_were_sent())), gate.wait(10)))
-    last = pool.submit(lambda: seen.append(("last", reads_were_sent())))
-    busy.set()
-    waited = after_first_reads(0.2)  # the last one queued has not started
-    gate.set()
-    ahead.result(10), first.result(10), last.result(10)
-    print(seen, waited, after_first_reads(0))
-""")
-
-
-def test_a_process_has_sent_its_first_reads_once_the_last_needed_one_queued_starts() -> None:
-    """What waits for the first batch's requests (the image decoder's build) waits until
-    every needed read queued is on its way; a read-ahead does not count."""
-    done = subprocess.run(
-        [sys.executable, "-c", _FIRST_READS], capture_output=True, text=True, check=True,
-        timeout=60, env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": ""},
-    )  # fmt: skip
-    assert done.stdout.split("\n")[0] == (
-        "[('ahead', False), ('first', False), ('last', True)] False True"
-    )

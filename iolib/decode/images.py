@@ -47,10 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("iolib.images")
 _notice_logged = False
-# How long the decoder's build waits for the first batch's requests to go out: sent
-# 10 ms after the loader starts when nothing competes; a source that reads without
-# saying so (a folder, a map-style Dataset) delays the build by at most this.
-PREPARE_AFTER_READS_S = 0.1
 _RESOLVING = threading.Lock()  # one backend per ImagePipeline, however many threads ask
 
 
@@ -221,10 +217,6 @@ class ImagePipeline:
             thread.start()
 
     def _prepare(self) -> None:
-        from iolib.base.startup import after_first_reads
-
-        # The first batch's requests go out first: see iolib/base/startup.py.
-        after_first_reads(PREPARE_AFTER_READS_S)
         with contextlib.suppress(Exception):  # raised again, with its batch, by a decode
             self._resolved()
 

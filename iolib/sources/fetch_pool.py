@@ -35,7 +35,6 @@ from functools import partial
 from typing import Any
 
 from iolib.base.forks import reset_after_fork
-from iolib.base.startup import reads_sent, reads_were_sent
 from iolib.storage import take_counters
 
 IDLE_S = 1.0  # a thread with nothing to start waits this long, then exits
@@ -384,12 +383,6 @@ class FetchPool:
             return None  # the batch waited on has the link first
         heapq.heappop(self._queue)
         self._entries.pop(head[4], None)
-        if (
-            head[0] == NEED
-            and not reads_were_sent()
-            and not any(e[0] == NEED and e[5] for e in self._queue)
-        ):
-            reads_sent()  # the last needed read queued starts: see base/startup.py
         return head
 
     def _next(self) -> tuple[list[Any], int] | None:
