@@ -154,6 +154,8 @@ GRID_DTYPES = [
 ]  # fmt: skip
 CUT_ARGS = ["tokens", "starts", "doc_rows", "pieces", "out"]
 PACK_ARGS = ["values", "firsts", "sizes", "starts", "out"]
+# cut_windows: tokens, starts and doc_rows are those of the segment the second window ends in.
+WINDOW_ARGS = ["firsts", "cum", "positions", "tokens", "starts", "doc_rows", "out"]
 TOKEN_KINDS = {"i1", "u1", "i2", "u2", "i4", "u4", "i8"}  # what tokens/values may be
 
 
@@ -177,6 +179,8 @@ def _grid_case(function: str, argument: str, code: str, swapped: bool) -> str:
     """One call with one argument in another dtype: 'ok' (and equal to the int64 call's
     result), or the error's type and message."""
     dtype = _dtype(code, swapped)
+    if function == "windows":
+        return _grid_windows_case(argument, dtype)
     if function == "cut":
         names = CUT_ARGS
         args = _args(want_docs=True, out=np.zeros((4, 1, 4), dtype=np.int64))
@@ -209,8 +213,43 @@ def _grid_case(function: str, argument: str, code: str, swapped: bool) -> str:
     return "ok" if right else "ok but wrong"
 
 
+def _grid_windows_case(argument: str, dtype: np.dtype) -> str:
+    """`_grid_case` for cut_windows, whose segments' buffers sit in a tuple each."""
+
+    def call(changed: dict) -> np.ndarray:
+        a = {"firsts": np.array([0, 4]), "cum": np.array([0, 5, 10]),
+             "positions": np.array([0, 1]), "tokens": np.arange(5, 10, dtype=np.int64),
+             "starts": np.array([0, 3, 5]), "doc_rows": np.array([3, 4]),
+             "out": np.zeros((4, 2, 4), dtype=np.int64)}  # fmt: skip
+        a.update(changed)
+        first = (np.arange(5, dtype=np.int64), np.array([0, 2, 5]), np.array([1, 2]), 0)
+        second = (a["tokens"], a["starts"], a["doc_rows"], 0)
+        loops.cut_windows(a["firsts"], a["cum"], a["positions"], [first, second], IGNORE,
+                          a["out"], 2, 4, True)  # fmt: skip
+        return a["out"]
+
+    want = call({})
+    names = {"tokens": np.arange(5, 10), "starts": np.array([0, 3, 5]),
+             "doc_rows": np.array([3, 4]), "firsts": np.array([0, 4]),
+             "cum": np.array([0, 5, 10]), "positions": np.array([0, 1]),
+             "out": np.zeros((4, 2, 4))}  # fmt: skip
+    try:
+        changed = _cast(names[argument], dtype)
+    except (TypeError, ValueError) as exc:
+        return f"unbuildable {type(exc).__name__}"
+    try:
+        got = call({argument: changed})
+    except Exception as exc:  # any refusal is recorded; the test says which are right
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        right = np.array_equal(np.asarray(got).astype(np.int64), want)
+    except Exception:  # what was written cannot even be read back
+        right = False
+    return "ok" if right else "ok but wrong"
+
+
 def _grid_child() -> None:
-    for function, names in (("cut", CUT_ARGS), ("pack", PACK_ARGS)):
+    for function, names in (("cut", CUT_ARGS), ("pack", PACK_ARGS), ("windows", WINDOW_ARGS)):
         for argument in names:
             for code in GRID_DTYPES:
                 for swapped in (False, True):
@@ -244,7 +283,9 @@ def grid() -> tuple[dict, str]:
 
 @pytest.mark.parametrize(
     ("function", "argument"),
-    [("cut", a) for a in CUT_ARGS] + [("pack", a) for a in PACK_ARGS],
+    [("cut", a) for a in CUT_ARGS]
+    + [("pack", a) for a in PACK_ARGS]
+    + [("windows", a) for a in WINDOW_ARGS],
 )
 def test_every_argument_dtype_and_byte_order_is_read_right_or_refused(grid, function, argument):
     outcomes, ended = grid

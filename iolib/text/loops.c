@@ -190,13 +190,104 @@ static Py_ssize_t document_of(const int64_t *starts, Py_ssize_t n, int64_t a) {
     return lo - 1;
 }
 
-/* cut_pieces(tokens, starts, doc_rows, pieces, ignore, out, want_docs): fill each piece
- * (row, column, a, b) of a batch from tokens[a:b] of one segment. out is int64
- * [planes, rows, length]: input_ids, labels, position_ids and (want_docs) the documents'
- * rows. Document j spans starts[j] .. starts[j + 1] - 1, its eos last (a piece's last
- * document may have no eos in it). The token at column `length` is only the last label.
- * A piece begins a window or follows a segment's end, which is always an eos, so
- * positions restart at 0 with each piece. */
+/* One segment as the cuts read it: its tokens (of any integer kind), where each document
+ * starts, and each document's row. */
+struct segment {
+    const char *tokens;
+    enum kind kind;
+    Py_ssize_t n_tokens;
+    const int64_t *starts;
+    Py_ssize_t n_starts;
+    const int64_t *doc_rows;
+    Py_ssize_t n_rows;
+};
+
+/* The segment of three buffers (tokens, starts, doc_rows), checked: a document at least,
+ * and starts rising from 0 or more (the fill walks documents in order); or -1 with an
+ * error set. Starts are then read once a value in the fill, which stays in bounds
+ * whatever another thread writes there meanwhile (a copy of a row group's every start
+ * cost more than the cut). */
+static int segment_of(const Py_buffer *v, const enum kind *kinds, struct segment *s) {
+    s->tokens = v[0].buf;
+    s->kind = kinds[0];
+    s->n_tokens = v[0].len / v[0].itemsize;
+    s->starts = v[1].buf;
+    s->n_starts = v[1].len / 8;
+    s->doc_rows = v[2].buf;
+    s->n_rows = v[2].len / 8;
+    if (s->n_starts < 1) {
+        PyErr_SetString(PyExc_ValueError, "starts is empty: a segment holds one document or more");
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < s->n_starts; j++) {
+        if (s->starts[j] < 0 || (j > 0 && s->starts[j] <= s->starts[j - 1])) {
+            PyErr_SetString(PyExc_ValueError, "starts must rise from 0 or more");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Whether piece (row, column, a, b) of segment `s` lies inside a batch of `rows` x
+ * `length` and inside the segment, its documents each with a row. */
+static int piece_fits(const struct segment *s, Py_ssize_t rows, Py_ssize_t length, int64_t row,
+                      int64_t column, int64_t a, int64_t b) {
+    return !(row < 0 || row >= rows || column < 0 || column > length || a < 0 || b < a
+             || b > s->n_tokens || document_of(s->starts, s->n_starts, a) < 0
+             || document_of(s->starts, s->n_starts, b - 1) >= s->n_rows);
+}
+
+/* Fill piece (row, column, a, b) of a batch from tokens[a:b] of segment `s`, checked by
+ * piece_fits. out is int64 [planes, rows, length]: input_ids, labels, position_ids and
+ * (want_docs) the documents' rows. Document j spans starts[j] .. starts[j + 1] - 1, its
+ * eos last (a piece's last document may have no eos in it). The token at column `length`
+ * is only the last label. A piece begins a window or follows a segment's end, which is
+ * always an eos, so positions restart at 0 with each piece. Runs without the GIL. */
+static void fill_piece(const struct segment *s, int64_t *out, Py_ssize_t rows, Py_ssize_t length,
+                       int want_docs, int64_t ignore, Py_ssize_t row, Py_ssize_t column, int64_t a,
+                       int64_t b) {
+    int64_t *ids = out, *labels = ids + rows * length, *positions = labels + rows * length;
+    int64_t *docs = positions + rows * length;
+    const int64_t *starts = s->starts;
+    Py_ssize_t last = s->n_starts - 1;
+    Py_ssize_t n = b - a < length - column ? b - a : length - column; /* tokens placed */
+    Py_ssize_t m = n < b - a - 1 ? n : b - a - 1; /* of which the next token is here */
+    int64_t *id = ids + row * length + column, *label = labels + row * length + column;
+    int64_t *position = positions + row * length + column;
+    widen(id, s->tokens, s->kind, a, n);
+    widen(label, s->tokens, s->kind, a + 1, m);
+    if (n > 0 && m < n) label[n - 1] = ignore; /* the stream's end: only eos past it */
+    /* Each start read once, and what is made of it kept in bounds: checked before, it
+     * is; changed since by another thread, the output is wrong but no write strays. */
+    Py_ssize_t doc = document_of(starts, s->n_starts, a), lo = 0;
+    doc = doc < 0 ? 0 : doc;
+    while (lo < n) {
+        int64_t next = doc < last ? starts[doc + 1] - a : (int64_t)n + 1;
+        int ends_here = next > lo && next <= n; /* its eos is here */
+        Py_ssize_t hi = ends_here ? (Py_ssize_t)next : n;
+        for (Py_ssize_t i = lo; i < hi; i++) position[i] = i - lo;
+        if (want_docs) {
+            int64_t owner = doc < s->n_rows ? s->doc_rows[doc] : -1;
+            for (Py_ssize_t i = lo; i < hi; i++) docs[row * length + column + i] = owner;
+        }
+        if (ends_here) label[hi - 1] = ignore;
+        lo = hi;
+        doc++;
+    }
+}
+
+/* Whether out holds [planes, rows, length]; or 0 with an error set. */
+static int out_fits(const Py_buffer *out, Py_ssize_t rows, Py_ssize_t length, int want_docs) {
+    Py_ssize_t planes = want_docs ? 4 : 3;
+    if (rows < 0 || length < 1 || rows > out->len / 8 / planes / length) {
+        PyErr_SetString(PyExc_ValueError, "out is smaller than [planes, rows, length]");
+        return 0;
+    }
+    return 1;
+}
+
+/* cut_pieces(tokens, starts, doc_rows, pieces, ignore, out, rows, length, want_docs): fill
+ * each piece (row, column, a, b) of a batch from tokens[a:b] of one segment (fill_piece). */
 static PyObject *cut_pieces(PyObject *self, PyObject *args) {
     PyObject *o[5];
     Py_buffer v[5];
@@ -211,72 +302,22 @@ static PyObject *cut_pieces(PyObject *self, PyObject *args) {
                           &length, &want_docs))
         return NULL;
     if (get_all(o, v, kinds, spec, 5) < 0) return NULL;
-    enum kind kind = kinds[0];
-    /* pieces: copied and checked with the GIL held. starts: checked, then read once a
-     * value in the loop, which stays in bounds whatever another thread writes there
-     * meanwhile (a copy of a row group's every start cost more than the cut). */
-    int64_t *pieces = NULL;
-    Py_ssize_t planes = want_docs ? 4 : 3, n_tokens = v[0].len / v[0].itemsize;
-    Py_ssize_t n_starts = v[1].len / 8, n_rows = v[2].len / 8, n_pieces = v[3].len / 32;
-    if (n_starts < 1) {
-        PyErr_SetString(PyExc_ValueError, "starts is empty: a segment holds one document or more");
-        goto fail;
-    }
-    if (rows < 0 || length < 1 || rows > v[4].len / 8 / planes / length) {
-        PyErr_SetString(PyExc_ValueError, "out is smaller than [planes, rows, length]");
-        goto fail;
-    }
-    const int64_t *starts = v[1].buf;
-    for (Py_ssize_t j = 0; j < n_starts; j++) { /* the loop below walks documents in order */
-        if (starts[j] < 0 || (j > 0 && starts[j] <= starts[j - 1])) {
-            PyErr_SetString(PyExc_ValueError, "starts must rise from 0 or more");
-            goto fail;
-        }
-    }
+    int64_t *pieces = NULL; /* copied and checked with the GIL held */
+    struct segment s;
+    Py_ssize_t n_pieces = v[3].len / 32;
+    if (segment_of(v, kinds, &s) < 0 || !out_fits(&v[4], rows, length, want_docs)) goto fail;
     if ((pieces = copy_of(&v[3], 4 * n_pieces)) == NULL) goto fail;
     for (Py_ssize_t p = 0; p < n_pieces; p++) { /* bounds, before the GIL is let go */
         const int64_t *q = pieces + 4 * p;
-        if (q[0] < 0 || q[0] >= rows || q[1] < 0 || q[1] > length || q[2] < 0 || q[3] < q[2]
-            || q[3] > n_tokens || document_of(starts, n_starts, q[2]) < 0
-            || document_of(starts, n_starts, q[3] - 1) >= n_rows) {
+        if (!piece_fits(&s, rows, length, q[0], q[1], q[2], q[3])) {
             PyErr_Format(PyExc_IndexError, "piece %zd lies outside the batch or the segment", p);
             goto fail;
         }
     }
-    const char *tokens = v[0].buf;
-    const int64_t *doc_rows = v[2].buf; /* values only: a row read while written is no index */
-    int64_t *ids = v[4].buf, *labels = ids + rows * length, *positions = labels + rows * length;
-    int64_t *docs = positions + rows * length;
-    Py_ssize_t last = n_starts - 1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t p = 0; p < n_pieces; p++) {
         const int64_t *q = pieces + 4 * p;
-        Py_ssize_t row = q[0], column = q[1];
-        int64_t a = q[2], b = q[3];
-        Py_ssize_t n = b - a < length - column ? b - a : length - column; /* tokens placed */
-        Py_ssize_t m = n < b - a - 1 ? n : b - a - 1; /* of which the next token is here */
-        int64_t *id = ids + row * length + column, *label = labels + row * length + column;
-        int64_t *position = positions + row * length + column;
-        widen(id, tokens, kind, a, n);
-        widen(label, tokens, kind, a + 1, m);
-        if (n > 0 && m < n) label[n - 1] = ignore; /* the stream's end: only eos past it */
-        /* Each start read once, and what is made of it kept in bounds: checked above, it
-         * is; changed since by another thread, the output is wrong but no write strays. */
-        Py_ssize_t doc = document_of(starts, n_starts, a), lo = 0;
-        doc = doc < 0 ? 0 : doc;
-        while (lo < n) {
-            int64_t next = doc < last ? starts[doc + 1] - a : (int64_t)n + 1;
-            int ends_here = next > lo && next <= n; /* its eos is here */
-            Py_ssize_t hi = ends_here ? (Py_ssize_t)next : n;
-            for (Py_ssize_t i = lo; i < hi; i++) position[i] = i - lo;
-            if (want_docs) {
-                int64_t owner = doc < n_rows ? doc_rows[doc] : -1;
-                for (Py_ssize_t i = lo; i < hi; i++) docs[row * length + column + i] = owner;
-            }
-            if (ends_here) label[hi - 1] = ignore;
-            lo = hi;
-            doc++;
-        }
+        fill_piece(&s, v[4].buf, rows, length, want_docs, ignore, q[0], q[1], q[2], q[3]);
     }
     Py_END_ALLOW_THREADS
     PyMem_Free(pieces);
@@ -288,12 +329,173 @@ fail:
     return NULL;
 }
 
+/* The first j in [0, n) with cum[j] > at, less one: with cum an epoch's prefix sums of
+ * stream tokens by position, the position that holds stream token `at`. */
+#define position_of document_of
+
+/* cut_windows(firsts, cum, positions, segments, ignore, out, rows, length, want_docs): a
+ * whole batch in one call. Window r (row r) is the stream's tokens firsts[r] ..
+ * firsts[r] + length (the last only a label), cut at the end of the stream; the stream
+ * is positions 0 .. len(cum) - 2, position p its tokens cum[p] .. cum[p + 1] - 1. The
+ * segments given (a sequence of (tokens, starts, doc_rows, offset), the segment of
+ * position positions[i], rising, whose tokens[0] is the position's token `offset`) hold
+ * every position a window touches. Each window's part in each position is a piece,
+ * filled as cut_pieces fills one. Why one call: the same pieces found in NumPy cost more
+ * than the copy. */
+static PyObject *cut_windows(PyObject *self, PyObject *args) {
+    PyObject *o[4], *given;
+    Py_buffer v[4];
+    enum kind kinds[4];
+    long long ignore;
+    Py_ssize_t rows, length;
+    int want_docs;
+    static const struct arg spec[4] = {{"firsts", 0, INDEX}, {"cum", 0, INDEX},
+                                       {"positions", 0, INDEX}, {"out", 1, INDEX}};
+    if (!PyArg_ParseTuple(args, "OOOOLOnnp", &o[0], &o[1], &o[2], &given, &ignore, &o[3], &rows,
+                          &length, &want_docs))
+        return NULL;
+    if (get_all(o, v, kinds, spec, 4) < 0) return NULL;
+    PyObject *items = NULL;
+    Py_buffer *views = NULL;
+    struct segment *segs = NULL;
+    int64_t *offsets = NULL, *found = NULL, *pieces = NULL; /* pieces: (segment, row, column, a, b) */
+    Py_ssize_t n_segs = 0, held = 0, n_pieces = 0, room = 0;
+    Py_ssize_t count = v[0].len / 8, n_cum = v[1].len / 8;
+    if (!out_fits(&v[3], rows, length, want_docs)) goto fail;
+    if (count > rows) {
+        PyErr_SetString(PyExc_ValueError, "more windows than out has rows");
+        goto fail;
+    }
+    if (n_cum < 2) {
+        PyErr_SetString(PyExc_ValueError, "cum needs a position at least (two entries)");
+        goto fail;
+    }
+    if ((items = PySequence_Fast(given, "segments: expected a sequence of (tokens, starts, "
+                                        "doc_rows, offset)")) == NULL)
+        goto fail;
+    n_segs = PySequence_Fast_GET_SIZE(items);
+    if (n_segs != v[2].len / 8) {
+        PyErr_Format(PyExc_ValueError, "%zd segments for %zd positions", n_segs, v[2].len / 8);
+        goto fail;
+    }
+    /* Indices read once, with the GIL held: what another thread writes later moves nothing. */
+    if ((found = copy_of(&v[2], n_segs)) == NULL) goto fail;
+    offsets = PyMem_Calloc((size_t)(n_segs + 1), sizeof(int64_t));
+    views = PyMem_Calloc((size_t)(3 * n_segs + 1), sizeof(Py_buffer));
+    segs = PyMem_Calloc((size_t)(n_segs + 1), sizeof(struct segment));
+    if (offsets == NULL || views == NULL || segs == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    static const struct arg seg_spec[3] = {{"tokens", 0, ANY_TOKEN}, {"starts", 0, INDEX},
+                                           {"doc_rows", 0, INDEX}};
+    for (Py_ssize_t i = 0; i < n_segs; i++) {
+        PyObject *parts[3], *item = PySequence_Fast_GET_ITEM(items, i);
+        enum kind seg_kinds[3];
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_Format(PyExc_TypeError, "segment %zd: expected (tokens, starts, doc_rows, "
+                         "offset)", i);
+            goto fail;
+        }
+        for (int j = 0; j < 3; j++) parts[j] = PyTuple_GET_ITEM(item, j);
+        if (get_all(parts, views + 3 * i, seg_kinds, seg_spec, 3) < 0) goto fail;
+        held = i + 1;
+        offsets[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 3));
+        if (offsets[i] == -1 && PyErr_Occurred()) goto fail;
+        if (offsets[i] < 0 || (i > 0 && found[i] <= found[i - 1])) {
+            PyErr_Format(PyExc_ValueError, "segment %zd: positions must rise and offsets be 0 "
+                         "or more", i);
+            goto fail;
+        }
+        if (segment_of(views + 3 * i, seg_kinds, &segs[i]) < 0) goto fail;
+    }
+    const int64_t *firsts = v[0].buf, *cum = v[1].buf;
+    Py_ssize_t last_position = n_cum - 2;
+    int64_t end = cum[n_cum - 1];
+    for (Py_ssize_t r = 0; r < count; r++) { /* the pieces, checked, before the GIL is let go */
+        int64_t lo = firsts[r], column = 0;
+        if (lo < 0 || lo >= end) {
+            PyErr_Format(PyExc_IndexError, "window %zd starts outside the stream", r);
+            goto fail;
+        }
+        int64_t hi = lo <= end - length - 1 ? lo + length + 1 : end;
+        Py_ssize_t position = position_of(cum, n_cum, lo);
+        while (lo < hi) {
+            if (position < 0 || position > last_position) {
+                PyErr_Format(PyExc_IndexError, "window %zd lies outside the stream", r);
+                goto fail;
+            }
+            int64_t base = cum[position], top = cum[position + 1];
+            int64_t stop = top < hi ? top : hi;
+            if (stop > lo) { /* an empty position gives nothing: no segment needed */
+                Py_ssize_t k = position_of(found, n_segs, position);
+                if (k < 0 || found[k] != position) {
+                    PyErr_Format(PyExc_KeyError, "no segment given for position %zd (window %zd)",
+                                 position, r);
+                    goto fail;
+                }
+                int64_t a = lo - base - offsets[k], b = stop - base - offsets[k];
+                if (!piece_fits(&segs[k], rows, length, r, column, a, b)) {
+                    PyErr_Format(PyExc_IndexError, "window %zd lies outside the segment of "
+                                 "position %zd", r, position);
+                    goto fail;
+                }
+                if (n_pieces == room) {
+                    room = room ? 2 * room : 2 * count + 8;
+                    int64_t *more = PyMem_Realloc(pieces, (size_t)room * 5 * sizeof(int64_t));
+                    if (more == NULL) {
+                        PyErr_NoMemory();
+                        goto fail;
+                    }
+                    pieces = more;
+                }
+                int64_t *q = pieces + 5 * n_pieces++;
+                q[0] = k, q[1] = r, q[2] = column, q[3] = a, q[4] = b;
+                column += stop - lo;
+                lo = stop;
+            } else if (stop < lo) { /* cum falls here: not prefix sums */
+                PyErr_SetString(PyExc_ValueError, "cum must not fall");
+                goto fail;
+            }
+            position++;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t p = 0; p < n_pieces; p++) {
+        const int64_t *q = pieces + 5 * p;
+        fill_piece(&segs[q[0]], v[3].buf, rows, length, want_docs, ignore, q[1], q[2], q[3], q[4]);
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(pieces);
+    PyMem_Free(found);
+    PyMem_Free(offsets);
+    PyMem_Free(segs);
+    for (Py_ssize_t i = 0; i < held; i++) release_all(views + 3 * i, 3);
+    PyMem_Free(views);
+    Py_DECREF(items);
+    release_all(v, 4);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(pieces);
+    PyMem_Free(found);
+    PyMem_Free(offsets);
+    PyMem_Free(segs);
+    for (Py_ssize_t i = 0; i < held; i++) release_all(views + 3 * i, 3);
+    PyMem_Free(views);
+    Py_XDECREF(items);
+    release_all(v, 4);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"pack_documents", pack_documents, METH_VARARGS,
      "pack_documents(values, firsts, sizes, starts, out): copy document j to out[starts[j]:]."},
     {"cut_pieces", cut_pieces, METH_VARARGS,
      "cut_pieces(tokens, starts, doc_rows, pieces, ignore, out, rows, length, want_docs): "
      "fill a batch's pieces of one segment."},
+    {"cut_windows", cut_windows, METH_VARARGS,
+     "cut_windows(firsts, cum, positions, segments, ignore, out, rows, length, want_docs): "
+     "fill a batch's windows from the segments of the positions they touch."},
     {NULL, NULL, 0, NULL},
 };
 

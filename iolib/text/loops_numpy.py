@@ -10,6 +10,9 @@ NumPy calls a batch, holding the GIL, and temporaries of 8 bytes a token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import pairwise
+
 import numpy as np
 
 _BLOCK = 1 << 20  # tokens a packing step gathers at once: its temporaries stay at 16 MiB
@@ -139,3 +142,90 @@ def cut_pieces(
     flat[2 * size + cell] = t - begin
     if want_docs:
         flat[3 * size + cell] = doc_rows[doc]
+
+
+def cut_windows(
+    firsts: np.ndarray,
+    cum: np.ndarray,
+    positions: np.ndarray,
+    segments: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, int]],
+    ignore: int,
+    out: np.ndarray,
+    rows: int,
+    length: int,
+    want_docs: bool,
+) -> None:
+    """Fill a batch's windows: window r (row r) is the stream's tokens firsts[r] ..
+    firsts[r] + length (the last only a label), cut at the stream's end; position p of
+    the stream holds its tokens cum[p] .. cum[p + 1] - 1. `segments[i]` is (tokens,
+    starts, doc_rows, offset) of position positions[i] (rising), whose tokens[0] is the
+    position's token `offset`. Each window's part in each position is a piece, filled
+    by `cut_pieces`."""
+    firsts, cum = _integers("firsts", firsts), _integers("cum", cum)
+    positions, out = _integers("positions", positions), _out("out", out)
+    if out.dtype != np.int64:
+        raise TypeError(f"out: expected int64, got {out.dtype}")
+    planes = 4 if want_docs else 3
+    rows, length = int(rows), int(length)
+    if rows < 0 or length < 1 or rows > out.size // planes // length:
+        raise ValueError("out is smaller than [planes, rows, length]")
+    if firsts.size > rows:
+        raise ValueError("more windows than out has rows")
+    if cum.size < 2:
+        raise ValueError("cum needs a position at least (two entries)")
+    if len(segments) != positions.size:
+        raise ValueError(f"{len(segments)} segments for {positions.size} positions")
+    for i, segment in enumerate(segments):
+        if not isinstance(segment, tuple) or len(segment) != 4:
+            raise TypeError(f"segment {i}: expected (tokens, starts, doc_rows, offset)")
+        if int(segment[3]) < 0:
+            raise ValueError(f"segment {i}: positions must rise and offsets be 0 or more")
+    if positions.size > 1 and (np.diff(positions) <= 0).any():
+        raise ValueError("segment positions must rise")
+    end = int(cum[-1])
+    if firsts.size and (firsts.min() < 0 or firsts.max() >= end):
+        bad = int(np.flatnonzero((firsts < 0) | (firsts >= end))[0])
+        raise IndexError(f"window {bad} starts outside the stream")
+    width = length + 1
+    count = firsts.size
+    owners = np.searchsorted(cum, firsts, side="right") - 1
+    if owners.size and (owners.min() < 0 or owners.max() > cum.size - 2):
+        raise IndexError(f"window {int(np.flatnonzero(owners < 0)[0])} lies outside the stream")
+    pieces = np.empty((count, 4), dtype=np.int64)  # row, column, a, b
+    pieces[:, 0], pieces[:, 1], pieces[:, 2] = np.arange(count), 0, firsts
+    pieces[:, 3] = np.minimum(firsts + width, end)
+    whole = pieces[:, 3] <= cum[owners + 1]  # most windows: one piece
+    if not whole.all():
+        spans = np.array([p for r in np.flatnonzero(~whole).tolist()
+                          for p in _spans(r, int(firsts[r]), cum, width)])  # fmt: skip
+        pieces = np.concatenate([pieces[whole], spans[:, 1:]])
+        owners = np.concatenate([owners[whole], spans[:, 0]])
+    if owners.size > 1:  # a segment's pieces together: one call for each segment
+        by_owner = np.argsort(owners, kind="stable")
+        owners, pieces = owners[by_owner], pieces[by_owner]
+    cuts = (np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist()
+    at = {int(p): i for i, p in enumerate(positions.tolist())}
+    for a, b in pairwise([0, *cuts, owners.size] if owners.size else []):
+        owner = int(owners[a])
+        if owner not in at:
+            raise KeyError(f"no segment given for position {owner} (window {int(pieces[a, 0])})")
+        tokens, starts, doc_rows, offset = segments[at[owner]]
+        mine = pieces[a:b].copy()
+        mine[:, 2:] -= int(cum[owner]) + int(offset)  # into the segment's tokens
+        cut_pieces(tokens, starts, doc_rows, mine, ignore, out, rows, length, want_docs)
+
+
+def _spans(row: int, lo: int, cum: np.ndarray, width: int) -> list[tuple[int, int, int, int, int]]:
+    """(position, row, column, a, b) of each non-empty part, one a position, of a window
+    that spans positions or reaches the stream's end, in stream coordinates."""
+    end = int(cum[-1])
+    position = int(np.searchsorted(cum, lo, side="right") - 1)
+    hi, column, parts = min(lo + width, end), 0, []
+    while lo < hi:
+        stop = min(hi, int(cum[position + 1]))
+        if stop < lo:  # met where a window crosses it, as the compiled loop meets it
+            raise ValueError("cum must not fall")
+        if stop > lo:  # an empty position gives nothing
+            parts.append((position, row, column, lo, stop))
+        lo, column, position = stop, column + stop - lo, position + 1
+    return parts

@@ -17,7 +17,6 @@ import threading
 import weakref
 from concurrent.futures import CancelledError, Future
 from functools import lru_cache, partial
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -536,53 +535,23 @@ class TokenReader:
                     self._pieces[(epoch, group)] = pieces
 
     def _cut(self, windows: np.ndarray, epoch: int, segments: dict[int, Segment]) -> pa.Table:
-        """The windows' columns, filled by one compiled pass over each segment's pieces
-        (`loops.cut_pieces`): a window inside one segment is one piece, one that spans
-        segments (or the stream's end) a piece of each."""
+        """The windows' columns, filled by one compiled pass (`loops.cut_windows`): a
+        window inside one segment is one piece, one that spans segments (or the stream's
+        end) a piece of each."""
         _, cum = self._epoch(epoch)
         d = self.d
-        length, count, width = d.seq_len, windows.size, d.seq_len + 1
-        starts = windows * length
-        owners = np.searchsorted(cum, starts, side="right") - 1
-        pieces = np.empty((count, 4), dtype=np.int64)  # row, column, a, b
-        pieces[:, 0], pieces[:, 1], pieces[:, 2] = np.arange(count), 0, starts
-        pieces[:, 3] = starts + width
-        whole = pieces[:, 3] <= cum[owners + 1]  # most windows: one piece
-        if not whole.all():
-            rows = np.flatnonzero(~whole).tolist()
-            spans = np.array([p for r in rows for p in self._spans(r, int(starts[r]), cum)])
-            pieces = np.concatenate([pieces[whole], spans[:, 1:]])
-            owners = np.concatenate([owners[whole], spans[:, 0]])
+        count, length = windows.size, d.seq_len
         planes = 4 if d.document_ids else 3
-        plane = count * length * 8
         # From pyarrow's default pool (mimalloc, unless a ParquetSource chose the system
         # allocator: arrow_pool.py), which keeps freed pages: the system allocator gave
         # each batch fresh pages when a worker thread cut it and the consumer freed it.
-        buffer = pa.allocate_buffer(planes * plane)
-        out = np.frombuffer(buffer, dtype=np.int64)
-        if owners.size > 1:  # a segment's pieces together: one pass over each segment
-            by_owner = np.argsort(owners, kind="stable")
-            owners, pieces = owners[by_owner], pieces[by_owner]
-        cuts = (np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist()
-        for a, b in pairwise([0, *cuts, owners.size] if owners.size else []):
-            owner = int(owners[a])
-            segment, mine = segments[owner], pieces[a:b]
-            mine[:, 2:] -= int(cum[owner]) + segment.offset  # into the segment's tokens
-            loops.cut_pieces(segment.tokens, segment.starts, segment.rows, mine, d.ignore_index,
-                             out, count, length, d.document_ids)  # fmt: skip
+        buffer = pa.allocate_buffer(planes * count * length * 8)
+        held = sorted(segments)
+        given = [(s.tokens, s.starts, s.rows, s.offset) for s in map(segments.__getitem__, held)]
+        loops.cut_windows(windows * length, cum, np.array(held, dtype=np.int64), given,
+                          d.ignore_index, np.frombuffer(buffer, dtype=np.int64), count, length,
+                          d.document_ids)  # fmt: skip
         return _window_table(buffer, planes, count, length)
-
-    def _spans(self, row: int, lo: int, cum: np.ndarray) -> list[tuple[int, int, int, int, int]]:
-        """(position, row, column, a, b) of each segment's part of a window (and its next
-        token) that spans segments or reaches the stream's end, in stream coordinates."""
-        end = int(cum[-1])
-        position = int(np.searchsorted(cum, lo, side="right") - 1)
-        hi, column, parts = min(lo + self.d.seq_len + 1, end), 0, []
-        while lo < hi:
-            stop = min(hi, int(cum[position + 1]))
-            parts.append((position, row, column, lo, stop))
-            lo, column, position = stop, column + stop - lo, position + 1
-        return parts
 
 
 def _lengths(array: pa.Array) -> np.ndarray:
