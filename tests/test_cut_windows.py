@@ -165,6 +165,7 @@ SEGMENT = (np.arange(5, dtype=np.int32), np.array([0, 2, 5]), np.array([1, 2]), 
             ValueError,
         ),  # cum falls where crossed
         ({"cum": np.array([0])}, ValueError),  # no position at all
+        ({"cum": np.array([-(2**63), 5, 10])}, ValueError),  # below 0: lo - cum overflows
         ({"cum": np.array([0, 5, 12]), "firsts": np.array([0, 8])}, IndexError),  # too short
         ({"rows": 1, "out": np.zeros((3, 1, 4), dtype=np.int64)}, ValueError),  # 2 windows
         ({"out": np.zeros((3, 2, 3), dtype=np.int64)}, ValueError),  # smaller than asked

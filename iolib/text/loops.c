@@ -427,6 +427,10 @@ static PyObject *cut_windows(PyObject *self, PyObject *args) {
             }
             int64_t base = cum[position], top = cum[position + 1];
             int64_t stop = top < hi ? top : hi;
+            if (base < 0) { /* and so lo - base stays in range */
+                PyErr_SetString(PyExc_ValueError, "cum must be 0 or more");
+                goto fail;
+            }
             if (stop > lo) { /* an empty position gives nothing: no segment needed */
                 Py_ssize_t k = position_of(found, n_segs, position);
                 if (k < 0 || found[k] != position) {

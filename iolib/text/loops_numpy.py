@@ -189,8 +189,11 @@ def cut_windows(
     width = length + 1
     count = firsts.size
     owners = np.searchsorted(cum, firsts, side="right") - 1
-    if owners.size and (owners.min() < 0 or owners.max() > cum.size - 2):
-        raise IndexError(f"window {int(np.flatnonzero(owners < 0)[0])} lies outside the stream")
+    outside = (owners < 0) | (owners > cum.size - 2)
+    if outside.any():
+        raise IndexError(f"window {int(np.flatnonzero(outside)[0])} lies outside the stream")
+    if owners.size and cum[owners].min() < 0:
+        raise ValueError("cum must be 0 or more")
     pieces = np.empty((count, 4), dtype=np.int64)  # row, column, a, b
     pieces[:, 0], pieces[:, 1], pieces[:, 2] = np.arange(count), 0, firsts
     pieces[:, 3] = np.minimum(firsts + width, end)
@@ -223,6 +226,8 @@ def _spans(row: int, lo: int, cum: np.ndarray, width: int) -> list[tuple[int, in
     hi, column, parts = min(lo + width, end), 0, []
     while lo < hi:
         stop = min(hi, int(cum[position + 1]))
+        if cum[position] < 0:
+            raise ValueError("cum must be 0 or more")
         if stop < lo:  # met where a window crosses it, as the compiled loop meets it
             raise ValueError("cum must not fall")
         if stop > lo:  # an empty position gives nothing
