@@ -20,6 +20,7 @@ from iolib.errors import DataError
 from iolib.loader.testing import epoch_batches
 from iolib.sources import ParquetSource
 from iolib.text import PackedTokens
+from tests.fixtures_s3 import s3_options  # noqa: F401
 from tests.token_data import doc_lengths, write_documents
 
 LENGTHS = doc_lengths(50, low=1, high=30)
@@ -127,3 +128,49 @@ def test_a_rewritten_shard_under_another_tools_summary_is_corrupt_not_transient(
     with pytest.raises(DataError, match=r"part-1\.parquet' row group 0 is corrupt") as error:
         source.read(np.arange(len(source)))
     assert "attempts" not in str(error.value)
+
+
+def _on_s3(options: dict, keys: list[str]) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**options)
+    for i, key in enumerate(keys):
+        with fs.open(f"iolib-bench/{key}", "wb") as f:
+            pq.write_table(_table(100 * i), f)
+
+
+def test_a_glob_on_an_object_store_costs_one_listing_before_the_footers(
+    s3_options,
+    tmp_path,
+    monkeypatch,  # noqa: F811
+) -> None:
+    """The glob's own listing says whether `*.parquet` names a file as written: no look
+    and no second listing of its own (each a round trip before the first batch)."""
+    from benchmarks.peers.proxy import ThrottlingProxy
+
+    _on_s3(s3_options, ["glob/a.parquet", "glob/b.parquet"])
+    counted = {}
+    with ThrottlingProxy(s3_options["endpoint_url"], latency=0, conn_rate=None,
+                         total_rate=None) as proxy:  # fmt: skip
+        options = dict(s3_options, endpoint_url=proxy.url)
+        for name, url in [("files", ["s3://iolib-bench/glob/a.parquet",
+                                     "s3://iolib-bench/glob/b.parquet"]),
+                          ("glob", "s3://iolib-bench/glob/*.parquet")]:  # fmt: skip
+            monkeypatch.setenv("IOLIB_CACHE_DIR", str(tmp_path / name))  # nothing remembered
+            proxy.reset()
+            assert len(ParquetSource(url, storage_options=options)) == 20
+            counted[name] = proxy.stats()["requests_by_method"]
+    assert "HEAD" not in counted["glob"]
+    assert counted["glob"]["GET"] == counted["files"].get("GET", 0) + 1  # the listing
+
+
+def test_a_name_holding_glob_characters_is_read_as_written_on_an_object_store(
+    s3_options,  # noqa: F811
+) -> None:
+    _on_s3(s3_options, ["odd/star*dir/part-000.parquet", "odd/starXdir/part-000.parquet"])
+    for url in ("s3://iolib-bench/odd/star*dir", "s3://iolib-bench/odd/star*dir/part-000.parquet"):
+        source = ParquetSource(url, storage_options=s3_options)
+        assert source.read(np.arange(10)).column("x").to_pylist() == list(range(10)), url
+    assert (
+        len(ParquetSource("s3://iolib-bench/odd/star*/*.parquet", storage_options=s3_options)) == 20
+    )

@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.spec import AbstractBufferedFile
 
 from iolib.base.redact import Redactor
 from iolib.base.resources import thread_budget
@@ -217,7 +218,9 @@ class _Lister:
             f.first_group, f.groups, schema,
         )  # fmt: skip
 
-    def expand(self, root: int, url: str) -> list[tuple[str, str, int]]:
+    def expand(self, root: int, url: str) -> list[tuple[str, str, int, dict | None]]:
+        """(URL as shown, path, root, what the listing said of it) of each file `url`
+        names."""
         fs, path = open_filesystem(url, self.storage_options)
         protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
         shown = self.redact(url)
@@ -227,17 +230,27 @@ class _Lister:
             policy=self.retry,
             redact=self.redact,
         )
-        return [(shown if p == path else self.redact(protocol + p), p, root) for p in found]
+        return [
+            (shown if p == path else self.redact(protocol + p), p, root, details)
+            for p, details in found
+        ]
 
-    def read_footer(self, where: tuple[str, str, int]) -> FileMeta:
-        url, path, root = where
+    def read_footer(self, where: tuple[str, str, int, dict | None]) -> FileMeta:
+        url, path, root, listed = where
         fs, _ = open_filesystem(self.urls[root], self.storage_options)
+        # The listing's size and version: the file opened without a look of its own (a
+        # round trip each on an object store; fsspec keeps a listing per thread, and
+        # footers are read on a pool's).
+        known = listed.get("size") if listed and not is_local(fs) else None
+        sized = {"size": known} if isinstance(known, int) and version_of(listed) else {}
 
         def footer() -> tuple[Any, int, str]:
-            with fs.open(path, "rb") as handle:
+            with fs.open(path, "rb", **sized) as handle:
+                if sized and isinstance(handle, AbstractBufferedFile):
+                    handle.details = listed  # what its ranged reads check the ETag against
                 size = getattr(handle, "size", None)  # fsspec's files know it: no request
                 size = size if isinstance(size, int) else fs.size(path)
-                version = _version(fs, path, handle)
+                version = version_of(listed) if sized else _version(fs, path, handle)
                 return pq.ParquetFile(handle, pre_buffer=False).metadata, size, version
 
         try:  # transient errors are retried; a truncated or foreign file fails at once
@@ -256,10 +269,17 @@ class _Lister:
         return _from_footer(url, path, size, root, meta, version, 0, meta.num_row_groups, schema)
 
 
-def is_pattern(fs: Any, path: str) -> bool:
+def is_pattern(fs: Any, path: str, globbed: list[str] | None = None) -> bool:
     """Whether `path` is a glob: it holds `*`, `?` or `[` and names nothing as written
-    (a directory `run[1]/` is read as itself, not as `run1/`)."""
-    return any(c in path for c in GLOB_CHARS) and not fs.exists(path)
+    (a directory `run[1]/` is read as itself, not as `run1/`). `globbed`: what
+    ``fs.glob(path)`` found, if known. `*` and `?` match themselves, so without a `[`
+    the path names something exactly when its own glob found it: no request of its own
+    (a look and a listing, ~2 round trips on an object store, before the first batch)."""
+    if not any(c in path for c in GLOB_CHARS):
+        return False
+    if globbed is not None and "[" not in path:
+        return path.rstrip("/") not in globbed
+    return not fs.exists(path)
 
 
 def _not_regular(shown: str) -> DataError:
@@ -269,24 +289,28 @@ def _not_regular(shown: str) -> DataError:
     )
 
 
-def _list(fs: Any, path: str, shown: str) -> list[str]:
-    if is_pattern(fs, path):
-        found = sorted(fs.glob(path))
+def _list(fs: Any, path: str, shown: str) -> list[tuple[str, dict | None]]:
+    """(path, what the listing said of it) of each file `path` names: a glob's matches,
+    a directory's own Parquet files, or the file itself."""
+    globbed = fs.glob(path, detail=True) if any(c in path for c in GLOB_CHARS) else None
+    if globbed is not None and is_pattern(fs, path, list(globbed)):
+        found = sorted(globbed)
         if not found:
             raise DataError(f"No Parquet files match {shown!r}. Check the pattern and bucket.")
         odd = [p for p in found if not regular_file(fs, p)]
         if odd:
             raise _not_regular(odd[0])
-        return found
+        return [(p, globbed[p]) for p in found]
     try:  # info, not exists()/isdir(): those answer False on a transient error
-        kind = fs.info(path)["type"]  # after links
+        details = fs.info(path)
+        kind = details["type"]  # after links
     except FileNotFoundError:
         raise DataError(
             f"Parquet source {shown!r} does not exist. Check the path (and credentials "
             "in storage_options for remote storage)."
         ) from None
     if kind == "file":
-        return [path]
+        return [(path, details)]
     if kind != "directory":
         raise _not_regular(shown)
     # The directory's own files only: a data/ holding train/ and val/ must not mix
@@ -297,7 +321,7 @@ def _list(fs: Any, path: str, shown: str) -> list[str]:
     odd = [e["name"] for e in named if e.get("type") not in ("file", "directory")]
     if odd:
         raise _not_regular(odd[0])
-    found = sorted(e["name"] for e in named if e.get("type") == "file")
+    found = sorted((e["name"], e) for e in named if e.get("type") == "file")
     if not found:
         folders = [
             e["name"].rstrip("/").rsplit("/", 1)[-1]
