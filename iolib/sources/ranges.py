@@ -60,9 +60,12 @@ MAX_REQUEST_BYTES = 64 << 20
 # PIECE_BYTES on parallel connections (at most MAX_PIECES), as S3 transfer managers do:
 # an object store's rate per connection is a fraction of its link's (5 of 20 MB/s on
 # the benchmarks' store), so one request for a 24 MB row group would leave the link 3/4
-# idle. Read-ahead is never split: it fills what the needed reads leave.
+# idle. Read-ahead is never split: it fills what the needed reads leave. Pieces of 2 MiB
+# rather than 4: a second needed range waits for the first's pieces to end, and what
+# is left of it must still span enough connections to fill the link (a 16 MB row group
+# in 3 pieces left 2 connections, half the link, for its last second).
 SPLIT_ABOVE = 8 << 20
-PIECE_BYTES = 4 << 20
+PIECE_BYTES = 2 << 20
 MAX_PIECES = thread_budget().pieces
 # A read in pieces waits at most this long for its pieces (a stuck connection), as a
 # request does by default (`RetryPolicy.timeout_s`): then a TimeoutError, retried.
