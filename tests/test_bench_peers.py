@@ -137,3 +137,18 @@ def test_the_first_batch_floor_counts_the_row_groups_a_shuffled_batch_touches(gr
     owner = np.repeat(np.arange(groups), rows)
     drawn = [np.unique(rng.choice(owner, batch, replace=False)).size for _ in range(2000)]
     assert groups_touched(groups, rows, batch) == pytest.approx(np.mean(drawn), rel=0.02)
+
+
+@pytest.mark.parametrize("sizes", [[32, 16], [5, 5, 5, 5], [40, 1, 1, 1], [7]])
+def test_the_token_floor_counts_the_row_groups_random_windows_touch(sizes):
+    """A shuffled first batch of 16 windows from a corpus of row groups of these sizes
+    (windows in proportion to bytes) touches these bytes on average."""
+    import numpy as np
+
+    from benchmarks.peers.formats import bytes_touched
+
+    rng = np.random.default_rng(0)
+    owner = np.repeat(np.arange(len(sizes)), np.array(sizes) * 100)  # 100 windows a byte
+    sizes_of = np.array(sizes)
+    drawn = [sizes_of[np.unique(rng.choice(owner, 16, replace=False))].sum() for _ in range(4000)]
+    assert bytes_touched(sizes, 16) == pytest.approx(np.mean(drawn), rel=0.02)

@@ -115,10 +115,20 @@ def groups_touched(groups: int, rows: int, batch: int) -> float:
     return groups * (1.0 - missed)
 
 
+def bytes_touched(sizes: list[int], batch: int) -> float:
+    """Bytes of the row groups (of `sizes` bytes, each holding windows in proportion to
+    its bytes) that `batch` windows drawn at random from all of them touch on average:
+    a shuffled `PackedTokens` first batch where the corpus is one shuffle window."""
+    total = sum(sizes)
+    return sum(s * (1.0 - (1.0 - s / total) ** batch) for s in sizes) if total else 0.0
+
+
 def first_batch_bytes(workload: str, system: str, folder: str, cfg: dict, facts: dict) -> int:
     """The bytes a first batch needs, in the read units of the system's format: whole
     row groups (iolib), a whole shard or chunk (streaming, litdata download one before
-    reading it) or the batch's samples (WebDataset streams a tar). iolib's images are
+    reading it) or the batch's samples (WebDataset streams a tar). iolib's tokens are
+    shuffled over the whole corpus where it fits the default shuffle window (the row
+    groups a batch of random windows touches). iolib's images are
     shuffled over the whole set (its default) or within `--image-window-mb`: the row
     groups a random batch from the first window touches."""
     files = [p for p in Path(folder).rglob("*") if p.is_file() and p.name != ".done"]
@@ -127,6 +137,13 @@ def first_batch_bytes(workload: str, system: str, folder: str, cfg: dict, facts:
         size = sorted(g for g, _ in groups)[len(groups) // 2]
         rows = sorted(r for _, r in groups)[len(groups) // 2]
         if workload == "tokens":
+            # Shuffled, a batch's windows come from anywhere in the shuffle window (by
+            # default 512 MiB decoded, more than this corpus): the row groups they touch.
+            from iolib.plan import DEFAULT_SHUFFLE_WINDOW
+
+            decoded = facts["tokens"]["tokens_with_eos"] * 4
+            if decoded <= DEFAULT_SHUFFLE_WINDOW:
+                return int(bytes_touched([g for g, _ in groups], cfg["token_batch"]))
             per_token = size / max(1, facts["tokens"]["tokens_with_eos"] / len(groups))
             need = cfg["token_batch"] * cfg["seq_len"] * per_token
             return int(size * max(1, -(-need // size)))
