@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -140,9 +141,9 @@ def _on_s3(options: dict, keys: list[str]) -> None:
 
 
 def test_a_glob_on_an_object_store_costs_one_listing_before_the_footers(
-    s3_options,
+    s3_options,  # noqa: F811
     tmp_path,
-    monkeypatch,  # noqa: F811
+    monkeypatch,
 ) -> None:
     """The glob's own listing says whether `*.parquet` names a file as written: no look
     and no second listing of its own (each a round trip before the first batch)."""
@@ -174,3 +175,37 @@ def test_a_name_holding_glob_characters_is_read_as_written_on_an_object_store(
     assert (
         len(ParquetSource("s3://iolib-bench/odd/star*/*.parquet", storage_options=s3_options)) == 20
     )
+
+
+def test_a_filesystem_whose_files_take_no_size_still_reads_its_footers() -> None:
+    """Files found by a listing open with its size; a filesystem whose `_open` has no
+    such argument opens them as before."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Sizeless(MemoryFileSystem):
+        protocol = "sizeless"
+        root_marker = "/"
+        store: ClassVar[dict] = {}
+        pseudo_dirs: ClassVar[list] = [""]
+
+        @classmethod
+        def _strip_protocol(cls, path):
+            return super()._strip_protocol(path.removeprefix("sizeless://"))
+
+        def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None):
+            return super()._open(path, mode, block_size, autocommit, cache_options)
+
+        def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+            found = super().find(path, maxdepth, withdirs, detail=detail, **kwargs)
+            if not detail:
+                return found
+            return {k: dict(e, ETag=f'"{e["size"]}"') for k, e in found.items()}  # a store's
+
+    fsspec.register_implementation("sizeless", Sizeless, clobber=True)
+    fs = Sizeless()
+    for i in range(2):
+        with fs.open(f"/data/part-{i}.parquet", "wb") as f:
+            pq.write_table(_table(10 * i), f)
+    source = ParquetSource("sizeless:///data/*.parquet")
+    assert source.read(np.arange(20)).column("x").to_pylist() == list(range(20))

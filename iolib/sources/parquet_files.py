@@ -244,8 +244,16 @@ class _Lister:
         known = listed.get("size") if listed and not is_local(fs) else None
         sized = {"size": known} if isinstance(known, int) and version_of(listed) else {}
 
+        def opened() -> Any:
+            if sized:
+                try:
+                    return fs.open(path, "rb", **sized)
+                except TypeError:  # a filesystem whose files take no size: it looks
+                    sized.clear()
+            return fs.open(path, "rb")
+
         def footer() -> tuple[Any, int, str]:
-            with fs.open(path, "rb", **sized) as handle:
+            with opened() as handle:
                 if sized and isinstance(handle, AbstractBufferedFile):
                     handle.details = listed  # what its ranged reads check the ETag against
                 size = getattr(handle, "size", None)  # fsspec's files know it: no request
