@@ -355,7 +355,7 @@ static PyObject *cut_windows(PyObject *self, PyObject *args) {
                           &length, &want_docs))
         return NULL;
     if (get_all(o, v, kinds, spec, 4) < 0) return NULL;
-    PyObject *items = NULL;
+    PyObject *items = NULL, *result = NULL;
     Py_buffer *views = NULL;
     struct segment *segs = NULL;
     int64_t *offsets = NULL, *found = NULL, *pieces = NULL; /* pieces: (segment, row, column, a, b) */
@@ -470,16 +470,8 @@ static PyObject *cut_windows(PyObject *self, PyObject *args) {
         fill_piece(&segs[q[0]], v[3].buf, rows, length, want_docs, ignore, q[1], q[2], q[3], q[4]);
     }
     Py_END_ALLOW_THREADS
-    PyMem_Free(pieces);
-    PyMem_Free(found);
-    PyMem_Free(offsets);
-    PyMem_Free(segs);
-    for (Py_ssize_t i = 0; i < held; i++) release_all(views + 3 * i, 3);
-    PyMem_Free(views);
-    Py_DECREF(items);
-    release_all(v, 4);
-    Py_RETURN_NONE;
-fail:
+    result = Py_NewRef(Py_None);
+fail: /* and done: what was taken is given back either way */
     PyMem_Free(pieces);
     PyMem_Free(found);
     PyMem_Free(offsets);
@@ -488,7 +480,7 @@ fail:
     PyMem_Free(views);
     Py_XDECREF(items);
     release_all(v, 4);
-    return NULL;
+    return result;
 }
 
 static PyMethodDef methods[] = {
