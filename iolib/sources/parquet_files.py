@@ -329,7 +329,7 @@ def _list(fs: Any, path: str, shown: str) -> list[tuple[str, dict | None]]:
     odd = [e["name"] for e in named if e.get("type") not in ("file", "directory")]
     if odd:
         raise _not_regular(odd[0])
-    found = sorted((e["name"], e) for e in named if e.get("type") == "file")
+    found = sorted(((e["name"], e) for e in named if e.get("type") == "file"), key=lambda f: f[0])
     if not found:
         folders = [
             e["name"].rstrip("/").rsplit("/", 1)[-1]
