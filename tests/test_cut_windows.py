@@ -13,17 +13,18 @@ from hypothesis import strategies as st
 
 from iolib.text import loops, loops_numpy
 from iolib.text.packed_reader import Segment
-from tests.test_text_loops import DTYPES
+from tests.test_text_loops import DTYPES, EOS, documents, stream_of
 
 IGNORE = -100
 BOTH = pytest.mark.parametrize("impl", [loops, loops_numpy], ids=["compiled", "numpy"])
 
 
 def _fill(out, segment, row, column, a, b, length, want_docs) -> None:
-    """Piece (row, column, a, b) of a whole segment: tokens[a:b] from `column` on, each
-    token's label the next one (ignore after a document's end and past the piece), its
-    position from 0 at the piece's start and after each document's end."""
-    tokens, starts, rows = segment.tokens, segment.starts, segment.rows
+    """Piece (row, column, a, b) of a whole segment: stream tokens a .. b - 1 from
+    `column` on, each token's label the next one (ignore after a document's end and past
+    the piece), its position from 0 at the piece's start and after each document's end."""
+    starts, rows = segment.starts, segment.rows
+    tokens = stream_of(segment.tokens, segment.sources, starts, EOS)
     ends = set((starts[1:] - 1).tolist())
     position = 0
     for t in range(a, b):
@@ -60,18 +61,16 @@ def streams(draw):
     of 1-5 positions, some empty; some given as a piece (the tokens a chunk's edge keeps),
     so that a window may need tokens the piece lacks."""
     dtype = draw(st.sampled_from(DTYPES))
-    info = np.iinfo(dtype)
     whole, given, sizes = {}, {}, []
     for p in range(draw(st.integers(1, 5))):
-        docs = draw(st.lists(st.integers(2, 9), min_size=0, max_size=5))  # eos included
-        sizes.append(int(sum(docs)))
-        if not docs:
+        if draw(st.integers(0, 4)) == 0:
+            sizes.append(0)
             continue  # an empty position: no segment
-        starts = np.concatenate([[0], np.cumsum(docs)]).astype(np.int64)
-        values = draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=sizes[-1],
-                               max_size=sizes[-1]))  # fmt: skip
-        segment = Segment(np.array(values, dtype=dtype), starts,
-                          np.arange(len(docs), dtype=np.int64) * 10 + p)  # fmt: skip
+        tokens, sources, starts = draw(documents(dtype))
+        sizes.append(int(starts[-1]))
+        tokens = tokens if isinstance(tokens, tuple) else (tokens,)
+        segment = Segment(tokens, sources, starts,
+                          np.arange(starts.size - 1, dtype=np.int64) * 10 + p)  # fmt: skip
         whole[p] = given[p] = segment
         if draw(st.integers(0, 3)) == 0:  # a piece of it, as an edge keeps
             a = draw(st.integers(0, sizes[-1] - 1))
@@ -85,7 +84,8 @@ def streams(draw):
     rows = firsts.size + draw(st.integers(0, 1))
     length = draw(st.integers(1, 12))
     held = sorted(given)
-    segments = [(s.tokens, s.starts, s.rows, s.offset) for s in map(given.__getitem__, held)]
+    segments = [(s.tokens, s.sources, s.starts, s.rows, s.offset)
+                for s in map(given.__getitem__, held)]  # fmt: skip
     return firsts, cum, np.array(held, dtype=np.int64), segments, whole, rows, length
 
 
@@ -97,8 +97,8 @@ def _pieces_fit(firsts, cum, segments, positions, length) -> bool:
         for p in range(cum.size - 1):
             a, b = max(lo, int(cum[p])), min(hi, int(cum[p + 1]))
             if a < b:
-                tokens, _, _, offset = at[p]
-                if a - cum[p] < offset or b - cum[p] > offset + tokens.size:
+                _, _, starts, _, offset = at[p]
+                if a - cum[p] < offset or b - cum[p] > offset + starts[-1]:
                     return False
     return True
 
@@ -114,19 +114,24 @@ def test_cut_windows_matches_the_statement_of_the_windows(stream, want_docs) -> 
         got = np.full_like(want, 7)
         if not fits:
             with pytest.raises(IndexError):
-                impl.cut_windows(firsts, cum, positions, segments, IGNORE, got, rows, length,
+                impl.cut_windows(firsts, cum, positions, segments, EOS, IGNORE, got, rows, length,
                                  want_docs)  # fmt: skip
             continue
-        impl.cut_windows(firsts, cum, positions, segments, IGNORE, got, rows, length, want_docs)
+        impl.cut_windows(firsts, cum, positions, segments, EOS, IGNORE, got, rows, length,
+                         want_docs)  # fmt: skip
         np.testing.assert_array_equal(got, want, err_msg=impl.__name__)
 
 
 def _args(**changes) -> list:
-    """A valid call: two positions of 5 tokens (documents of 2 and 3), two windows of 4."""
-    first = (np.arange(5, dtype=np.int32), np.array([0, 2, 5]), np.array([1, 2]), 0)
-    second = (np.arange(5, 10, dtype=np.int32), np.array([0, 3, 5]), np.array([3, 4]), 0)
+    """A valid call: two positions of 5 tokens (documents of 2 and 3, eos included; the
+    second position's stored in the other order), two windows of 4."""
+    first = (np.array([0, 2, 3], dtype=np.int32), np.array([0, 1]), np.array([0, 2, 5]),
+             np.array([1, 2]), 0)  # fmt: skip
+    second = (np.array([8, 5, 6], dtype=np.int32), np.array([1, 0]), np.array([0, 3, 5]),
+              np.array([3, 4]), 0)  # fmt: skip
     args = {"firsts": np.array([0, 4]), "cum": np.array([0, 5, 10]),
-            "positions": np.array([0, 1]), "segments": [first, second], "ignore": IGNORE,
+            "positions": np.array([0, 1]), "segments": [first, second], "eos": 99,
+            "ignore": IGNORE,
             "out": np.zeros((3, 2, 4), dtype=np.int64), "rows": 2, "length": 4,
             "want_docs": False}  # fmt: skip
     args.update(changes)
@@ -137,13 +142,16 @@ def _args(**changes) -> list:
 def test_a_valid_call_spans_positions_and_ends_at_the_stream(impl) -> None:
     args = _args(firsts=np.array([3, 8]))
     impl.cut_windows(*args)
-    ids, labels, positions = args[5]
-    assert ids.tolist() == [[3, 4, 5, 6], [8, 9, 0, 0]]  # the second: the stream's end
-    assert labels.tolist() == [[4, IGNORE, 6, 7], [9, IGNORE, 0, 0]]
+    ids, labels, positions = args[6]
+    # The stream: 0 eos | 2 3 eos || 5 6 eos | 8 eos (eos = 99); the second window ends
+    # with the stream.
+    assert ids.tolist() == [[3, 99, 5, 6], [8, 99, 0, 0]]
+    assert labels.tolist() == [[99, IGNORE, 6, 99], [99, IGNORE, 0, 0]]
     assert positions.tolist() == [[0, 1, 0, 1], [0, 1, 0, 0]]
 
 
-SEGMENT = (np.arange(5, dtype=np.int32), np.array([0, 2, 5]), np.array([1, 2]), 0)
+SEGMENT = (np.arange(3, dtype=np.int32), np.array([0, 1]), np.array([0, 2, 5]),
+           np.array([1, 2]), 0)  # fmt: skip
 
 
 @BOTH
@@ -172,10 +180,12 @@ SEGMENT = (np.arange(5, dtype=np.int32), np.array([0, 2, 5]), np.array([1, 2]), 
         ({"want_docs": True}, ValueError),  # no plane for the documents
         ({"out": np.zeros((3, 2, 4), dtype=np.int32)}, TypeError),  # not int64
         ({"firsts": np.array([0, 4], dtype=np.int32)}, TypeError),
-        ({"segments": [SEGMENT[:3], SEGMENT]}, TypeError),  # no offset
-        ({"segments": [SEGMENT, (*SEGMENT[:3], -1)]}, ValueError),  # a negative offset
+        ({"segments": [SEGMENT[:4], SEGMENT]}, TypeError),  # no offset
+        ({"segments": [SEGMENT, (*SEGMENT[:4], -1)]}, ValueError),  # a negative offset
         ({"segments": [SEGMENT, (SEGMENT[0].astype(float), *SEGMENT[1:])]}, TypeError),
-        ({"segments": [SEGMENT, (SEGMENT[0], np.array([0, 3, 3]), *SEGMENT[2:])]}, ValueError),
+        ({"segments": [SEGMENT, (*SEGMENT[:2], np.array([0, 3, 3]), *SEGMENT[3:])]}, ValueError),
+        ({"segments": [SEGMENT, (SEGMENT[0], np.array([0, 2]), *SEGMENT[2:])]}, IndexError),
+        ({"segments": [SEGMENT, (SEGMENT[0], np.array([0]), *SEGMENT[2:])]}, IndexError),
     ],
 )
 def test_cut_windows_refuses_what_it_would_read_or_write_out_of_bounds(impl, changes, error):
@@ -201,12 +211,13 @@ def test_cut_windows_fuzz_raises_or_agrees_with_the_statement(data, stream, want
         positions = np.array(draw(st.lists(SMALL, max_size=len(segments) + 1)), np.int64)
     if draw(st.booleans()) and segments:
         i = draw(st.integers(0, len(segments) - 1))
-        segments = [*segments[:i], (*segments[i][:3], draw(SMALL)), *segments[i + 1 :]]
+        segments = [*segments[:i], (*segments[i][:4], draw(SMALL)), *segments[i + 1 :]]
     if draw(st.booleans()):
         rows, length = draw(st.integers(-1, 5)), draw(st.integers(-1, 12))
     out = np.full((4 if want_docs else 3, max(rows, 0), max(length, 0)), 7, dtype=np.int64)
     try:
-        loops.cut_windows(firsts, cum, positions, segments, IGNORE, out, rows, length, want_docs)
+        loops.cut_windows(firsts, cum, positions, segments, EOS, IGNORE, out, rows, length,
+                          want_docs)  # fmt: skip
     except (TypeError, ValueError, IndexError, KeyError) as exc:
         event(f"refused: {type(exc).__name__}")
         return
@@ -215,7 +226,7 @@ def test_cut_windows_fuzz_raises_or_agrees_with_the_statement(data, stream, want
     # so the windows are what the whole segments' statement says.
     assert positions.size == len(segments)
     at = dict(zip(positions.tolist(), segments, strict=True))
-    for p, (tokens, _, _, offset) in at.items():
+    for p, (tokens, _, _, _, offset) in at.items():
         if whole.get(p) is not None and tokens is whole[p].tokens and offset == 0:
             continue  # the whole segment of this very position
         whole[p] = None  # a piece, or another position's: the statement cannot say

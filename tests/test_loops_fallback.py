@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iolib.text import kernels, loops_numpy
-from tests.test_text_loops import DTYPES, IGNORE, _args, _reference, segments
+from tests.test_text_loops import EOS, IGNORE, _args, _reference, segments
 from tests.token_data import doc_lengths, write_documents
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,51 +26,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @settings(max_examples=300, deadline=None)
 @given(segments(), st.booleans())
 def test_numpy_cut_pieces_matches_the_reference(segment, want_docs) -> None:
-    tokens, starts, doc_rows, pieces, rows, length = segment
-    want = _reference(tokens, starts, doc_rows, pieces, rows, length, want_docs)
+    tokens, sources, starts, doc_rows, pieces, rows, length = segment
+    want = _reference(tokens, sources, starts, doc_rows, pieces, rows, length, want_docs)
     got = np.full_like(want, 7)
-    loops_numpy.cut_pieces(tokens, starts, doc_rows, pieces, IGNORE, got, rows, length,
-                           want_docs)  # fmt: skip
+    loops_numpy.cut_pieces(tokens, sources, starts, doc_rows, pieces, EOS, IGNORE, got, rows,
+                           length, want_docs)  # fmt: skip
     np.testing.assert_array_equal(got, want)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.sampled_from(DTYPES), st.lists(st.integers(0, 6), min_size=1, max_size=20))
-def test_numpy_pack_documents_matches_the_compiled_one(dtype, lengths) -> None:
-    from iolib.text import loops
-
-    lengths = np.array(lengths, dtype=np.int64)
-    values = np.arange(int(lengths.sum()), dtype=np.int64).astype(dtype)
-    firsts = np.cumsum(lengths) - lengths
-    order = np.random.default_rng(int(lengths.sum())).permutation(lengths.size)
-    starts = np.concatenate([[0], np.cumsum(lengths[order] + 1)]).astype(np.int64)
-    outs = []
-    for module in (loops, loops_numpy):
-        out = np.full(int(starts[-1]), 3, dtype=dtype)
-        module.pack_documents(values, firsts[order], lengths[order], starts[:-1].copy(), out)
-        outs.append(out)
-    np.testing.assert_array_equal(outs[0], outs[1])
-
-
-def test_numpy_pack_documents_in_blocks(monkeypatch) -> None:
-    """Documents gathered a block at a time (bounded temporaries) land where one gather
-    would put them."""
-    monkeypatch.setattr(loops_numpy, "_BLOCK", 5)
-    lengths = np.array([3, 0, 7, 1, 4, 4, 9], dtype=np.int64)
-    values = np.arange(int(lengths.sum()), dtype=np.int32)
-    firsts = np.cumsum(lengths) - lengths
-    starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]]).astype(np.int64)
-    out = np.zeros(int(lengths.sum() + lengths.size), dtype=np.int32)
-    loops_numpy.pack_documents(values, firsts, lengths, starts, out)
-    for j in range(lengths.size):
-        got = out[starts[j] : starts[j] + lengths[j]]
-        np.testing.assert_array_equal(got, values[firsts[j] : firsts[j] + lengths[j]])
 
 
 @pytest.mark.parametrize(
     ("changes", "error"),
     [
         ({"pieces": np.array([[0, 0, 6, 11]], dtype=np.int64)}, IndexError),
+        ({"sources": np.array([5, 4], dtype=np.int64)}, IndexError),
+        ({"sources": np.array([6, 0], dtype=np.int64)}, IndexError),
+        ({"sources": np.array([-1, 0], dtype=np.int64)}, IndexError),
+        ({"sources": np.array([5], dtype=np.int64)}, IndexError),
         ({"pieces": np.array([[1, 0, 0, 5]], dtype=np.int64)}, IndexError),
         ({"pieces": np.array([[0, 5, 0, 5]], dtype=np.int64)}, IndexError),
         ({"pieces": np.array([[0, 0, 5, 4]], dtype=np.int64)}, IndexError),
@@ -88,19 +59,6 @@ def test_numpy_pack_documents_in_blocks(monkeypatch) -> None:
 def test_numpy_cut_pieces_refuses_what_the_compiled_one_refuses(changes, error) -> None:
     with pytest.raises(error):
         loops_numpy.cut_pieces(*_args(**changes))
-
-
-def test_numpy_pack_documents_refuses_a_document_outside_its_buffers() -> None:
-    values, out = np.arange(5, dtype=np.int32), np.zeros(6, dtype=np.int32)
-    one = np.array([1], dtype=np.int64)
-    with pytest.raises(IndexError):
-        loops_numpy.pack_documents(values, np.array([3]), np.array([3]), np.array([0]), out)
-    with pytest.raises(IndexError):
-        loops_numpy.pack_documents(values, np.array([0]), one * 3, np.array([4]), out)
-    with pytest.raises(IndexError):
-        loops_numpy.pack_documents(values, one, one * 2**62, one, out)
-    with pytest.raises(TypeError):
-        loops_numpy.pack_documents(values, one, one, one, np.zeros(6, dtype=np.int64))
 
 
 EPOCHS = textwrap.dedent(

@@ -200,7 +200,7 @@ def test_a_segment_of_a_sliced_or_chunked_column_holds_its_own_documents() -> No
         pa.chunked_array([pa.concat_arrays([whole.slice(1, 2), whole.slice(4, 1)]).slice(0)]),
         pa.chunked_array([whole.slice(1, 4)]),  # a null row: no document, no eos
     ):
-        segment, expected = Segment.build(column, 10, 0, None), Segment.build(shown, 10, 0, None)
-        assert segment.tokens.tolist() == expected.tokens.tolist() == [3, 0, 4, 5, 6, 0, 7, 0]
+        segment, expected = Segment.build(column, 10, None), Segment.build(shown, 10, None)
+        assert segment.stream(0).tolist() == expected.stream(0).tolist() == [3, 0, 4, 5, 6, 0, 7, 0]
         assert segment.starts.tolist() == expected.starts.tolist()
-    assert Segment.build(pa.chunked_array([whole.slice(2, 1)]), 0, 0, None).rows.tolist() == [0]
+    assert Segment.build(pa.chunked_array([whole.slice(2, 1)]), 0, None).rows.tolist() == [0]

@@ -18,15 +18,29 @@ from hypothesis.extra import numpy as hnp
 from iolib.text import loops
 
 IGNORE = -100
+EOS = 50_257
 DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64]
 
 
-def _reference(tokens, starts, doc_rows, pieces, rows, length, want_docs):
-    """Each piece (row, column, a, b): tokens[a:b] from `column` on, the token after
-    each one its label (ignore after a document's last token and past the piece),
+def stream_of(tokens, sources, starts, eos):
+    """A segment's stream, spelled out: document j's tokens, tokens[sources[j]:] up to
+    starts[j + 1] - 1, then eos (several buffers of tokens read as one)."""
+    if isinstance(tokens, (tuple, list)):
+        tokens = np.concatenate([np.asarray(t).ravel().astype(np.int64) for t in tokens] or [[]])
+    out = []
+    for j in range(starts.size - 1):
+        size = int(starts[j + 1] - starts[j]) - 1
+        out += [int(t) for t in tokens[int(sources[j]) : int(sources[j]) + size]] + [eos]
+    return out
+
+
+def _reference(tokens, sources, starts, doc_rows, pieces, rows, length, want_docs, eos=EOS):
+    """Each piece (row, column, a, b): stream tokens a .. b - 1 from `column` on, the
+    token after each one its label (ignore after a document's eos and past the piece),
     positions from 0 at the piece's start and after each document's end."""
     out = np.full((4 if want_docs else 3, rows, length), 7, dtype=np.int64)
     ends = set((starts[1:] - 1).tolist())
+    tokens = stream_of(tokens, sources, starts, eos)
     for row, column, a, b in pieces.tolist():
         position = 0
         for t in range(a, b):
@@ -44,60 +58,63 @@ def _reference(tokens, starts, doc_rows, pieces, rows, length, want_docs):
 
 
 @st.composite
-def segments(draw):
-    dtype = draw(st.sampled_from(DTYPES))
+def documents(draw, dtype):
+    """(tokens, sources, starts): 1-12 documents (1-9 stream tokens each, eos included)
+    whose tokens lie in `tokens` in another order, with gaps between them; `tokens` one
+    array, or a tuple of them split between documents (a row group's record batches)."""
     sizes = draw(st.lists(st.integers(1, 9), min_size=1, max_size=12))
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     info = np.iinfo(dtype)
-    values = draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=int(starts[-1]),
-                           max_size=int(starts[-1])))  # fmt: skip
+    order = draw(st.permutations(range(len(sizes))))
+    gaps = draw(st.lists(st.integers(0, 2), min_size=len(sizes) + 1, max_size=len(sizes) + 1))
+    sources, at, cuts = np.zeros(len(sizes), dtype=np.int64), gaps[0], [0]
+    for k, j in enumerate(order):
+        sources[j], at = at, at + sizes[j] - 1 + gaps[k + 1]
+        if draw(st.integers(0, 3)) == 0:
+            cuts.append(at)  # a new buffer from here
+    values = draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=at, max_size=at))
     tokens = np.array(values, dtype=dtype)
-    head = draw(st.booleans())  # a piece kept at a chunk's edge: its last document open
-    if head:
-        starts = starts[:-1]
-    doc_rows = np.arange(starts.size, dtype=np.int64) * 10 + 3
+    if len(cuts) > 1 or draw(st.booleans()):
+        return tuple(np.split(tokens, cuts[1:])), sources, starts
+    return tokens, sources, starts
+
+
+@st.composite
+def segments(draw):
+    tokens, sources, starts = draw(documents(draw(st.sampled_from(DTYPES))))
+    doc_rows = np.arange(starts.size - 1, dtype=np.int64) * 10 + 3
     rows, length = draw(st.integers(1, 4)), draw(st.integers(1, 12))
+    size = int(starts[-1])
     pieces = []
     for row in range(rows):
-        a = draw(st.integers(0, tokens.size - 1))
-        b = draw(st.integers(a, tokens.size))
+        a = draw(st.integers(0, size - 1))
+        b = draw(st.integers(a, size))
         # A piece after column 0 follows a segment's end: it begins a document.
         column = draw(st.integers(0, length)) if a in set(starts.tolist()) else 0
         pieces.append((row, column, a, b))
-    return tokens, starts, doc_rows, np.array(pieces, dtype=np.int64), rows, length
+    pieces = np.array(pieces, dtype=np.int64)
+    return tokens, sources, starts, doc_rows, pieces, rows, length
 
 
 @settings(max_examples=300, deadline=None)
 @given(segments(), st.booleans())
 def test_cut_pieces_matches_the_reference(segment, want_docs) -> None:
-    tokens, starts, doc_rows, pieces, rows, length = segment
-    want = _reference(tokens, starts, doc_rows, pieces, rows, length, want_docs)
+    tokens, sources, starts, doc_rows, pieces, rows, length = segment
+    want = _reference(tokens, sources, starts, doc_rows, pieces, rows, length, want_docs)
     got = np.full_like(want, 7)
-    loops.cut_pieces(tokens, starts, doc_rows, pieces, IGNORE, got, rows, length, want_docs)
+    loops.cut_pieces(tokens, sources, starts, doc_rows, pieces, EOS, IGNORE, got, rows, length,
+                     want_docs)  # fmt: skip
     np.testing.assert_array_equal(got, want)
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.sampled_from(DTYPES), st.lists(st.integers(0, 6), min_size=1, max_size=20))
-def test_pack_documents_copies_each_document_to_its_start(dtype, lengths) -> None:
-    lengths = np.array(lengths, dtype=np.int64)
-    values = np.arange(int(lengths.sum()), dtype=np.int64).astype(dtype)
-    firsts = np.cumsum(lengths) - lengths
-    order = np.random.default_rng(int(lengths.sum())).permutation(lengths.size)
-    starts = np.concatenate([[0], np.cumsum(lengths[order] + 1)]).astype(np.int64)
-    out = np.zeros(int(starts[-1]), dtype=dtype)
-    loops.pack_documents(values, firsts[order], lengths[order], starts[:-1].copy(), out)
-    for j, doc in enumerate(order.tolist()):
-        at = int(starts[j])
-        np.testing.assert_array_equal(out[at : at + lengths[doc]],
-                                      values[firsts[doc] : firsts[doc] + lengths[doc]])  # fmt: skip
-
-
 def _args(**changes):
-    tokens = np.arange(10, dtype=np.int32)
+    """A valid call: documents of 3 and 5 tokens (4 and 6 with eos), the second's first
+    in `tokens`; one piece across both."""
+    tokens = np.arange(8, dtype=np.int32)
     starts = np.array([0, 4, 10], dtype=np.int64)
-    args = {"tokens": tokens, "starts": starts, "doc_rows": np.array([5, 6], dtype=np.int64),
-            "pieces": np.array([[0, 0, 0, 5]], dtype=np.int64), "ignore": IGNORE,
+    args = {"tokens": tokens, "sources": np.array([5, 0], dtype=np.int64), "starts": starts,
+            "doc_rows": np.array([5, 6], dtype=np.int64),
+            "pieces": np.array([[0, 0, 0, 5]], dtype=np.int64), "eos": EOS, "ignore": IGNORE,
             "out": np.zeros((3, 1, 4), dtype=np.int64), "rows": 1, "length": 4,
             "want_docs": False}  # fmt: skip
     args.update(changes)
@@ -107,7 +124,11 @@ def _args(**changes):
 @pytest.mark.parametrize(
     ("changes", "error"),
     [
-        ({"pieces": np.array([[0, 0, 6, 11]], dtype=np.int64)}, IndexError),  # past the tokens
+        ({"pieces": np.array([[0, 0, 6, 11]], dtype=np.int64)}, IndexError),  # past the stream
+        ({"sources": np.array([5, 4], dtype=np.int64)}, IndexError),  # tokens past `tokens`
+        ({"sources": np.array([6, 0], dtype=np.int64)}, IndexError),  # the first's too
+        ({"sources": np.array([-1, 0], dtype=np.int64)}, IndexError),  # before `tokens`
+        ({"sources": np.array([5], dtype=np.int64)}, IndexError),  # a document without one
         ({"pieces": np.array([[1, 0, 0, 5]], dtype=np.int64)}, IndexError),  # no such row
         ({"pieces": np.array([[0, 5, 0, 5]], dtype=np.int64)}, IndexError),  # past the columns
         ({"pieces": np.array([[0, 0, 5, 4]], dtype=np.int64)}, IndexError),  # b before a
@@ -118,25 +139,12 @@ def _args(**changes):
         ({"starts": np.array([0, 6, 4], dtype=np.int64)}, ValueError),  # not rising
         ({"tokens": np.zeros(10, dtype=np.float64)}, TypeError),  # not integers
         ({"out": np.zeros((3, 1, 4), dtype=np.int64)[:, :, ::2]}, ValueError),  # not contiguous
-        ({"starts": np.zeros(0, dtype=np.int64)}, ValueError),  # no document at all
+        ({"starts": np.zeros(0, dtype=np.int64)}, ValueError),  # not even the length
     ],
 )
 def test_cut_pieces_refuses_what_it_would_read_or_write_out_of_bounds(changes, error) -> None:
     with pytest.raises(error):
         loops.cut_pieces(*_args(**changes))
-
-
-def test_pack_documents_refuses_a_document_outside_its_buffers() -> None:
-    values, out = np.arange(5, dtype=np.int32), np.zeros(6, dtype=np.int32)
-    one = np.array([1], dtype=np.int64)
-    with pytest.raises(IndexError):
-        loops.pack_documents(values, np.array([3]), np.array([3]), np.array([0]), out)
-    with pytest.raises(IndexError):
-        loops.pack_documents(values, np.array([0]), one * 3, np.array([4]), out)
-    with pytest.raises(IndexError):  # an end past 2^63 bytes, which would wrap to negative
-        loops.pack_documents(values, one, one * 2**62, one, out)
-    with pytest.raises(TypeError):  # out of another width than values
-        loops.pack_documents(values, one, one, one, np.zeros(6, dtype=np.int64))
 
 
 def test_an_empty_starts_is_named_as_such() -> None:
@@ -152,10 +160,10 @@ GRID_DTYPES = [
     "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8", "c16", "?", "O", "S8",
     "V0", "M8[s]",
 ]  # fmt: skip
-CUT_ARGS = ["tokens", "starts", "doc_rows", "pieces", "out"]
-PACK_ARGS = ["values", "firsts", "sizes", "starts", "out"]
-# cut_windows: tokens, starts and doc_rows are those of the segment the second window ends in.
-WINDOW_ARGS = ["firsts", "cum", "positions", "tokens", "starts", "doc_rows", "out"]
+CUT_ARGS = ["tokens", "sources", "starts", "doc_rows", "pieces", "out"]
+# cut_windows: tokens, sources, starts and doc_rows are those of the segment the second
+# window ends in.
+WINDOW_ARGS = ["firsts", "cum", "positions", "tokens", "sources", "starts", "doc_rows", "out"]
 TOKEN_KINDS = {"i1", "u1", "i2", "u2", "i4", "u4", "i8"}  # what tokens/values may be
 
 
@@ -181,25 +189,13 @@ def _grid_case(function: str, argument: str, code: str, swapped: bool) -> str:
     dtype = _dtype(code, swapped)
     if function == "windows":
         return _grid_windows_case(argument, dtype)
-    if function == "cut":
-        names = CUT_ARGS
-        args = _args(want_docs=True, out=np.zeros((4, 1, 4), dtype=np.int64))
-        position = {"tokens": 0, "starts": 1, "doc_rows": 2, "pieces": 3, "out": 5}[argument]
-        call, out_at = loops.cut_pieces, 5
-    else:
-        names = PACK_ARGS
-        values = np.arange(6, dtype=np.int64)
-        args = [values, np.array([0, 3]), np.array([2, 3]), np.array([4, 0]),
-                np.zeros(8, dtype=np.int64)]  # fmt: skip
-        position, call, out_at = names.index(argument), loops.pack_documents, 4
-        if argument == "values":  # out follows values' kind, as its rule asks
-            args[4] = np.zeros(8, dtype=np.int64)
+    args = _args(want_docs=True, out=np.zeros((4, 1, 4), dtype=np.int64))
+    position = {"tokens": 0, "sources": 1, "starts": 2, "doc_rows": 3, "pieces": 4, "out": 7}
+    position, call, out_at = position[argument], loops.cut_pieces, 7
     want = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     call(*want)
     try:
         args[position] = _cast(args[position], dtype)
-        if function == "pack" and argument == "values" and dtype.kind in "iu" and dtype.itemsize:
-            args[4] = np.zeros(8, dtype=dtype)
     except (TypeError, ValueError) as exc:
         return f"unbuildable {type(exc).__name__}"
     try:
@@ -218,19 +214,21 @@ def _grid_windows_case(argument: str, dtype: np.dtype) -> str:
 
     def call(changed: dict) -> np.ndarray:
         a = {"firsts": np.array([0, 4]), "cum": np.array([0, 5, 10]),
-             "positions": np.array([0, 1]), "tokens": np.arange(5, 10, dtype=np.int64),
-             "starts": np.array([0, 3, 5]), "doc_rows": np.array([3, 4]),
-             "out": np.zeros((4, 2, 4), dtype=np.int64)}  # fmt: skip
+             "positions": np.array([0, 1]), "tokens": np.arange(5, 8, dtype=np.int64),
+             "sources": np.array([1, 0]), "starts": np.array([0, 3, 5]),
+             "doc_rows": np.array([3, 4]), "out": np.zeros((4, 2, 4), dtype=np.int64)}  # fmt: skip
         a.update(changed)
-        first = (np.arange(5, dtype=np.int64), np.array([0, 2, 5]), np.array([1, 2]), 0)
-        second = (a["tokens"], a["starts"], a["doc_rows"], 0)
-        loops.cut_windows(a["firsts"], a["cum"], a["positions"], [first, second], IGNORE,
+        first = (np.arange(3, dtype=np.int64), np.array([0, 1]), np.array([0, 2, 5]),
+                 np.array([1, 2]), 0)  # fmt: skip
+        second = (a["tokens"], a["sources"], a["starts"], a["doc_rows"], 0)
+        loops.cut_windows(a["firsts"], a["cum"], a["positions"], [first, second], EOS, IGNORE,
                           a["out"], 2, 4, True)  # fmt: skip
         return a["out"]
 
     want = call({})
-    names = {"tokens": np.arange(5, 10), "starts": np.array([0, 3, 5]),
-             "doc_rows": np.array([3, 4]), "firsts": np.array([0, 4]),
+    names = {"tokens": np.arange(5, 8), "sources": np.array([1, 0]),
+             "starts": np.array([0, 3, 5]), "doc_rows": np.array([3, 4]),
+             "firsts": np.array([0, 4]),
              "cum": np.array([0, 5, 10]), "positions": np.array([0, 1]),
              "out": np.zeros((4, 2, 4))}  # fmt: skip
     try:
@@ -249,7 +247,7 @@ def _grid_windows_case(argument: str, dtype: np.dtype) -> str:
 
 
 def _grid_child() -> None:
-    for function, names in (("cut", CUT_ARGS), ("pack", PACK_ARGS), ("windows", WINDOW_ARGS)):
+    for function, names in (("cut", CUT_ARGS), ("windows", WINDOW_ARGS)):
         for argument in names:
             for code in GRID_DTYPES:
                 for swapped in (False, True):
@@ -260,7 +258,7 @@ def _grid_child() -> None:
 
 def _accepted(function: str, argument: str, code: str, swapped: bool) -> bool:
     native = not swapped or np.dtype(code).itemsize <= 1
-    if argument in ("tokens", "values"):
+    if argument == "tokens":
         return native and code in TOKEN_KINDS
     return native and code == "i8"
 
@@ -283,9 +281,7 @@ def grid() -> tuple[dict, str]:
 
 @pytest.mark.parametrize(
     ("function", "argument"),
-    [("cut", a) for a in CUT_ARGS]
-    + [("pack", a) for a in PACK_ARGS]
-    + [("windows", a) for a in WINDOW_ARGS],
+    [("cut", a) for a in CUT_ARGS] + [("windows", a) for a in WINDOW_ARGS],
 )
 def test_every_argument_dtype_and_byte_order_is_read_right_or_refused(grid, function, argument):
     outcomes, ended = grid
@@ -338,9 +334,10 @@ def _maybe(draw, value, other):
 @settings(max_examples=400, deadline=None)
 @given(st.data(), segments(), st.booleans(), st.integers(-(2**63), 2**63 - 1))
 def test_cut_pieces_fuzz_raises_or_agrees_with_the_statement(data, segment, want_docs, ignore):
-    tokens, starts, doc_rows, pieces, rows, length = segment
+    tokens, sources, starts, doc_rows, pieces, rows, length = segment
     draw = data.draw
     tokens = _maybe(draw, tokens, any_array())
+    sources = _maybe(draw, sources, any_array(elements=SMALL))
     starts = _maybe(draw, starts, any_array(elements=SMALL))
     doc_rows = _maybe(draw, doc_rows, any_array(elements=SMALL))
     pieces = _maybe(draw, pieces, any_array(elements=SMALL))
@@ -348,7 +345,8 @@ def test_cut_pieces_fuzz_raises_or_agrees_with_the_statement(data, segment, want
     out_dtype = _maybe(draw, np.int64, st.sampled_from([np.int32, object, np.float64, ">i8"]))
     out = np.full((4 if want_docs else 3, max(rows, 0), max(length, 0)), 7, dtype=out_dtype)
     try:
-        loops.cut_pieces(tokens, starts, doc_rows, pieces, ignore, out, rows, length, want_docs)
+        loops.cut_pieces(tokens, sources, starts, doc_rows, pieces, EOS, ignore, out, rows, length,
+                         want_docs)  # fmt: skip
     except (TypeError, ValueError, IndexError, BufferError, OverflowError) as exc:
         event(f"refused: {type(exc).__name__}")
         return
@@ -356,7 +354,8 @@ def test_cut_pieces_fuzz_raises_or_agrees_with_the_statement(data, segment, want
     global IGNORE
     saved, IGNORE = IGNORE, ignore
     try:
-        want = _reference(tokens.ravel(), starts.ravel(), doc_rows.ravel(),
+        tokens = tokens if isinstance(tokens, tuple) else tokens.ravel()
+        want = _reference(tokens, sources.ravel(), starts.ravel(), doc_rows.ravel(),
                           pieces.ravel()[: pieces.size // 4 * 4].reshape(-1, 4), rows, length,
                           want_docs)  # fmt: skip
     finally:
@@ -364,41 +363,8 @@ def test_cut_pieces_fuzz_raises_or_agrees_with_the_statement(data, segment, want
     np.testing.assert_array_equal(out, want)
 
 
-@st.composite
-def packings(draw):
-    """Valid pack_documents arguments, as test_pack_documents… draws them."""
-    dtype = draw(st.sampled_from(DTYPES))
-    lengths = np.array(draw(st.lists(st.integers(0, 6), min_size=1, max_size=12)), np.int64)
-    values = np.arange(int(lengths.sum()), dtype=np.int64).astype(dtype)
-    firsts = np.cumsum(lengths) - lengths
-    starts = np.concatenate([[0], np.cumsum(lengths + 1)]).astype(np.int64)
-    return values, firsts, lengths, starts[:-1].copy(), np.zeros(int(starts[-1]), dtype=dtype)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.data(), packings())
-def test_pack_documents_fuzz_raises_or_copies(data, packing) -> None:
-    values, firsts, sizes, starts, out = (
-        _maybe(data.draw, a, any_array(elements=SMALL if i in (1, 2, 3) else None))
-        for i, a in enumerate(packing)
-    )
-    before = out.copy()
-    try:
-        loops.pack_documents(values, firsts, sizes, starts, out)
-    except (TypeError, ValueError, IndexError, BufferError) as exc:
-        event(f"refused: {type(exc).__name__}")
-        return
-    event("accepted")
-    # Accepted: every document lies inside both buffers, copied item for item.
-    want = before.ravel().copy()
-    flat = values.ravel()
-    for first, size, start in zip(firsts.ravel()[: sizes.size], sizes.ravel(),
-                                  starts.ravel()[: sizes.size], strict=True):  # fmt: skip
-        want[start : start + size] = flat[first : first + size]
-    np.testing.assert_array_equal(out.ravel(), want)
-
-
-# Another thread writing `pieces` and `starts` while the loops run without the GIL: the
+# Another thread writing `pieces`, `starts` and `sources` while the loops run without the
+# GIL: the
 # loops read their own copies, so the process lives (before: a segfault). Each bad value
 # is put back at once, so that calls pass their checks and run while it is there.
 _RACE = r"""
@@ -409,9 +375,11 @@ from iolib.text import loops
 
 sys.setswitchinterval(1e-6)
 tokens = np.arange(200_000, dtype=np.int32)
-good_starts = np.arange(0, 200_000, 50, dtype=np.int64)
+good_starts = np.arange(0, 200_001, 50, dtype=np.int64)
 starts = good_starts.copy()
-doc_rows = np.arange(starts.size, dtype=np.int64)
+good_sources = np.arange(starts.size - 1, dtype=np.int64)[::-1] * 49
+sources = good_sources.copy()
+doc_rows = np.arange(starts.size - 1, dtype=np.int64)
 good = np.array([[r, 0, 50 * r, 50 * r + 64] for r in range(2000)], dtype=np.int64)
 pieces = good.copy()
 out = np.zeros((4, 2000, 64), dtype=np.int64)
@@ -426,6 +394,8 @@ def mutate():
         pieces[k] = good[k]
         starts[j] = -(2**40)
         starts[j] = good_starts[j]
+        sources[j % sources.size] = evil[i % 4]
+        sources[j % sources.size] = good_sources[j % sources.size]
         i += 1
 
 thread = threading.Thread(target=mutate)
@@ -433,7 +403,7 @@ thread.start()
 errors = 0
 for _ in range(2000):
     try:
-        loops.cut_pieces(tokens, starts, doc_rows, pieces, -100, out, 2000, 64, True)
+        loops.cut_pieces(tokens, sources, starts, doc_rows, pieces, 7, -100, out, 2000, 64, True)
     except (IndexError, ValueError):
         errors += 1
 stop.set()

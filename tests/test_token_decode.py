@@ -26,7 +26,9 @@ EOS = 0
 
 
 def _same(a: Segment, b: Segment) -> None:
-    for name in ("tokens", "starts", "rows"):
+    assert np.array_equal(a.stream(EOS), b.stream(EOS))
+    assert {t.dtype for t in a.tokens} == {t.dtype for t in b.tokens}
+    for name in ("starts", "rows"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and np.array_equal(x, y), name
 
@@ -52,18 +54,18 @@ def test_a_segment_built_from_record_batches_is_the_whole_reads(
     def order() -> np.random.Generator | None:
         return stream_rng(3, 1, 0) if shuffled else None
 
-    want = Segment.build(whole, 40, EOS, order(), epoch=1)
+    want = Segment.build(whole, 40, order(), epoch=1)
     as_one = pa.chunked_array(chunks, type=whole.type)  # a ChunkedArray in several chunks
-    _same(Segment.build(as_one, 40, EOS, order(), epoch=1), want)
-    _same(Segment.build(chunks, 40, EOS, order(), epoch=1), want)
-    assert all(chunk is None for chunk in chunks)  # a list is consumed: each let go once packed
+    _same(Segment.build(as_one, 40, order(), epoch=1), want)
+    _same(Segment.build(chunks, 40, order(), epoch=1), want)
+    assert all(chunk is None for chunk in chunks)  # a list is consumed: each let go once read
 
 
 def test_an_empty_column_builds_an_empty_segment() -> None:
     kind = pa.list_(pa.int32())
     for array in (pa.chunked_array([], type=kind), [pa.array([], type=kind)]):
-        segment = Segment.build(array, 0, EOS, None)
-        assert segment.tokens.size == 0 and segment.tokens.dtype == np.int32
+        segment = Segment.build(array, 0, None)
+        assert segment.stream(EOS).size == 0 and segment.tokens[0].dtype == np.int32
         assert segment.starts.tolist() == [0] and segment.rows.size == 0
 
 

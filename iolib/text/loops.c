@@ -1,4 +1,4 @@
-/* The loops of packed token windows, compiled: a row group's packing and a batch's cut.
+/* The loops of packed token windows, compiled: a batch's cut from its row groups' tokens.
  *
  * Why C: as NumPy calls, a batch's cut is dozens of small calls holding the GIL, which
  * cost more than the whole batch of a memmap loader; a JIT (Numba) would cost its LLVM's
@@ -73,9 +73,8 @@ static void widen(int64_t *dst, const char *src, enum kind kind, Py_ssize_t star
 }
 
 /* One argument: its name, whether it is written, and the kinds it may have (I64: signed
- * 64-bit indices; ANY_TOKEN: any integer kind that fits in int64, so not U64; SAME: the
- * first argument's kind). */
-enum want { INDEX, ANY_TOKEN, SAME };
+ * 64-bit indices; ANY_TOKEN: any integer kind that fits in int64, so not U64). */
+enum want { INDEX, ANY_TOKEN };
 struct arg { const char *name; int writable; enum want want; };
 
 static void release_all(Py_buffer *views, int got) {
@@ -107,8 +106,6 @@ static int get_all(PyObject **objs, Py_buffer *views, enum kind *kinds, const st
             wrong = "signed 64-bit integers (int64)";
         else if (args[i].want == ANY_TOKEN && kinds[i] == U64)
             wrong = "integers that fit in int64 (uint64 would wrap)";
-        else if (args[i].want == SAME && kinds[i] != kinds[0])
-            wrong = "integers of the same width and sign as the first argument";
         if (wrong != NULL) {
             if (*wrong)
                 PyErr_Format(PyExc_TypeError, "%s: expected %s, got format '%s' (%zd-byte items)",
@@ -133,53 +130,6 @@ static int64_t *copy_of(const Py_buffer *view, Py_ssize_t n) {
     return copy;
 }
 
-/* pack_documents(values, firsts, sizes, starts, out): document j, values[firsts[j]:][:sizes[j]],
- * copied to out[starts[j]:], for values and out of the same integer kind; the eos after
- * each document is written by the caller. */
-static PyObject *pack_documents(PyObject *self, PyObject *args) {
-    PyObject *o[5];
-    Py_buffer v[5];
-    enum kind kinds[5];
-    static const struct arg spec[5] = {{"values", 0, ANY_TOKEN}, {"firsts", 0, INDEX},
-                                       {"sizes", 0, INDEX}, {"starts", 0, INDEX}, {"out", 1, SAME}};
-    if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
-    if (get_all(o, v, kinds, spec, 5) < 0) return NULL;
-    Py_ssize_t docs = v[2].len / 8, k = v[0].itemsize;
-    int64_t *index = NULL; /* firsts, sizes, starts: one copy, read once */
-    const char *values = v[0].buf;
-    char *out = v[4].buf;
-    if (v[1].len / 8 < docs || v[3].len / 8 < docs) {
-        PyErr_SetString(PyExc_ValueError, "firsts and starts need an entry a document");
-        goto fail;
-    }
-    if ((index = PyMem_Malloc((size_t)(docs > 0 ? docs : 1) * 3 * sizeof(int64_t))) == NULL) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    int64_t *firsts = index, *sizes = index + docs, *starts = index + 2 * docs;
-    for (int i = 0; i < 3; i++)
-        if (docs > 0) memcpy(index + i * docs, v[1 + i].buf, (size_t)docs * sizeof(int64_t));
-    Py_ssize_t n_values = v[0].len / k, n_out = v[4].len / k;
-    for (Py_ssize_t j = 0; j < docs; j++) { /* bounds, before the GIL is let go */
-        if (firsts[j] < 0 || sizes[j] < 0 || starts[j] < 0 || firsts[j] > n_values
-            || sizes[j] > n_values - firsts[j] || starts[j] > n_out || sizes[j] > n_out - starts[j]) {
-            PyErr_Format(PyExc_IndexError, "document %zd lies outside values or out", j);
-            goto fail;
-        }
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t j = 0; j < docs; j++)
-        memmove(out + starts[j] * k, values + firsts[j] * k, (size_t)(sizes[j] * k));
-    Py_END_ALLOW_THREADS
-    PyMem_Free(index);
-    release_all(v, 5);
-    Py_RETURN_NONE;
-fail:
-    PyMem_Free(index);
-    release_all(v, 5);
-    return NULL;
-}
-
 /* The first j in [0, n) with starts[j] > a, less one: the document holding token a. */
 static Py_ssize_t document_of(const int64_t *starts, Py_ssize_t n, int64_t a) {
     Py_ssize_t lo = 0, hi = n;
@@ -190,33 +140,101 @@ static Py_ssize_t document_of(const int64_t *starts, Py_ssize_t n, int64_t a) {
     return lo - 1;
 }
 
-/* One segment as the cuts read it: its tokens (of any integer kind), where each document
- * starts, and each document's row. */
-struct segment {
-    const char *tokens;
+/* A segment's tokens: one integer buffer, or a list or tuple of them of one kind (a row
+ * group decoded in record batches, whose documents each lie in one), read as their
+ * concatenation: buffer c holds its tokens bases[c] .. bases[c + 1] - 1. */
+struct tokens {
+    Py_buffer *views;
+    Py_ssize_t n; /* buffers held */
+    const char **data;
+    int64_t *bases;
     enum kind kind;
-    Py_ssize_t n_tokens;
+};
+
+static void tokens_release(struct tokens *t) {
+    release_all(t->views, (int)t->n);
+    PyMem_Free(t->views);
+    PyMem_Free(t->data);
+    PyMem_Free(t->bases);
+    memset(t, 0, sizeof *t);
+}
+
+/* The tokens of `obj` (a buffer, or a list or tuple of buffers), held until
+ * tokens_release; or -1 with an error set naming `tokens` and none held. */
+static int tokens_of(PyObject *obj, struct tokens *t) {
+    static const struct arg spec[1] = {{"tokens", 0, ANY_TOKEN}};
+    int many = PyList_Check(obj) || PyTuple_Check(obj);
+    PyObject *items = many ? PySequence_Fast(obj, "tokens") : NULL;
+    Py_ssize_t count = many ? (items ? PySequence_Fast_GET_SIZE(items) : -1) : 1;
+    memset(t, 0, sizeof *t);
+    if (count < 0) return -1;
+    t->views = PyMem_Calloc((size_t)count + 1, sizeof(Py_buffer));
+    t->data = PyMem_Calloc((size_t)count + 1, sizeof(char *));
+    t->bases = PyMem_Calloc((size_t)count + 2, sizeof(int64_t));
+    t->kind = I64; /* no buffer at all: no token to read */
+    if (t->views == NULL || t->data == NULL || t->bases == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t c = 0; c < count; c++) {
+        PyObject *item = many ? PySequence_Fast_GET_ITEM(items, c) : obj;
+        enum kind kind;
+        if (get_all(&item, &t->views[c], &kind, spec, 1) < 0) goto fail;
+        t->n = c + 1;
+        if (c > 0 && kind != t->kind) {
+            PyErr_SetString(PyExc_TypeError, "tokens: its buffers must be of one integer kind");
+            goto fail;
+        }
+        t->kind = kind;
+        t->data[c] = t->views[c].buf;
+        t->bases[c + 1] = t->bases[c] + t->views[c].len / t->views[c].itemsize;
+    }
+    Py_XDECREF(items);
+    return 0;
+fail:
+    Py_XDECREF(items);
+    tokens_release(t);
+    return -1;
+}
+
+/* The buffer of `t` holding tokens from .. from + count - 1 (its index), or -1 where they
+ * do not lie in one buffer. */
+static Py_ssize_t buffer_of(const struct tokens *t, int64_t from, int64_t count) {
+    Py_ssize_t c = document_of(t->bases, t->n, from); /* the last buffer starting at or before */
+    if (c < 0 || count < 0 || count > t->bases[c + 1] - from) return -1;
+    return c;
+}
+
+/* One segment as the cuts read it: its tokens as the row group decoded them (no eos
+ * among them), and per document of its stream where its tokens begin in them (sources),
+ * where it begins in the stream (starts, the stream's length last) and its row.
+ * Document j spans stream tokens starts[j] .. starts[j + 1] - 1, the last its eos:
+ * tokens sources[j] .. sources[j] + starts[j + 1] - starts[j] - 2, then eos. */
+struct segment {
+    struct tokens tokens;
+    const int64_t *sources;
+    Py_ssize_t n_sources;
     const int64_t *starts;
     Py_ssize_t n_starts;
     const int64_t *doc_rows;
     Py_ssize_t n_rows;
 };
 
-/* The segment of three buffers (tokens, starts, doc_rows), checked: a document at least,
- * and starts rising from 0 or more (the fill walks documents in order); or -1 with an
- * error set. Starts are then read once a value in the fill, which stays in bounds
+/* The segment of `tokens` and three buffers (sources, starts, doc_rows), checked: starts
+ * rising from 0 or more (the fill walks documents in order); or -1 with an error set.
+ * Starts and sources are then read once a value in the fill, which stays in bounds
  * whatever another thread writes there meanwhile (a copy of a row group's every start
  * cost more than the cut). */
-static int segment_of(const Py_buffer *v, const enum kind *kinds, struct segment *s) {
-    s->tokens = v[0].buf;
-    s->kind = kinds[0];
-    s->n_tokens = v[0].len / v[0].itemsize;
+static int segment_of(const struct tokens *tokens, const Py_buffer *v, struct segment *s) {
+    s->tokens = *tokens;
+    s->sources = v[0].buf;
+    s->n_sources = v[0].len / 8;
     s->starts = v[1].buf;
     s->n_starts = v[1].len / 8;
     s->doc_rows = v[2].buf;
     s->n_rows = v[2].len / 8;
     if (s->n_starts < 1) {
-        PyErr_SetString(PyExc_ValueError, "starts is empty: a segment holds one document or more");
+        PyErr_SetString(PyExc_ValueError, "starts is empty: it holds the stream's length last");
         return -1;
     }
     for (Py_ssize_t j = 0; j < s->n_starts; j++) {
@@ -229,50 +247,80 @@ static int segment_of(const Py_buffer *v, const enum kind *kinds, struct segment
 }
 
 /* Whether piece (row, column, a, b) of segment `s` lies inside a batch of `rows` x
- * `length` and inside the segment, its documents each with a row. */
+ * `length` and inside the segment's stream, its documents each with a row and their
+ * tokens inside `tokens`. */
 static int piece_fits(const struct segment *s, Py_ssize_t rows, Py_ssize_t length, int64_t row,
                       int64_t column, int64_t a, int64_t b) {
-    return !(row < 0 || row >= rows || column < 0 || column > length || a < 0 || b < a
-             || b > s->n_tokens || document_of(s->starts, s->n_starts, a) < 0
-             || document_of(s->starts, s->n_starts, b - 1) >= s->n_rows);
+    if (row < 0 || row >= rows || column < 0 || column > length || a < 0 || b < a
+        || b > s->starts[s->n_starts - 1])
+        return 0;
+    if (b == a) return 1;
+    Py_ssize_t first = document_of(s->starts, s->n_starts, a);
+    Py_ssize_t last = document_of(s->starts, s->n_starts, b - 1); /* < n_starts - 1: b fits */
+    if (first < 0 || last >= s->n_rows || last >= s->n_sources) return 0;
+    for (Py_ssize_t j = first; j <= last; j++) { /* its tokens (eos not counted) in one buffer */
+        int64_t size = s->starts[j + 1] - s->starts[j] - 1, src = s->sources[j];
+        if (size > 0 ? buffer_of(&s->tokens, src, size) < 0
+                     : src < 0 || src > s->tokens.bases[s->tokens.n])
+            return 0;
+    }
+    return 1;
 }
 
-/* Fill piece (row, column, a, b) of a batch from tokens[a:b] of segment `s`, checked by
- * piece_fits. out is int64 [planes, rows, length]: input_ids, labels, position_ids and
- * (want_docs) the documents' rows. Document j spans starts[j] .. starts[j + 1] - 1, its
- * eos last (a piece's last document may have no eos in it). The token at column `length`
- * is only the last label. A piece begins a window or follows a segment's end, which is
- * always an eos, so positions restart at 0 with each piece. Runs without the GIL. */
+/* Fill piece (row, column, a, b) of a batch from stream tokens a .. b - 1 of segment `s`,
+ * checked by piece_fits. out is int64 [planes, rows, length]: input_ids, labels,
+ * position_ids and (want_docs) the documents' rows. The token at column `length` is only
+ * the last label. A piece begins a window or follows a segment's end, which is always an
+ * eos, so positions restart at 0 with each piece. Runs without the GIL: each start and
+ * source is read once and what is made of it kept in bounds (checked before, it is;
+ * changed since by another thread, the output is wrong, ignore where it cannot be
+ * read, but nothing is read or written out of bounds). */
 static void fill_piece(const struct segment *s, int64_t *out, Py_ssize_t rows, Py_ssize_t length,
-                       int want_docs, int64_t ignore, Py_ssize_t row, Py_ssize_t column, int64_t a,
-                       int64_t b) {
-    int64_t *ids = out, *labels = ids + rows * length, *positions = labels + rows * length;
-    int64_t *docs = positions + rows * length;
-    const int64_t *starts = s->starts;
-    Py_ssize_t last = s->n_starts - 1;
+                       int want_docs, int64_t eos, int64_t ignore, Py_ssize_t row,
+                       Py_ssize_t column, int64_t a, int64_t b) {
+    Py_ssize_t cell = row * length + column, plane = rows * length;
+    int64_t *id = out + cell, *label = id + plane, *position = label + plane;
+    int64_t *owner = position + plane;
     Py_ssize_t n = b - a < length - column ? b - a : length - column; /* tokens placed */
-    Py_ssize_t m = n < b - a - 1 ? n : b - a - 1; /* of which the next token is here */
-    int64_t *id = ids + row * length + column, *label = labels + row * length + column;
-    int64_t *position = positions + row * length + column;
-    widen(id, s->tokens, s->kind, a, n);
-    widen(label, s->tokens, s->kind, a + 1, m);
-    if (n > 0 && m < n) label[n - 1] = ignore; /* the stream's end: only eos past it */
-    /* Each start read once, and what is made of it kept in bounds: checked before, it
-     * is; changed since by another thread, the output is wrong but no write strays. */
-    Py_ssize_t doc = document_of(starts, s->n_starts, a), lo = 0;
+    int next_here = b - a > n; /* the token after the last placed is in the piece */
+    Py_ssize_t doc = document_of(s->starts, s->n_starts, a), i = 0;
     doc = doc < 0 ? 0 : doc;
-    while (lo < n) {
-        int64_t next = doc < last ? starts[doc + 1] - a : (int64_t)n + 1;
-        int ends_here = next > lo && next <= n; /* its eos is here */
-        Py_ssize_t hi = ends_here ? (Py_ssize_t)next : n;
-        for (Py_ssize_t i = lo; i < hi; i++) position[i] = i - lo;
+    while (i < n && doc < s->n_starts - 1 && doc < s->n_sources) {
+        int64_t d0 = s->starts[doc], d1 = s->starts[doc + 1], src = s->sources[doc];
+        if (d0 > a + i || d1 <= a + i) break; /* starts changed since checked */
+        Py_ssize_t hi = d1 - a < n ? (Py_ssize_t)(d1 - a) : n; /* its part ends here */
+        Py_ssize_t eos_at = (Py_ssize_t)(d1 - 1 - a);          /* >= i */
+        Py_ssize_t own = (eos_at < hi ? eos_at : hi) - i;      /* its own tokens placed */
+        int64_t from = src + (a + i - d0), reads = own + (hi == n && next_here && eos_at > n);
+        Py_ssize_t c = reads > 0 ? buffer_of(&s->tokens, from, reads) : 0;
+        if (src < 0 || c < 0) break;
+        const char *data = s->tokens.data[c];
+        from -= s->tokens.bases[c];
+        widen(id + i, data, s->tokens.kind, from, own);
+        if (eos_at < hi) id[eos_at] = eos;
+        /* Each token's label is the next one; an eos's is ignore; the last placed one's
+         * is the token after it where the piece holds one (its eos, or its own next). */
+        if (hi - i > 1) memcpy(label + i, id + i + 1, (size_t)(hi - i - 1) * sizeof(int64_t));
+        if (eos_at < hi)
+            label[hi - 1] = ignore;
+        else if (!next_here)
+            label[hi - 1] = ignore;
+        else if (eos_at == n)
+            label[hi - 1] = eos;
+        else
+            widen(label + hi - 1, data, s->tokens.kind, from + own, 1);
+        for (Py_ssize_t k = i; k < hi; k++) position[k] = k - i;
         if (want_docs) {
-            int64_t owner = doc < s->n_rows ? s->doc_rows[doc] : -1;
-            for (Py_ssize_t i = lo; i < hi; i++) docs[row * length + column + i] = owner;
+            int64_t who = doc < s->n_rows ? s->doc_rows[doc] : -1;
+            for (Py_ssize_t k = i; k < hi; k++) owner[k] = who;
         }
-        if (ends_here) label[hi - 1] = ignore;
-        lo = hi;
+        i = hi;
         doc++;
+    }
+    for (; i < n; i++) { /* only where starts or sources changed since they were checked */
+        id[i] = label[i] = ignore;
+        position[i] = 0;
+        if (want_docs) owner[i] = -1;
     }
 }
 
@@ -286,26 +334,33 @@ static int out_fits(const Py_buffer *out, Py_ssize_t rows, Py_ssize_t length, in
     return 1;
 }
 
-/* cut_pieces(tokens, starts, doc_rows, pieces, ignore, out, rows, length, want_docs): fill
- * each piece (row, column, a, b) of a batch from tokens[a:b] of one segment (fill_piece). */
+/* cut_pieces(tokens, sources, starts, doc_rows, pieces, eos, ignore, out, rows, length,
+ * want_docs): fill each piece (row, column, a, b) of a batch from stream tokens a .. b - 1
+ * of one segment (fill_piece). */
 static PyObject *cut_pieces(PyObject *self, PyObject *args) {
-    PyObject *o[5];
+    PyObject *given, *o[5];
     Py_buffer v[5];
     enum kind kinds[5];
-    long long ignore;
+    long long eos, ignore;
     Py_ssize_t rows, length;
     int want_docs;
-    static const struct arg spec[5] = {{"tokens", 0, ANY_TOKEN}, {"starts", 0, INDEX},
+    static const struct arg spec[5] = {{"sources", 0, INDEX}, {"starts", 0, INDEX},
                                        {"doc_rows", 0, INDEX}, {"pieces", 0, INDEX},
                                        {"out", 1, INDEX}};
-    if (!PyArg_ParseTuple(args, "OOOOLOnnp", &o[0], &o[1], &o[2], &o[3], &ignore, &o[4], &rows,
-                          &length, &want_docs))
+    if (!PyArg_ParseTuple(args, "OOOOOLLOnnp", &given, &o[0], &o[1], &o[2], &o[3], &eos, &ignore,
+                          &o[4], &rows, &length, &want_docs))
         return NULL;
-    if (get_all(o, v, kinds, spec, 5) < 0) return NULL;
+    struct tokens tokens;
+    if (tokens_of(given, &tokens) < 0) return NULL;
+    if (get_all(o, v, kinds, spec, 5) < 0) {
+        tokens_release(&tokens);
+        return NULL;
+    }
+    PyObject *result = NULL;
     int64_t *pieces = NULL; /* copied and checked with the GIL held */
     struct segment s;
     Py_ssize_t n_pieces = v[3].len / 32;
-    if (segment_of(v, kinds, &s) < 0 || !out_fits(&v[4], rows, length, want_docs)) goto fail;
+    if (segment_of(&tokens, v, &s) < 0 || !out_fits(&v[4], rows, length, want_docs)) goto fail;
     if ((pieces = copy_of(&v[3], 4 * n_pieces)) == NULL) goto fail;
     for (Py_ssize_t p = 0; p < n_pieces; p++) { /* bounds, before the GIL is let go */
         const int64_t *q = pieces + 4 * p;
@@ -317,46 +372,46 @@ static PyObject *cut_pieces(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t p = 0; p < n_pieces; p++) {
         const int64_t *q = pieces + 4 * p;
-        fill_piece(&s, v[4].buf, rows, length, want_docs, ignore, q[0], q[1], q[2], q[3]);
+        fill_piece(&s, v[4].buf, rows, length, want_docs, eos, ignore, q[0], q[1], q[2], q[3]);
     }
     Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+fail: /* and done: what was taken is given back either way */
     PyMem_Free(pieces);
     release_all(v, 5);
-    Py_RETURN_NONE;
-fail:
-    PyMem_Free(pieces);
-    release_all(v, 5);
-    return NULL;
+    tokens_release(&tokens);
+    return result;
 }
 
 /* The first j in [0, n) with cum[j] > at, less one: with cum an epoch's prefix sums of
  * stream tokens by position, the position that holds stream token `at`. */
 #define position_of document_of
 
-/* cut_windows(firsts, cum, positions, segments, ignore, out, rows, length, want_docs): a
- * whole batch in one call. Window r (row r) is the stream's tokens firsts[r] ..
+/* cut_windows(firsts, cum, positions, segments, eos, ignore, out, rows, length, want_docs):
+ * a whole batch in one call. Window r (row r) is the stream's tokens firsts[r] ..
  * firsts[r] + length (the last only a label), cut at the end of the stream; the stream
  * is positions 0 .. len(cum) - 2, position p its tokens cum[p] .. cum[p + 1] - 1. The
- * segments given (a sequence of (tokens, starts, doc_rows, offset), the segment of
- * position positions[i], rising, whose tokens[0] is the position's token `offset`) hold
- * every position a window touches. Each window's part in each position is a piece,
+ * segments given (a sequence of (tokens, sources, starts, doc_rows, offset), the segment
+ * of position positions[i], rising, whose stream begins at the position's token
+ * `offset`) hold every position a window touches. Each window's part in each position is a piece,
  * filled as cut_pieces fills one. Why one call: the same pieces found in NumPy cost more
  * than the copy. */
 static PyObject *cut_windows(PyObject *self, PyObject *args) {
     PyObject *o[4], *given;
     Py_buffer v[4];
     enum kind kinds[4];
-    long long ignore;
+    long long eos, ignore;
     Py_ssize_t rows, length;
     int want_docs;
     static const struct arg spec[4] = {{"firsts", 0, INDEX}, {"cum", 0, INDEX},
                                        {"positions", 0, INDEX}, {"out", 1, INDEX}};
-    if (!PyArg_ParseTuple(args, "OOOOLOnnp", &o[0], &o[1], &o[2], &given, &ignore, &o[3], &rows,
-                          &length, &want_docs))
+    if (!PyArg_ParseTuple(args, "OOOOLLOnnp", &o[0], &o[1], &o[2], &given, &eos, &ignore, &o[3],
+                          &rows, &length, &want_docs))
         return NULL;
     if (get_all(o, v, kinds, spec, 4) < 0) return NULL;
     PyObject *items = NULL, *result = NULL;
     Py_buffer *views = NULL;
+    struct tokens *tokens = NULL;
     struct segment *segs = NULL;
     int64_t *offsets = NULL, *found = NULL, *pieces = NULL; /* pieces: (segment, row, column, a, b) */
     Py_ssize_t n_segs = 0, held = 0, n_pieces = 0, room = 0;
@@ -370,8 +425,8 @@ static PyObject *cut_windows(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "cum needs a position at least (two entries)");
         goto fail;
     }
-    if ((items = PySequence_Fast(given, "segments: expected a sequence of (tokens, starts, "
-                                        "doc_rows, offset)")) == NULL)
+    if ((items = PySequence_Fast(given, "segments: expected a sequence of (tokens, sources, "
+                                        "starts, doc_rows, offset)")) == NULL)
         goto fail;
     n_segs = PySequence_Fast_GET_SIZE(items);
     if (n_segs != v[2].len / 8) {
@@ -382,32 +437,37 @@ static PyObject *cut_windows(PyObject *self, PyObject *args) {
     if ((found = copy_of(&v[2], n_segs)) == NULL) goto fail;
     offsets = PyMem_Calloc((size_t)(n_segs + 1), sizeof(int64_t));
     views = PyMem_Calloc((size_t)(3 * n_segs + 1), sizeof(Py_buffer));
+    tokens = PyMem_Calloc((size_t)(n_segs + 1), sizeof(struct tokens));
     segs = PyMem_Calloc((size_t)(n_segs + 1), sizeof(struct segment));
-    if (offsets == NULL || views == NULL || segs == NULL) {
+    if (offsets == NULL || views == NULL || tokens == NULL || segs == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
-    static const struct arg seg_spec[3] = {{"tokens", 0, ANY_TOKEN}, {"starts", 0, INDEX},
+    static const struct arg seg_spec[3] = {{"sources", 0, INDEX}, {"starts", 0, INDEX},
                                            {"doc_rows", 0, INDEX}};
     for (Py_ssize_t i = 0; i < n_segs; i++) {
         PyObject *parts[3], *item = PySequence_Fast_GET_ITEM(items, i);
         enum kind seg_kinds[3];
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
-            PyErr_Format(PyExc_TypeError, "segment %zd: expected (tokens, starts, doc_rows, "
-                         "offset)", i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5) {
+            PyErr_Format(PyExc_TypeError, "segment %zd: expected (tokens, sources, starts, "
+                         "doc_rows, offset)", i);
             goto fail;
         }
-        for (int j = 0; j < 3; j++) parts[j] = PyTuple_GET_ITEM(item, j);
-        if (get_all(parts, views + 3 * i, seg_kinds, seg_spec, 3) < 0) goto fail;
+        for (int j = 0; j < 3; j++) parts[j] = PyTuple_GET_ITEM(item, j + 1);
+        if (tokens_of(PyTuple_GET_ITEM(item, 0), &tokens[i]) < 0) goto fail;
+        if (get_all(parts, views + 3 * i, seg_kinds, seg_spec, 3) < 0) {
+            tokens_release(&tokens[i]);
+            goto fail;
+        }
         held = i + 1;
-        offsets[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 3));
+        offsets[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 4));
         if (offsets[i] == -1 && PyErr_Occurred()) goto fail;
         if (offsets[i] < 0 || (i > 0 && found[i] <= found[i - 1])) {
             PyErr_Format(PyExc_ValueError, "segment %zd: positions must rise and offsets be 0 "
                          "or more", i);
             goto fail;
         }
-        if (segment_of(views + 3 * i, seg_kinds, &segs[i]) < 0) goto fail;
+        if (segment_of(&tokens[i], views + 3 * i, &segs[i]) < 0) goto fail;
     }
     const int64_t *firsts = v[0].buf, *cum = v[1].buf;
     Py_ssize_t last_position = n_cum - 2;
@@ -467,7 +527,8 @@ static PyObject *cut_windows(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t p = 0; p < n_pieces; p++) {
         const int64_t *q = pieces + 5 * p;
-        fill_piece(&segs[q[0]], v[3].buf, rows, length, want_docs, ignore, q[1], q[2], q[3], q[4]);
+        fill_piece(&segs[q[0]], v[3].buf, rows, length, want_docs, eos, ignore, q[1], q[2], q[3],
+                   q[4]);
     }
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
@@ -476,7 +537,11 @@ fail: /* and done: what was taken is given back either way */
     PyMem_Free(found);
     PyMem_Free(offsets);
     PyMem_Free(segs);
-    for (Py_ssize_t i = 0; i < held; i++) release_all(views + 3 * i, 3);
+    for (Py_ssize_t i = 0; i < held; i++) {
+        release_all(views + 3 * i, 3);
+        tokens_release(&tokens[i]);
+    }
+    PyMem_Free(tokens);
     PyMem_Free(views);
     Py_XDECREF(items);
     release_all(v, 4);
@@ -484,14 +549,12 @@ fail: /* and done: what was taken is given back either way */
 }
 
 static PyMethodDef methods[] = {
-    {"pack_documents", pack_documents, METH_VARARGS,
-     "pack_documents(values, firsts, sizes, starts, out): copy document j to out[starts[j]:]."},
     {"cut_pieces", cut_pieces, METH_VARARGS,
-     "cut_pieces(tokens, starts, doc_rows, pieces, ignore, out, rows, length, want_docs): "
-     "fill a batch's pieces of one segment."},
+     "cut_pieces(tokens, sources, starts, doc_rows, pieces, eos, ignore, out, rows, length, "
+     "want_docs): fill a batch's pieces of one segment."},
     {"cut_windows", cut_windows, METH_VARARGS,
-     "cut_windows(firsts, cum, positions, segments, ignore, out, rows, length, want_docs): "
-     "fill a batch's windows from the segments of the positions they touch."},
+     "cut_windows(firsts, cum, positions, segments, eos, ignore, out, rows, length, "
+     "want_docs): fill a batch's windows from the segments of the positions they touch."},
     {NULL, NULL, 0, NULL},
 };
 

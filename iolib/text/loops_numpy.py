@@ -15,8 +15,6 @@ from itertools import pairwise
 
 import numpy as np
 
-_BLOCK = 1 << 20  # tokens a packing step gathers at once: its temporaries stay at 16 MiB
-
 
 def _integers(name: str, array: object, *, itemsize: int | None = 8) -> np.ndarray:
     """`array` as a flat native-order integer array, refused with a TypeError otherwise
@@ -37,83 +35,99 @@ def _out(name: str, array: object) -> np.ndarray:
     return array
 
 
-def pack_documents(
-    values: np.ndarray, firsts: np.ndarray, sizes: np.ndarray, starts: np.ndarray, out: np.ndarray
-) -> None:
-    """Copy document j, values[firsts[j]:][:sizes[j]], to out[starts[j]:], for values and
-    out of the same item size; the eos after each document is written by the caller."""
-    values = _integers("values", values, itemsize=None)
-    out = _out("out", out)
-    if out.dtype.itemsize != values.dtype.itemsize:
-        raise TypeError(
-            f"out: expected {values.dtype.itemsize}-byte items, got {out.dtype.itemsize}"
-        )
-    firsts, sizes = _integers("firsts", firsts), _integers("sizes", sizes)
-    starts = _integers("starts", starts)
-    docs = sizes.size
-    if firsts.size < docs or starts.size < docs:
-        raise ValueError("firsts and starts need an entry a document")
-    firsts, starts = firsts[:docs].astype(np.int64), starts[:docs].astype(np.int64)
-    sizes = sizes.astype(np.int64)
-    flat = out.reshape(-1)
-    bad = (
-        (firsts < 0) | (sizes < 0) | (starts < 0) | (firsts > values.size)
-        | (sizes > values.size - firsts) | (starts > flat.size) | (sizes > flat.size - starts)
-    )  # fmt: skip
-    if bad.any():
-        raise IndexError(f"document {int(np.flatnonzero(bad)[0])} lies outside values or out")
-    ends = np.cumsum(sizes)
-    j = 0
-    while j < docs:
-        # A block of documents of about _BLOCK tokens: one gather each.
-        stop = max(j + 1, int(np.searchsorted(ends, ends[j] - sizes[j] + _BLOCK, side="right")))
-        count = sizes[j:stop]
-        total = int(count.sum())
-        if total:
-            within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-            flat[np.repeat(starts[j:stop], count) + within] = values[
-                np.repeat(firsts[j:stop], count) + within
-            ]
-        j = stop
+def _tokens(tokens: object) -> tuple[list[np.ndarray], np.ndarray]:
+    """A segment's token buffers (one array, or a list or tuple of them of one kind) and
+    where each begins in their concatenation (its length last)."""
+    chunks = list(tokens) if isinstance(tokens, (list, tuple)) else [tokens]
+    chunks = [_integers("tokens", chunk, itemsize=None) for chunk in chunks]
+    if any(chunk.dtype == np.uint64 for chunk in chunks):
+        raise TypeError("tokens: uint64 ids do not fit int64")
+    if len({chunk.dtype for chunk in chunks}) > 1:
+        raise TypeError("tokens: its buffers must be of one integer kind")
+    bases = np.zeros(len(chunks) + 1, dtype=np.int64)
+    np.cumsum([chunk.size for chunk in chunks], out=bases[1:])
+    return chunks, bases
+
+
+def _buffer_of(bases: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The buffer holding tokens first .. first + count - 1 of each, or -1 where they do
+    not lie in one (the compiled loops' `buffer_of`)."""
+    chunk = np.searchsorted(bases[:-1], first, side="right") - 1
+    top = bases[np.clip(chunk + 1, 0, bases.size - 1)]  # the buffer's end (any, where none)
+    inside = (chunk >= 0) & (count >= 0) & (count <= top - first)
+    return np.where(inside, chunk, -1)
+
+
+def _gather(chunks: list[np.ndarray], bases: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Tokens `at` (checked) of the buffers' concatenation, as int64."""
+    out = np.empty(at.size, dtype=np.int64)
+    chunk = np.searchsorted(bases[:-1], at, side="right") - 1
+    for c in np.unique(chunk).tolist():
+        mine = chunk == c
+        out[mine] = chunks[c][at[mine] - bases[c]]
+    return out
+
+
+def _check_starts(starts: np.ndarray) -> None:
+    if starts.size < 1:
+        raise ValueError("starts is empty: it holds the stream's length last")
+    if starts[0] < 0 or (starts.size > 1 and (np.diff(starts) <= 0).any()):
+        raise ValueError("starts must rise from 0 or more")
 
 
 def cut_pieces(
-    tokens: np.ndarray,
+    tokens: np.ndarray | Sequence[np.ndarray],
+    sources: np.ndarray,
     starts: np.ndarray,
     doc_rows: np.ndarray,
     pieces: np.ndarray,
+    eos: int,
     ignore: int,
     out: np.ndarray,
     rows: int,
     length: int,
     want_docs: bool,
 ) -> None:
-    """Fill each piece (row, column, a, b) of a batch from tokens[a:b] of one segment. out
-    is int64 [planes, rows, length]: input_ids, labels, position_ids and (want_docs) the
-    documents' rows. Document j spans starts[j] .. starts[j + 1] - 1, its eos last (the
-    last document may have no eos in it); the token past `length` is only the last label;
-    positions restart at 0 with each piece and after each eos."""
-    tokens = _integers("tokens", tokens, itemsize=None)
-    if tokens.dtype == np.uint64:
-        raise TypeError("tokens: uint64 ids do not fit int64")
-    starts, doc_rows = _integers("starts", starts), _integers("doc_rows", doc_rows)
-    pieces = _integers("pieces", pieces)
+    """Fill each piece (row, column, a, b) of a batch from stream tokens a .. b - 1 of one
+    segment. out is int64 [planes, rows, length]: input_ids, labels, position_ids and
+    (want_docs) the documents' rows. Document j spans stream tokens starts[j] ..
+    starts[j + 1] - 1: tokens[sources[j]:] up to its eos, the last; the token past
+    `length` is only the last label; positions restart at 0 with each piece and after
+    each eos. `tokens` may be several buffers, read as their concatenation, each
+    document's in one."""
+    chunks, bases = _tokens(tokens)
+    sources, starts = _integers("sources", sources), _integers("starts", starts)
+    doc_rows, pieces = _integers("doc_rows", doc_rows), _integers("pieces", pieces)
     out = _out("out", out)
     if out.dtype != np.int64:
         raise TypeError(f"out: expected int64, got {out.dtype}")
     planes = 4 if want_docs else 3
     rows, length = int(rows), int(length)
-    if starts.size < 1 or rows < 0 or length < 1 or rows > out.size // planes // length:
+    _check_starts(starts)
+    if rows < 0 or length < 1 or rows > out.size // planes // length:
         raise ValueError("out is smaller than [planes, rows, length]")
-    if starts[0] < 0 or (starts.size > 1 and (np.diff(starts) <= 0).any()):
-        raise ValueError("starts must rise from 0 or more")
     pieces = pieces[: pieces.size // 4 * 4].reshape(-1, 4)
     row, column, a, b = (pieces[:, i] for i in range(4))
+    documents = starts.size - 1
+    # A document whose tokens do not lie in one buffer, or that has no source or row: a
+    # piece that touches one is refused (prefix counts: any between its first and last).
+    sizes = np.diff(starts) - 1
+    own = np.zeros(documents, dtype=bool)
+    known = min(documents, sources.size)
+    mine, size = sources[:known], sizes[:known]
+    own[:known] = np.where(size > 0, _buffer_of(bases, mine, size) >= 0,
+                           (mine >= 0) & (mine <= bases[-1]))  # fmt: skip
+    own[doc_rows.size :] = False
+    bad_before = np.concatenate([[0], np.cumsum(~own)])
     first_doc = np.searchsorted(starts, a, side="right") - 1
     last_doc = np.searchsorted(starts, b - 1, side="right") - 1
+    span = (b > a) & (a >= 0) & (b <= starts[-1])
+    inside = np.where(span, np.clip(first_doc, 0, documents), 0)
+    upto = np.where(span, np.clip(last_doc + 1, 0, documents), 0)
     bad = (
         (row < 0) | (row >= rows) | (column < 0) | (column > length) | (a < 0) | (b < a)
-        | (b > tokens.size) | (first_doc < 0) | (last_doc >= doc_rows.size)
+        | (b > starts[-1]) | (span & (first_doc < 0))
+        | (bad_before[upto] - bad_before[inside] > 0)
     )  # fmt: skip
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
@@ -125,19 +139,25 @@ def cut_pieces(
     keep = placed > 0
     row, column, a, b, placed = row[keep], column[keep], a[keep], b[keep], placed[keep]
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(placed) - placed, placed)
-    t = np.repeat(a, placed) + within  # each cell's token
+    t = np.repeat(a, placed) + within  # each cell's stream token
     piece_end = np.repeat(b, placed)
     cell = np.repeat(row * length + column, placed) + within
     flat = out.reshape(-1)
     size = rows * length
     doc = np.searchsorted(starts, t, side="right") - 1
     begin = np.maximum(np.repeat(a, placed), starts[doc])
-    last = starts.size - 1
-    # A document's eos: its last token, where the next document's start is known.
-    eos = (doc < last) & (t == starts[np.minimum(doc + 1, last)] - 1)
-    nxt = np.minimum(t + 1, tokens.size - 1)
-    labels = np.where((t + 1 < piece_end) & ~eos, tokens[nxt].astype(np.int64), ignore)
-    flat[cell] = tokens[t]
+    ends = starts[doc + 1] - 1  # each cell's document's eos
+    at_eos = t == ends
+    ids = np.full(total, eos, dtype=np.int64)
+    ids[~at_eos] = _gather(chunks, bases, (sources[doc] + t - starts[doc])[~at_eos])
+    # The next token: in the same document (its eos, or its own next), where the piece
+    # holds it; after an eos, ignore.
+    has_next = (t + 1 < piece_end) & ~at_eos
+    labels = np.full(total, ignore, dtype=np.int64)
+    labels[has_next & (t + 1 == ends)] = eos
+    inner = has_next & (t + 1 < ends)
+    labels[inner] = _gather(chunks, bases, (sources[doc] + t + 1 - starts[doc])[inner])
+    flat[cell] = ids
     flat[size + cell] = labels
     flat[2 * size + cell] = t - begin
     if want_docs:
@@ -148,7 +168,8 @@ def cut_windows(
     firsts: np.ndarray,
     cum: np.ndarray,
     positions: np.ndarray,
-    segments: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, int]],
+    segments: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]],
+    eos: int,
     ignore: int,
     out: np.ndarray,
     rows: int,
@@ -158,9 +179,9 @@ def cut_windows(
     """Fill a batch's windows: window r (row r) is the stream's tokens firsts[r] ..
     firsts[r] + length (the last only a label), cut at the stream's end; position p of
     the stream holds its tokens cum[p] .. cum[p + 1] - 1. `segments[i]` is (tokens,
-    starts, doc_rows, offset) of position positions[i] (rising), whose tokens[0] is the
-    position's token `offset`. Each window's part in each position is a piece, filled
-    by `cut_pieces`."""
+    sources, starts, doc_rows, offset) of position positions[i] (rising), whose stream
+    begins at the position's token `offset`. Each window's part in each position is a
+    piece, filled by `cut_pieces`."""
     firsts, cum = _integers("firsts", firsts), _integers("cum", cum)
     positions, out = _integers("positions", positions), _out("out", out)
     if out.dtype != np.int64:
@@ -176,9 +197,13 @@ def cut_windows(
     if len(segments) != positions.size:
         raise ValueError(f"{len(segments)} segments for {positions.size} positions")
     for i, segment in enumerate(segments):
-        if not isinstance(segment, tuple) or len(segment) != 4:
-            raise TypeError(f"segment {i}: expected (tokens, starts, doc_rows, offset)")
-        if int(segment[3]) < 0:
+        if not isinstance(segment, tuple) or len(segment) != 5:
+            raise TypeError(f"segment {i}: expected (tokens, sources, starts, doc_rows, offset)")
+        _tokens(segment[0])  # every segment's buffers checked, as the compiled loop does
+        for name, array in zip(("sources", "starts", "doc_rows"), segment[1:4], strict=True):
+            _integers(name, array)
+        _check_starts(_integers("starts", segment[2]))
+        if int(segment[4]) < 0:
             raise ValueError(f"segment {i}: positions must rise and offsets be 0 or more")
     if positions.size > 1 and (np.diff(positions) <= 0).any():
         raise ValueError("segment positions must rise")
@@ -212,10 +237,11 @@ def cut_windows(
         owner = int(owners[a])
         if owner not in at:
             raise KeyError(f"no segment given for position {owner} (window {int(pieces[a, 0])})")
-        tokens, starts, doc_rows, offset = segments[at[owner]]
+        tokens, sources, starts, doc_rows, offset = segments[at[owner]]
         mine = pieces[a:b].copy()
-        mine[:, 2:] -= int(cum[owner]) + int(offset)  # into the segment's tokens
-        cut_pieces(tokens, starts, doc_rows, mine, ignore, out, rows, length, want_docs)
+        mine[:, 2:] -= int(cum[owner]) + int(offset)  # into the segment's stream
+        cut_pieces(tokens, sources, starts, doc_rows, mine, eos, ignore, out, rows, length,
+                   want_docs)  # fmt: skip
 
 
 def _spans(row: int, lo: int, cum: np.ndarray, width: int) -> list[tuple[int, int, int, int, int]]:

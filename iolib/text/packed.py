@@ -149,7 +149,7 @@ class PackedTokens(Source):
 
     @property
     def group_bytes(self) -> np.ndarray:
-        """Decoded bytes of each row group's segment (its tokens and 16 a document): what
+        """Decoded bytes of each row group's segment (its tokens and 24 a document): what
         the reader's cache counts for it."""
         if self._index is None:
             _ = self.index  # loading the index sets them

@@ -27,9 +27,9 @@ def check_arguments(seq_len: Any, eos_id: Any, ignore_index: Any, seed: Any) -> 
 
 def segment_bytes(index: Any, kind: pa.DataType) -> np.ndarray:
     """Memory of each row group's segment (a `TokenIndex`'s counts, the column's list
-    type): its stream tokens, 16 bytes a document."""
+    type): its tokens as decoded, 24 bytes a document (`Segment`)."""
     itemsize = np.dtype(kind.value_type.to_pandas_dtype()).itemsize
-    return index.stream * itemsize + 16 * index.documents + 8
+    return index.tokens * itemsize + 24 * index.documents + 8
 
 
 def check_ignore_index_and_seed(ignore_index: Any, seed: Any) -> None:

@@ -36,103 +36,117 @@ FETCH_THREADS = thread_budget().remote_reads  # reads in flight from a store (`_
 READAHEAD_BATCHES = 64  # batches past the next chunk's first whose row groups may be read
 BEHIND_BATCHES = 4  # batches before this one that other workers may still be reading
 RETRY_BATCHES = 8  # batches a read-ahead that found no room waits before it looks again
-# Arrow bytes a segment's build lets go between returns of the pool's free pages: its
-# default pool (mimalloc) keeps what a thread freed, so the packed chunks' pages stay
-# resident beside the segment otherwise (~5 ms a return).
-RELEASE_BYTES = 16 * 2**20
 log = logging.getLogger("iolib.text.packed")
 
 
 class Segment:
     """One row group's part of an epoch's stream: its non-empty documents in the epoch's
-    order, each followed by eos (`tokens`); where each document starts (with the length
-    as the last entry: document j's eos is at ``starts[j + 1] - 1``, so that eos_id may
-    also be an ordinary token) and its row across the dataset. It holds exactly the
-    bytes `PackedTokens` budgets for it: its tokens and 16 a document."""
+    order, each followed by eos. The tokens stay where Parquet's decode put them
+    (`tokens`: the record batches' values, read as one sequence in row order, no eos
+    among them); per document of the stream, where its tokens begin in that sequence
+    (`sources`), where it begins in the stream (`starts`, with the stream's length
+    last: document j's eos is at ``starts[j + 1] - 1``, so that eos_id may also be an
+    ordinary token) and its row across the dataset (`rows`). Why a table
+    and not the stream copied out: the copy cost a third of a batch's CPU on the read
+    side and held the row group twice while it was made; the cut reads each token once
+    either way. It holds exactly the bytes `PackedTokens` budgets for it: its tokens and
+    24 a document."""
 
     def __init__(
         self,
-        tokens: np.ndarray,
+        tokens: tuple[np.ndarray, ...],
+        sources: np.ndarray,
         starts: np.ndarray,
         rows: np.ndarray,
         offset: int = 0,
         epoch: int | None = None,
     ) -> None:
-        self.tokens, self.starts, self.rows = tokens, starts, rows
-        self.offset = offset  # where tokens[0] is in the row group's stream (a piece's)
+        self.tokens, self.sources, self.starts, self.rows = tokens, sources, starts, rows
+        self.offset = offset  # where its stream begins in the row group's (a piece's)
         self.epoch = epoch  # whose document order it holds (None: every epoch's)
-        self.nbytes = tokens.nbytes + starts.nbytes + rows.nbytes
+        held = sum(chunk.nbytes for chunk in tokens)
+        self.nbytes = held + sources.nbytes + starts.nbytes + rows.nbytes
+
+    @property
+    def stream_tokens(self) -> int:
+        """Tokens of its stream, eos included."""
+        return int(self.starts[-1])
+
+    def stream(self, eos: int) -> np.ndarray:
+        """Its stream spelled out (int64, a copy): what the cut reads, for checks."""
+        values = np.concatenate([np.zeros(0, np.int64), *(c.astype(np.int64) for c in self.tokens)])
+        sizes = np.diff(self.starts) - 1
+        out = np.full(self.stream_tokens, eos, dtype=np.int64)
+        within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        out[np.repeat(self.starts[:-1], sizes) + within] = values[
+            np.repeat(self.sources, sizes) + within
+        ]
+        return out
 
     def piece(self, a: int, b: int) -> Segment:
-        """Tokens [a, b) of this segment, kept for the window that straddles two chunks:
-        its eos (``starts[1:] - 1``, as a segment's) and the rows of its documents."""
-        ends = self.starts[1:] - 1
-        inside = ends[(ends >= a) & (ends < b)] - a
-        starts = np.concatenate([[0], inside + 1]).astype(np.int64)
+        """The documents that stream tokens [a, b) of this segment touch, their tokens
+        copied: kept for the window that straddles two chunks, after the segment is let
+        go. Its stream begins at the first one's start (`offset`)."""
         first = int(np.searchsorted(self.starts, a, side="right") - 1)
-        rows = self.rows[first : first + starts.size].copy()
-        return Segment(self.tokens[a:b].copy(), starts, rows, offset=a, epoch=self.epoch)
+        last = int(np.searchsorted(self.starts, b - 1, side="right") - 1)
+        starts = self.starts[first : last + 2] - self.starts[first]
+        sizes = np.diff(starts) - 1
+        sources = np.zeros(sizes.size, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=sources[1:])
+        bases = np.cumsum([0] + [chunk.size for chunk in self.tokens])
+        firsts = self.sources[first : last + 1]
+        chunks = (np.searchsorted(bases[:-1], firsts, side="right") - 1).tolist()
+        kept = [
+            self.tokens[c][f - bases[c] :][:n]
+            for c, f, n in zip(chunks, firsts.tolist(), sizes.tolist(), strict=True)
+        ]
+        tokens = (np.concatenate([self.tokens[0][:0], *kept]),)
+        rows = self.rows[first : last + 1].copy()
+        offset = self.offset + int(self.starts[first])
+        return Segment(tokens, sources, starts, rows, offset=offset, epoch=self.epoch)
 
     @classmethod
     def build(
         cls,
         array: pa.ChunkedArray | list[pa.Array],
         first_row: int,
-        eos: int,
         order: np.random.Generator | None,
         epoch: int | None = None,
     ) -> Segment:
-        """Copy the documents in, one slice each, chunk by chunk: no temporary larger
-        than the row group's own values (a vectorised gather would take 8 bytes a
-        token). A list of chunks is consumed: each is let go once its documents are
-        packed (the caller holds no other reference: the peak is then about the row
-        group, not the row group and the segment); it must hold one chunk at least."""
+        """The segment of a row group's token column, its documents in `order`'s
+        permutation (None: as stored). Its tokens are each chunk's values as decoded, no
+        copy. A list of chunks is consumed (each let go once read: its offsets and
+        validity go then, its values stay)."""
         if isinstance(array, pa.ChunkedArray):
             chunks = list(array.chunks) or [pa.array([], type=array.type)]
         else:
             chunks = array
-        # Where a document goes depends on the lengths of all before it in the order:
-        # every chunk's lengths first (8 bytes a document), then its values.
-        lengths = np.concatenate([_lengths(c) for c in chunks])
-        docs = np.flatnonzero(lengths)
+        parts = []
+        for i in range(len(chunks)):
+            parts.append(_documents(chunks[i]))
+            chunks[i] = None  # its offsets and validity go now: the values stay in parts
+        bases = np.cumsum([0] + [p[0].size for p in parts[:-1]]).tolist()
+        firsts = np.concatenate([p[1] + base for p, base in zip(parts, bases, strict=True)])
+        sizes = np.concatenate([p[2] for p in parts])
+        tokens = tuple(p[0] for p in parts)
+        del parts
+        docs = np.flatnonzero(sizes)
         if order is not None:
             docs = docs[order.permutation(docs.size)]
         starts = np.zeros(docs.size + 1, dtype=np.int64)
-        np.cumsum(lengths[docs] + 1, out=starts[1:])
-        into = np.zeros(lengths.size, dtype=np.int64)  # each row's place in `tokens`
-        into[docs] = starts[:-1]
-        tokens = None
-        first = freed = total = 0
-        for i in range(len(chunks)):
-            values, offsets, sizes = _documents(chunks[i])
-            if tokens is None:  # untouched pages: they are mapped as documents land
-                tokens = np.empty(int(starts[-1]), dtype=values.dtype)
-            rows = slice(first, first + len(chunks[i]))
-            full = np.flatnonzero(sizes)
-            loops.pack_documents(values, offsets[full], sizes[full], into[rows][full], tokens)
-            first = rows.stop
-            freed += chunks[i].nbytes
-            del values
-            chunks[i] = None  # its Arrow buffers go now, not with the last chunk's
-            if freed >= RELEASE_BYTES or (i == len(chunks) - 1 and total + freed >= RELEASE_BYTES):
-                pa.default_memory_pool().release_unused()  # the last: this thread's decode's too
-                total, freed = total + freed, 0
-        tokens[starts[1:] - 1] = eos
-        return cls(tokens, starts, docs + first_row, epoch=epoch)
+        np.cumsum(sizes[docs] + 1, out=starts[1:])
+        return cls(tokens, firsts[docs], starts, docs + first_row, epoch=epoch)
 
-    def reordered(self, order: np.random.Generator, eos: int, epoch: int) -> Segment:
+    def reordered(self, order: np.random.Generator, epoch: int) -> Segment:
         """The same documents in `epoch`'s order, drawn from `order` as `build` draws it
-        (the same batches as a segment read for that epoch): one copy in memory instead
-        of a read. A whole segment only (a piece's documents are cut)."""
+        (the same batches as a segment read for that epoch): a new table over the same
+        tokens, no read and no copy of them. A whole segment only (a piece's documents
+        are cut)."""
         by_row = np.argsort(self.rows, kind="stable")  # positions, in the row group's order
         picks = by_row[order.permutation(by_row.size)]
-        lengths = np.diff(self.starts)[picks] - 1
         starts = np.zeros(picks.size + 1, dtype=np.int64)
-        np.cumsum(lengths + 1, out=starts[1:])
-        tokens = np.empty_like(self.tokens)
-        loops.pack_documents(self.tokens, self.starts[:-1][picks], lengths, starts, tokens)
-        tokens[starts[1:] - 1] = eos
-        return Segment(tokens, starts, self.rows[picks], epoch=epoch)
+        np.cumsum(np.diff(self.starts)[picks], out=starts[1:])
+        return Segment(self.tokens, self.sources[picks], starts, self.rows[picks], epoch=epoch)
 
 
 class TokenReader:
@@ -343,7 +357,7 @@ class TokenReader:
         need_lo, need_hi = max(int(lo[touch].min()), base), min(int(hi[touch].max()), top)
         for piece in pieces:
             start = base + piece.offset
-            if start <= need_lo and need_hi <= start + piece.tokens.size:
+            if start <= need_lo and need_hi <= start + piece.stream_tokens:
                 return piece
         return None
 
@@ -376,13 +390,10 @@ class TokenReader:
             tagged = epoch if order is not None else None
             column = table.column(self.d.column)
             chunks = column.chunks or [pa.array([], type=column.type)]
-            del (
-                table,
-                column,
-            )  # the chunks alone hold the row group: `build` lets each go when packed
-            segment = Segment.build(chunks, first_row, self.d.eos_id, order, tagged)
+            del table, column  # the chunks alone hold the row group: `build` takes them
+            segment = Segment.build(chunks, first_row, order, tagged)
             documents = segment.starts.size - 1  # the index's counts, checked (free here)
-            self.d.index.check_segment(group, segment.tokens.size - documents, documents)
+            self.d.index.check_segment(group, segment.stream_tokens - documents, documents)
             self._keep_pieces(epoch, group, segment, opened)
             with self._lock:
                 if not self._reads.kept_since(opened):
@@ -516,7 +527,7 @@ class TokenReader:
             if held is not None and held.epoch == epoch:
                 return held  # another thread put it in this order meanwhile
             rng = stream_rng(self.d.seed, epoch, group)
-            new = segment.reordered(rng, self.d.eos_id, epoch)
+            new = segment.reordered(rng, epoch)
             self._keep_pieces(epoch, group, new, opened)
             with self._lock:
                 if self._cache.tables.get(group) is held is not None:
@@ -547,8 +558,9 @@ class TokenReader:
         # each batch fresh pages when a worker thread cut it and the consumer freed it.
         buffer = pa.allocate_buffer(planes * count * length * 8)
         held = sorted(segments)
-        given = [(s.tokens, s.starts, s.rows, s.offset) for s in map(segments.__getitem__, held)]
-        loops.cut_windows(windows * length, cum, np.array(held, dtype=np.int64), given,
+        given = [(s.tokens, s.sources, s.starts, s.rows, s.offset)
+                 for s in map(segments.__getitem__, held)]  # fmt: skip
+        loops.cut_windows(windows * length, cum, np.array(held, dtype=np.int64), given, d.eos_id,
                           d.ignore_index, np.frombuffer(buffer, dtype=np.int64), count, length,
                           d.document_ids)  # fmt: skip
         return _window_table(buffer, planes, count, length)
@@ -564,8 +576,8 @@ def _lengths(array: pa.Array) -> np.ndarray:
 def _documents(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(values, each row's offset into them, its length) of a list array, int64
     offsets and lengths; a null row is empty. Without null rows (Parquet's token
-    columns), the child's values as they are: ``flatten`` cost ~30 ms CPU a row group
-    of 1.2 M tokens, ~20x the copy that packs its documents."""
+    columns), the child's values as they are, no copy (``flatten`` cost ~30 ms CPU a
+    row group of 1.2 M tokens)."""
     if array.null_count == 0:
         bounds = array.offsets.to_numpy().astype(np.int64)  # into the child (a slice too)
         return array.values.to_numpy(zero_copy_only=False), bounds[:-1], np.diff(bounds)
