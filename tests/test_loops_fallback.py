@@ -42,6 +42,8 @@ def test_numpy_cut_pieces_matches_the_reference(segment, want_docs) -> None:
         ({"sources": np.array([6, 0], dtype=np.int64)}, IndexError),
         ({"sources": np.array([-1, 0], dtype=np.int64)}, IndexError),
         ({"sources": np.array([5], dtype=np.int64)}, IndexError),
+        ({"tokens": (np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int64))}, TypeError),
+        ({"tokens": (np.arange(6, dtype=np.int32), np.arange(2, dtype=np.int32))}, IndexError),
         ({"pieces": np.array([[1, 0, 0, 5]], dtype=np.int64)}, IndexError),
         ({"pieces": np.array([[0, 5, 0, 5]], dtype=np.int64)}, IndexError),
         ({"pieces": np.array([[0, 0, 5, 4]], dtype=np.int64)}, IndexError),

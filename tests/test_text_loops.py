@@ -129,6 +129,8 @@ def _args(**changes):
         ({"sources": np.array([6, 0], dtype=np.int64)}, IndexError),  # the first's too
         ({"sources": np.array([-1, 0], dtype=np.int64)}, IndexError),  # before `tokens`
         ({"sources": np.array([5], dtype=np.int64)}, IndexError),  # a document without one
+        ({"tokens": (np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int64))}, TypeError),
+        ({"tokens": (np.arange(6, dtype=np.int32), np.arange(2, dtype=np.int32))}, IndexError),
         ({"pieces": np.array([[1, 0, 0, 5]], dtype=np.int64)}, IndexError),  # no such row
         ({"pieces": np.array([[0, 5, 0, 5]], dtype=np.int64)}, IndexError),  # past the columns
         ({"pieces": np.array([[0, 0, 5, 4]], dtype=np.int64)}, IndexError),  # b before a
