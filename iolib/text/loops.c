@@ -287,13 +287,14 @@ static void fill_piece(const struct segment *s, int64_t *out, Py_ssize_t rows, P
     doc = doc < 0 ? 0 : doc;
     while (i < n && doc < s->n_starts - 1 && doc < s->n_sources) {
         int64_t d0 = s->starts[doc], d1 = s->starts[doc + 1], src = s->sources[doc];
-        if (d0 > a + i || d1 <= a + i) break; /* starts changed since checked */
+        if (d0 < 0 || d0 > a + i || d1 <= a + i) break; /* starts changed since checked */
+        if (src < 0 || src > s->tokens.bases[s->tokens.n]) break; /* so is `from` below */
         Py_ssize_t hi = d1 - a < n ? (Py_ssize_t)(d1 - a) : n; /* its part ends here */
         Py_ssize_t eos_at = (Py_ssize_t)(d1 - 1 - a);          /* >= i */
         Py_ssize_t own = (eos_at < hi ? eos_at : hi) - i;      /* its own tokens placed */
         int64_t from = src + (a + i - d0), reads = own + (hi == n && next_here && eos_at > n);
         Py_ssize_t c = reads > 0 ? buffer_of(&s->tokens, from, reads) : 0;
-        if (src < 0 || c < 0) break;
+        if (c < 0) break;
         const char *data = s->tokens.data[c];
         from -= s->tokens.bases[c];
         widen(id + i, data, s->tokens.kind, from, own);
