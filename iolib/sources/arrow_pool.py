@@ -1,4 +1,5 @@
-"""Which pyarrow memory pool the Parquet reads allocate from: `prefer_releasing_pool`.
+"""Which pyarrow memory pool the Parquet reads allocate from: `prefer_releasing_pool`
+for `ParquetSource`, `prefer_token_pool` for packed token windows.
 
 Why: pyarrow's wheels default to mimalloc, which keeps the pages a thread freed until
 that same thread allocates again. The reader decodes row groups on fetch and read-ahead
@@ -12,12 +13,15 @@ streamed with a 128 MiB cache peaked at 346-396 MiB above the process's baseline
 instead of 404-440, and DALI image epochs at 617 MB PSS instead of 655 (Pillow: the
 same); 2026-12-06, benchmarks/results/outofcore.md and peers-images.md.
 
-Not for row groups that are copied out and dropped on the thread that decoded them
-(`ParquetSource.fetch_row_group`: packed token windows, token-budget batches, the token
-index): there mimalloc reuses that thread's pages, and the system allocator faults in
-fresh ones for every decode, 19 ms against 8 ms for a row group of 1.2 M int32 tokens
-(packed windows streamed with a 128 MiB cache: 33.0 M tokens/s against 26.5 M at the
-same peak RSS, 352 MiB against 349; 2026-12-06, benchmarks/results/outofcore.md).
+Packed token windows (`iolib.text`) keep the values Parquet's decode allocated as their
+segments, freed by whichever thread evicts them: with mimalloc those pages stayed too
+(peak RSS above the baseline with 2 thread workers and a 64 MiB cache: 190-308 MiB,
+against 162-176 with jemalloc and 166-173 when segments were NumPy copies), while the
+system allocator faults in fresh pages for every decode (packed windows inline 61-64 M
+tokens/s, against 81-90 with jemalloc and 83-91 with mimalloc). So their reads take
+jemalloc where pyarrow was built with it (its Linux wheels are), which gives back pages
+freed on any thread after a short decay, and leave the pool as it is where it was not
+(2026-12-07, benchmarks/results/2026-12-07-s13-packed-inline.md).
 
 The switch is process-wide (pyarrow has one default pool, and its Parquet reader takes
 no other), made once, and only where the user chose nothing: an
@@ -52,15 +56,38 @@ def prefer_releasing_pool() -> str:
     return _decided
 
 
-def _decide() -> str:
+def prefer_token_pool() -> str:
+    """Make jemalloc pyarrow's default pool where mimalloc is the default by no one's
+    choice and pyarrow has jemalloc; return the backend in use. Cheap after the first
+    call (whichever of the two preferences comes first decides, once a process)."""
+    global _decided
+    if _decided is not None:
+        return _decided
+    with _lock:
+        if _decided is None:
+            _decided = _decide(_jemalloc)
+    return _decided
+
+
+def _jemalloc() -> pa.MemoryPool | None:
+    try:
+        return pa.jemalloc_memory_pool()
+    except NotImplementedError:  # a pyarrow built without it (Windows wheels)
+        return None
+
+
+def _decide(choose=pa.system_memory_pool) -> str:  # type: ignore[no-untyped-def]
     current = pa.default_memory_pool().backend_name
     if current != "mimalloc" or os.environ.get(ENV):
         return current
-    pool = pa.system_memory_pool()
+    pool = choose()
+    if pool is None:
+        return current
     pa.set_memory_pool(pool)
     log.info(
-        "iolib: pyarrow's default memory pool is now the system allocator (was mimalloc, "
-        "which kept the row groups freed by other threads); set %s=mimalloc to keep it.",
+        "iolib: pyarrow's default memory pool is now %s (was mimalloc, which kept the "
+        "row groups freed by other threads); set %s=mimalloc to keep it.",
+        pool.backend_name,
         ENV,
     )
     return pool.backend_name

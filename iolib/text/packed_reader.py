@@ -27,6 +27,7 @@ from iolib.base.forks import reset_after_fork
 from iolib.base.resources import thread_budget
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
 from iolib.sources import EpochUses, PlannedCache, ReadAhead, decode_slots
+from iolib.sources.arrow_pool import prefer_token_pool
 from iolib.storage import count_bytes, is_local, open_filesystem
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
@@ -381,6 +382,7 @@ class TokenReader:
     def _load(self, epoch: int, group: int) -> Segment:
         """Read and decode row group `group` in `epoch`'s document order, and cache it."""
         opened = self._reads.opened  # a close() from now on: nothing read is kept
+        prefer_token_pool()  # before a segment is allocated: see arrow_pool.py
         try:
             needed = self._reads.needed()  # a batch waits for it: read in parallel pieces
             parquet = self.d.parquet
@@ -553,9 +555,10 @@ class TokenReader:
         d = self.d
         count, length = windows.size, d.seq_len
         planes = 4 if d.document_ids else 3
-        # From pyarrow's default pool (mimalloc, unless a ParquetSource chose the system
-        # allocator: arrow_pool.py), which keeps freed pages: the system allocator gave
-        # each batch fresh pages when a worker thread cut it and the consumer freed it.
+        # From pyarrow's default pool (jemalloc where pyarrow has it, unless a ParquetSource
+        # chose the system allocator first: arrow_pool.py), which reuses freed pages: the
+        # system allocator gave each batch fresh pages when a worker thread cut it and the
+        # consumer freed it.
         buffer = pa.allocate_buffer(planes * count * length * 8)
         held = sorted(segments)
         given = [(s.tokens, s.sources, s.starts, s.rows, s.offset)
