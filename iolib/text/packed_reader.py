@@ -47,11 +47,11 @@ class Segment:
     among them); per document of the stream, where its tokens begin in that sequence
     (`sources`), where it begins in the stream (`starts`, with the stream's length
     last: document j's eos is at ``starts[j + 1] - 1``, so that eos_id may also be an
-    ordinary token) and its row across the dataset (`rows`). Why a table
-    and not the stream copied out: the copy cost a quarter of a batch's CPU on the read
-    side and held the row group twice while it was made; the cut reads each token once
-    either way. It holds exactly the bytes `PackedTokens` budgets for it: its tokens and
-    24 a document."""
+    ordinary token) and its row across the dataset (`rows`). Why a table and not the
+    stream copied out: the copy cost a quarter of a batch's CPU on the read side and
+    held the row group twice while it was made; the cut reads each token once either
+    way. It holds exactly the bytes `PackedTokens` budgets for it: its tokens and 24 a
+    document."""
 
     def __init__(
         self,
