@@ -21,7 +21,11 @@ system allocator faults in fresh pages for every decode (packed windows inline 6
 tokens/s, against 81-90 with jemalloc and 83-91 with mimalloc). So their reads take
 jemalloc where pyarrow was built with it (its Linux wheels are), which gives back pages
 freed on any thread after a short decay, and leave the pool as it is where it was not
-(2026-12-07, benchmarks/results/2026-12-07-s13-packed-inline.md).
+(2026-12-07, benchmarks/results/2026-12-07-s13-packed-inline.md). Reads that copy a row
+group out and drop it on the thread that decoded it (token-budget batches, the token
+index) leave the pool as it is: mimalloc reuses that thread's pages there, where the
+system allocator faulted in fresh ones for every decode (19 ms against 8 ms for a row
+group of 1.2 M int32 tokens; 2026-12-06, benchmarks/results/outofcore.md).
 
 The switch is process-wide (pyarrow has one default pool, and its Parquet reader takes
 no other), made once, and only where the user chose nothing: an
@@ -35,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -76,7 +81,7 @@ def _jemalloc() -> pa.MemoryPool | None:
         return None
 
 
-def _decide(choose=pa.system_memory_pool) -> str:  # type: ignore[no-untyped-def]
+def _decide(choose: Callable[[], pa.MemoryPool | None] = pa.system_memory_pool) -> str:
     current = pa.default_memory_pool().backend_name
     if current != "mimalloc" or os.environ.get(ENV):
         return current
