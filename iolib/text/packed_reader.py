@@ -26,8 +26,7 @@ import pyarrow.compute as pc
 from iolib.base.forks import reset_after_fork
 from iolib.base.resources import thread_budget
 from iolib.plan import stream_chunk_edges, stream_edge_pieces, stream_order, stream_rng
-from iolib.sources import EpochUses, PlannedCache, ReadAhead, decode_slots
-from iolib.sources.arrow_pool import prefer_token_pool
+from iolib.sources import EpochUses, PlannedCache, ReadAhead, decode_slots, prefer_token_pool
 from iolib.storage import count_bytes, is_local, open_filesystem
 from iolib.storage.counters import count_retries
 from iolib.text import tokenindex
