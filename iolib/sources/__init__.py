@@ -9,6 +9,7 @@ from __future__ import annotations
 from iolib.sources.arrow_pool import prefer_token_pool as prefer_token_pool
 from iolib.sources.base import Source
 from iolib.sources.files import ImageFolderSource
+from iolib.sources.footer import leaf_range as leaf_range
 from iolib.sources.footer import leaf_values as leaf_values
 from iolib.sources.parquet import ParquetSource
 from iolib.sources.parquet_description import checked_cache_bytes as checked_cache_bytes
@@ -23,7 +24,7 @@ from iolib.sources.torchds import TorchDatasetSource, as_source
 
 # For other layers of iolib (the token sources in iolib.text), not users, so not in
 # __all__: `ReadAhead`, `PlannedCache`, `EpochUses`, `decode_slots`,
-# `checked_cache_bytes`, `leaf_values`, `is_pattern`, `regular_file`, `write_atomic`,
+# `checked_cache_bytes`, `leaf_values`, `leaf_range`, `is_pattern`, `regular_file`, `write_atomic`,
 # `prefer_token_pool`.
 
 __all__ = ["ImageFolderSource", "ParquetSource", "Source", "TorchDatasetSource", "as_source"]

@@ -87,3 +87,21 @@ def leaf_values(group: pq.RowGroupMetaData) -> dict[str, int]:
         name = chunk.path_in_schema.split(".")[0]
         counts[name] = max(counts.get(name, 0), chunk.num_values)
     return counts
+
+
+def leaf_range(group: pq.RowGroupMetaData, column: str) -> tuple[int, int] | None:
+    """The least and greatest integer of a top-level column's values in one row group
+    (a list column: its items), from the chunk's statistics; None where they were not
+    written or are not integers."""
+    for j in range(group.num_columns):
+        chunk = group.column(j)
+        if chunk.path_in_schema.split(".")[0] != column:
+            continue
+        stats = chunk.statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        low, high = stats.min, stats.max
+        if isinstance(low, bool) or not isinstance(low, int) or not isinstance(high, int):
+            return None
+        return low, high
+    return None

@@ -11,6 +11,7 @@ groups of one file in one request (`iolib.sources.ranges`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -427,13 +428,16 @@ class ParquetSource(Source):
         self._check_group(group)
         return self._reader.row_group(group)
 
-    def fetch_row_group(self, group: int, *, needed: bool = False) -> pa.Table:
+    def fetch_row_group(
+        self, group: int, *, needed: bool = False, read_as: Mapping[str, pa.DataType] | None = None
+    ) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns, read from
         storage with retries and counted, bypassing the cache: for sources that keep
         what they read in their own form (`iolib.text`), copied out on this thread.
-        `needed`: a batch waits for it (a large one is read in parallel pieces)."""
+        `needed`: a batch waits for it (a large one is read in parallel pieces);
+        `read_as`: columns decoded as a narrower type (a value it cannot hold: DataError)."""
         self._check_group(group)
-        return self._reader.fetch_row_group(group, needed=needed)
+        return self._reader.fetch_row_group(group, needed=needed, read_as=read_as)
 
     def _check_group(self, group: int) -> None:
         last = len(self.description.row_starts) - 2

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,16 +65,40 @@ def _null_items(column: pa.ChunkedArray) -> bool:
     return any(chunk.flatten().null_count for chunk in column.chunks)
 
 
-def _read_in_batches(reader: pq.ParquetFile, group: int, columns: list[str] | None) -> pa.Table:
+def _read_in_batches(
+    reader: pq.ParquetFile,
+    group: int,
+    columns: list[str] | None,
+    read_as: Mapping[str, pa.DataType] | None = None,
+    where: str = "",
+) -> pa.Table:
     """Row group `group` decoded in record batches of about DECODE_BATCH_BYTES: the same
-    values as `read_row_group`, in chunks, without its decode buffers of the whole group."""
+    values as `read_row_group`, in chunks, without its decode buffers of the whole group.
+    `read_as`: columns cast to a narrower type batch by batch as decoded (each wide
+    batch let go before the next is decoded); a value the type cannot hold is a
+    DataError naming `where`."""
     meta = reader.metadata.row_group(group)
     rows = max(1, meta.num_rows * DECODE_BATCH_BYTES // max(meta.total_byte_size, 1))
-    batches = list(reader.iter_batches(batch_size=rows, row_groups=[group], columns=columns,
-                                       use_threads=False))  # fmt: skip
+    decoded = reader.iter_batches(batch_size=rows, row_groups=[group], columns=columns,
+                                  use_threads=False)  # fmt: skip
+    batches = [_cast(b, read_as, where) for b in decoded] if read_as else list(decoded)
     if not batches:  # no rows: the schema from a whole read (nothing to decode)
-        return reader.read_row_group(group, columns=columns, use_threads=False)
+        table = reader.read_row_group(group, columns=columns, use_threads=False)
+        return _cast(table, read_as, where) if read_as else table
     return pa.Table.from_batches(batches)
+
+
+def _cast(batch: Any, read_as: Mapping[str, pa.DataType], where: str) -> Any:
+    """`batch` (or a table) with the columns of `read_as` cast to their types, checked."""
+    fields = [pa.field(f.name, read_as.get(f.name, f.type), f.nullable) for f in batch.schema]
+    try:
+        return batch.cast(pa.schema(fields, metadata=batch.schema.metadata))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        wanted = ", ".join(f"{name!r} as {kind}" for name, kind in read_as.items())
+        raise DataError(
+            f"{where}: read {wanted}, but it holds values outside that type ({exc}). Its "
+            "footer's statistics are wrong or it changed since they were read: rewrite it."
+        ) from None
 
 
 class RowGroupFetcher:
@@ -94,6 +119,7 @@ class RowGroupFetcher:
         *,
         transient: bool = False,
         needed: bool = False,
+        read_as: Mapping[str, pa.DataType] | None = None,
     ) -> pa.Table:
         """Row group `group` (numbered across files) of the projected columns; the bytes
         of row groups `later` of the same file come in the same request where they fit.
@@ -101,7 +127,8 @@ class RowGroupFetcher:
         pool is left as it is (see arrow_pool.py), and the row group is decoded in record
         batches (the table's chunks, `DECODE_BATCH_BYTES` each). `needed`: a batch waits
         for it, so a large one is read in pieces on parallel connections
-        (`ranges.SPLIT_ABOVE`)."""
+        (`ranges.SPLIT_ABOVE`). `read_as` (transient reads): columns decoded as a narrower
+        type, record batch by record batch (`_read_in_batches`)."""
         if not transient:
             prefer_releasing_pool()  # before a row group is allocated: see arrow_pool.py
         description = self.description
@@ -120,7 +147,9 @@ class RowGroupFetcher:
         fetched = [0]  # bytes every attempt received (the helper's counts are not ours)
         try:
             table = call_with_retries(
-                lambda: self._read(meta, local, spans, handles, fetched, needed, transient),
+                lambda: self._read(
+                    meta, local, spans, handles, fetched, needed, transient, read_as
+                ),
                 what=what,
                 policy=description.retry,
                 redact=description.redact,
@@ -131,7 +160,7 @@ class RowGroupFetcher:
         # these: a thread may have thousands of files open, and this is per batch).
         self._local.__dict__.setdefault("loaded", set()).add(handles[meta.path][1])
         table = conform(table, description.schema)
-        self._check_types(table, meta, local)
+        self._check_types(table, meta, local, read_as)
         return table
 
     def spans(self, group: int, later: Sequence[int]) -> list[Span]:
@@ -184,6 +213,7 @@ class RowGroupFetcher:
         fetched: list[int],
         needed: bool = False,
         in_batches: bool = False,
+        read_as: Mapping[str, pa.DataType] | None = None,
     ) -> pa.Table:
         # Taken out of `handles` while in use: an attempt abandoned on a timeout keeps
         # its file to itself, and the retry opens another.
@@ -207,7 +237,10 @@ class RowGroupFetcher:
                 columns = list(description.columns) if description.columns is not None else None
                 with _DECODING.slots:
                     if in_batches:
-                        table = _read_in_batches(reader, meta.first_group + local, columns)
+                        where = f"Parquet file {meta.url!r} row group {local}"
+                        table = _read_in_batches(
+                            reader, meta.first_group + local, columns, read_as, where
+                        )
                     else:
                         table = reader.read_row_group(meta.first_group + local, columns=columns,
                                                       use_threads=False)  # fmt: skip
@@ -232,11 +265,19 @@ class RowGroupFetcher:
                 ) from (None if redact.changes(str(exc)) else exc)
             raise
 
-    def _check_types(self, table: pa.Table, meta: FileMeta, local: int) -> None:
-        """Every row group must have the first file's column types: a shard whose `label`
-        is a string where the others have int cannot be batched with them. Lists of
-        numbers (token ids) must not hold null items: a tensor cannot."""
-        expected = self.description.schema
+    def _check_types(
+        self,
+        table: pa.Table,
+        meta: FileMeta,
+        local: int,
+        read_as: Mapping[str, pa.DataType] | None = None,
+    ) -> None:
+        """Every row group must have the first file's column types (or those it was read
+        as): a shard whose `label` is a string where the others have int cannot be
+        batched with them. Lists of numbers (token ids) must not hold null items: a
+        tensor cannot."""
+        read_as = read_as or {}
+        expected = [pa.field(f.name, read_as.get(f.name, f.type)) for f in self.description.schema]
         for name in table.column_names:
             column = table.column(name)
             if is_numeric_list(column.type) and _null_items(column):

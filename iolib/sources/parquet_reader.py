@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future, wait
 from contextlib import nullcontext
 from functools import partial
@@ -250,10 +250,12 @@ class ParquetReader:
         with self._lock:
             return group in self._cache or self._cache.put(group, table, 0)
 
-    def fetch_row_group(self, group: int, *, needed: bool = False) -> pa.Table:
+    def fetch_row_group(
+        self, group: int, *, needed: bool = False, read_as: Mapping[str, pa.DataType] | None = None
+    ) -> pa.Table:
         """Row group `group` from storage with retries and counted, bypassing the cache."""
         try:
-            return self.fetcher.fetch(group, transient=True, needed=needed)
+            return self.fetcher.fetch(group, transient=True, needed=needed, read_as=read_as)
         finally:
             self.release()
 
