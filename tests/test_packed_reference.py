@@ -33,8 +33,19 @@ def corpora(draw):
     nulls = draw(st.sets(st.integers(0, len(docs) - 1), max_size=3))
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
-    # Tokens from a tiny vocabulary: eos (1) also occurs inside documents.
-    rows = [None if i in nulls else rng.integers(0, 4, n).tolist() for i, n in enumerate(docs)]
+    # The token column's type: tokenizers write int32, some int64 or uint16;
+    # large_list where a row group holds over 2^31 values; the rest for each width and
+    # sign the compiled cut widens.
+    kind = draw(st.sampled_from(KINDS))
+    # Ids from a tiny vocabulary (eos, 1, also occurs inside documents), or shifted to
+    # straddle uint16's top (row groups held narrowed and not, side by side) or below 0.
+    info = np.iinfo(kind.value_type.to_pandas_dtype())
+    shift = draw(
+        st.sampled_from([s for s in (0, 65533, -3) if info.min <= s and s + 3 <= info.max])
+    )
+    rows = [
+        None if i in nulls else (rng.integers(0, 4, n) + shift).tolist() for i, n in enumerate(docs)
+    ]
     return {
         "rows": rows,
         "files": draw(st.integers(1, 3)),
@@ -45,10 +56,7 @@ def corpora(draw):
         "document_ids": draw(st.booleans()),
         "shuffle": draw(st.booleans()),
         "lanes": draw(st.sampled_from(["auto", 2, 3])),
-        # The token column's type: tokenizers write int32, some int64 or uint16;
-        # large_list where a row group holds over 2^31 values; the rest for each width and
-        # sign the compiled cut widens.
-        "kind": draw(st.sampled_from(KINDS)),
+        "kind": kind,
     }
 
 

@@ -28,6 +28,8 @@ from iolib.text.packed_checks import (
     check_budget,
     check_column,
     named_column,
+    narrow_groups,
+    narrow_type,
     segment_bytes,
 )
 from iolib.text.packed_reader import FETCH_THREADS, Segment, TokenReader
@@ -134,7 +136,8 @@ class PackedTokens(Source):
             check_column(kind, self.column, self.eos_id, self.parquet.describe())
             index = tokenindex.load_or_compute(self.parquet, self.column)
             # Refused every time, not only the first.
-            sizes = segment_bytes(index, kind)
+            narrow = narrow_groups(self.parquet, self.column, kind)
+            sizes = segment_bytes(index, kind, narrow)
             check_budget(sizes, self.column, self.shuffle_window, self.cache_bytes,
                          self.describe(), given=not self._cache_default)  # fmt: skip
             if self._cache_default:
@@ -144,6 +147,8 @@ class PackedTokens(Source):
                 self.cache_bytes = min(DEFAULT_CACHE_BYTES, need)
                 self._reader.set_budget(self.cache_bytes)
             self._sizes = sizes  # before the index: a thread that sees it sees them
+            narrowed = narrow_type(kind)
+            self._read_as = [{self.column: narrowed} if n else None for n in narrow]
             self._index = index
         return self._index
 
@@ -154,6 +159,13 @@ class PackedTokens(Source):
         if self._index is None:
             _ = self.index  # loading the index sets them
         return self._sizes
+
+    def read_as(self, group: int) -> dict[str, pa.DataType] | None:
+        """The type row group `group`'s tokens are decoded as (None: the column's own):
+        uint16 where its footer bounds every id there (`packed_checks.narrow_type`)."""
+        if self._index is None:
+            _ = self.index  # loading the index sets them
+        return self._read_as[group]
 
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from iolib.errors import ConfigError, DataError
 from iolib.plan import window_groups
+from iolib.sources import leaf_range
 
 MIN_GROUPS_HELD = 4  # two chunks of two row groups: this one, and the next read ahead
 
@@ -25,11 +26,42 @@ def check_arguments(seq_len: Any, eos_id: Any, ignore_index: Any, seed: Any) -> 
     check_ignore_index_and_seed(ignore_index, seed)
 
 
-def segment_bytes(index: Any, kind: pa.DataType) -> np.ndarray:
+def segment_bytes(index: Any, kind: pa.DataType, narrow: np.ndarray | None = None) -> np.ndarray:
     """Memory of each row group's segment (a `TokenIndex`'s counts, the column's list
-    type): its tokens as decoded, 24 bytes a document (`Segment`)."""
-    itemsize = np.dtype(kind.value_type.to_pandas_dtype()).itemsize
+    type): its tokens as held, 24 bytes a document (`Segment`). Tokens are held as the
+    column's type, or as uint16 in the row groups `narrow` marks (`narrow_groups`)."""
+    itemsize = np.full(index.tokens.size, _itemsize(kind), dtype=np.int64)
+    if narrow is not None:
+        itemsize[narrow] = 2
     return index.tokens * itemsize + 24 * index.documents + 8
+
+
+def _itemsize(kind: pa.DataType) -> int:
+    return np.dtype(kind.value_type.to_pandas_dtype()).itemsize
+
+
+def narrow_type(kind: pa.DataType) -> pa.DataType | None:
+    """The type a token column of `kind` is decoded as where every id fits uint16 (a
+    vocabulary under 65,536, GPT-2's among them): half an int32 column's memory, a
+    quarter of an int64's, for a cast as each record batch is decoded. The batches
+    are the same (the cut writes int64). None: ids of 2 bytes or fewer already."""
+    if _itemsize(kind) <= 2:
+        return None
+    if pa.types.is_large_list(kind):
+        return pa.large_list(pa.uint16())
+    return pa.list_(pa.uint16())
+
+
+def narrow_groups(source: Any, column: str, kind: pa.DataType) -> np.ndarray:
+    """Row groups of a `ParquetSource` read as `narrow_type`: those whose footer
+    statistics bound every id of `column` within uint16 (none where they were not
+    written: a read decides nothing later, so the plan's sizes are the sizes held)."""
+    fits = []
+    for f in source.files:
+        for local in range(len(f.row_groups)):
+            bounds = leaf_range(f.group_meta(local), column)
+            fits.append(bounds is not None and bounds[0] >= 0 and bounds[1] <= 0xFFFF)
+    return np.array(fits, dtype=bool) & (narrow_type(kind) is not None)
 
 
 def check_ignore_index_and_seed(ignore_index: Any, seed: Any) -> None:

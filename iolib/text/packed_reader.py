@@ -41,9 +41,10 @@ log = logging.getLogger("iolib.text.packed")
 
 class Segment:
     """One row group's part of an epoch's stream: its non-empty documents in the epoch's
-    order, each followed by eos. The tokens stay where Parquet's decode put them
-    (`tokens`: the record batches' values, read as one sequence in row order, no eos
-    among them); per document of the stream, where its tokens begin in that sequence
+    order, each followed by eos. The tokens stay where Parquet's decode put them (as
+    uint16 where the footer bounds the ids there: `packed_checks.narrow_type`):
+    `tokens`, the record batches' values, read as one sequence in row order, no eos
+    among them. Per document of the stream: where its tokens begin in that sequence
     (`sources`), where it begins in the stream (`starts`, with the stream's length
     last: document j's eos is at ``starts[j + 1] - 1``, so that eos_id may also be an
     ordinary token) and its row across the dataset (`rows`). Why a table and not the
@@ -385,7 +386,10 @@ class TokenReader:
         try:
             needed = self._reads.needed()  # a batch waits for it: read in parallel pieces
             parquet = self.d.parquet
-            table = tokenindex.unskippable(lambda: parquet.fetch_row_group(group, needed=needed))
+            read_as = self.d.read_as(group)  # uint16 where the footer bounds the ids there
+            table = tokenindex.unskippable(
+                lambda: parquet.fetch_row_group(group, needed=needed, read_as=read_as)
+            )
             first_row = int(self.d.parquet.row_starts()[group])
             order = stream_rng(self.d.seed, epoch, group) if self.d.shuffle_documents else None
             tagged = epoch if order is not None else None
