@@ -14,7 +14,9 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from iolib.base.forks import reset_after_fork
@@ -89,16 +91,36 @@ def _read_in_batches(
 
 
 def _cast(batch: Any, read_as: Mapping[str, pa.DataType], where: str) -> Any:
-    """`batch` (or a table) with the columns of `read_as` cast to their types, checked."""
+    """`batch` (or a table) with the columns of `read_as` cast to their integer types
+    (lists of them, or plain), each column's values checked against the type's range
+    first: Arrow's checked cast took 0.8 ms a million values, the bounds and an
+    unchecked cast 0.17."""
+    for name, kind in read_as.items():
+        column = batch.column(name)
+        leaf = kind.value_type if _is_list(kind) else kind
+        values = _leaves(column) if _is_list(kind) else column
+        bounds = pc.min_max(values).as_py()
+        limits = np.iinfo(leaf.to_pandas_dtype())
+        low, high = bounds["min"], bounds["max"]
+        if low is not None and not (limits.min <= low and high <= limits.max):
+            raise DataError(
+                f"{where}: read {name!r} as {kind}, but it holds values from {low} to "
+                f"{high}, outside that type. Its footer's statistics are wrong or it "
+                "changed since they were read: rewrite it."
+            )
     fields = [pa.field(f.name, read_as.get(f.name, f.type), f.nullable) for f in batch.schema]
-    try:
-        return batch.cast(pa.schema(fields, metadata=batch.schema.metadata))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        wanted = ", ".join(f"{name!r} as {kind}" for name, kind in read_as.items())
-        raise DataError(
-            f"{where}: read {wanted}, but it holds values outside that type ({exc}). Its "
-            "footer's statistics are wrong or it changed since they were read: rewrite it."
-        ) from None
+    return batch.cast(pa.schema(fields, metadata=batch.schema.metadata), safe=False)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _leaves(column: Any) -> Any:
+    """The items of a list column (an array or a chunked one), nulls and slices minded."""
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array([c.flatten() for c in column.chunks], column.type.value_type)
+    return column.flatten()
 
 
 class RowGroupFetcher:
