@@ -149,8 +149,8 @@ class RowGroupFetcher:
         pool is left as it is (see arrow_pool.py), and the row group is decoded in record
         batches (the table's chunks, `DECODE_BATCH_BYTES` each). `needed`: a batch waits
         for it, so a large one is read in pieces on parallel connections
-        (`ranges.SPLIT_ABOVE`). `read_as` (transient reads): columns decoded as a narrower
-        type, record batch by record batch (`_read_in_batches`)."""
+        (`ranges.SPLIT_ABOVE`). `read_as`: columns cast to a narrower integer type (in a
+        transient read, record batch by record batch: `_read_in_batches`)."""
         if not transient:
             prefer_releasing_pool()  # before a row group is allocated: see arrow_pool.py
         description = self.description
@@ -257,15 +257,16 @@ class RowGroupFetcher:
             try:
                 ranged.load(spans, split=needed)
                 columns = list(description.columns) if description.columns is not None else None
+                where = f"Parquet file {meta.url!r} row group {local}"
                 with _DECODING.slots:
                     if in_batches:
-                        where = f"Parquet file {meta.url!r} row group {local}"
                         table = _read_in_batches(
                             reader, meta.first_group + local, columns, read_as, where
                         )
                     else:
                         table = reader.read_row_group(meta.first_group + local, columns=columns,
                                                       use_threads=False)  # fmt: skip
+                        table = _cast(table, read_as, where) if read_as else table
             finally:  # a read outside the loaded ranges is a request too
                 fetched[0] += ranged.fetched_bytes - before
             handles[meta.path] = (reader, ranged)
