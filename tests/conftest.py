@@ -27,6 +27,18 @@ def _own_history(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.setenv("IOLIB_HISTORY", str(tmp_path_factory.mktemp("history")))
 
 
+@pytest.fixture(scope="module")
+def one_openmp_thread():
+    """scikit-learn's tree fits on one OpenMP thread (the lab's tests). The trees are the
+    same on any number of threads; on a busy 2-core machine a team of 2 spin-waits on a
+    descheduled member, and a fit that takes 0.3 s took 18 s (one core kept busy)."""
+    import sklearn.ensemble  # noqa: F401 - loads its OpenMP runtime, which the limit finds
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="openmp"):
+        yield
+
+
 # IOLIB_REQUIRE=dali,moto,s3fs,aiohttp (.ci/run sets it): a listed dependency that does not
 # import fails its tests instead of skipping them, so a broken install cannot leave a run
 # green. A name matches any dotted part of the module ("dali" matches "nvidia.dali").

@@ -21,7 +21,8 @@ from benchmarks.tuner_lab.training import TrainablePredictor, evaluate, train_de
 from predictors.baselines import ConstantModel, QueueingModel
 from predictors.errors import ModelVersionError, SchemaError
 
-pytestmark = pytest.mark.lab  # trains models: the lab's simulator and scikit-learn
+# Trains models: the lab's simulator and scikit-learn (one OpenMP thread: conftest.py).
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("one_openmp_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,8 @@ from benchmarks.tuner_lab.training import TrainablePredictor
 from predictors.baselines import QueueingModel
 from predictors.tuner import LearnedTuner
 
-pytestmark = pytest.mark.lab  # the lab's simulator (benchmarks/tuner_lab)
+# The lab's simulator (benchmarks/tuner_lab); its fits on one OpenMP thread (conftest.py).
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("one_openmp_thread")]
 
 WORKLOAD = SimWorkload(
     "files",
