@@ -294,7 +294,10 @@ class ParquetReader:
         pool, now = self._ahead.pool(), self._now()
         while True:
             pool.promote(future, now)
-            if wait([future], timeout=WAKE_S).done:
+            wait([future], timeout=WAKE_S)
+            # done(), not wait()'s answer: a read the pool dropped is cancelled but never
+            # notified as such, and `wait` would not count it done however long it waited.
+            if future.done():
                 return future.result()
 
     def _start(self, group: int, dense: DenseColumns | None) -> Future:
