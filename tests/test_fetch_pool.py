@@ -309,3 +309,18 @@ def test_a_shuffled_batch_reads_its_missing_row_groups_in_runs(tmp_path: Path, m
     next to each other in the file, not one request each."""
     reads, _ = _requests(tmp_path, monkeypatch, shuffle="global")
     assert len(reads) <= 50, len(reads)  # 78 when missing row groups came one a request
+
+
+def test_a_dropped_read_ahead_is_done_for_concurrent_futures_wait() -> None:
+    """`wait` and `as_completed` count a cancelled future done only once it is notified as
+    such: the reads the pool drops are, so whoever waits on one wakes (before, `wait` ran
+    its whole timeout and called them not done)."""
+    gate = threading.Event()
+    pool = FetchPool(1, "iolib-fetch-test", lambda read, retries: None)
+    pool.submit(lambda: gate.wait(10))  # holds the only thread
+    queued = [pool.submit(lambda: None, ahead=True) for _ in range(3)]
+    pool.cancel()
+    done, not_done = wait(queued, timeout=10)
+    gate.set()
+    assert not not_done and all(f.cancelled() for f in done)
+    pool.close()

@@ -444,15 +444,20 @@ def _rank(priority: Priority) -> tuple[int, int]:
 
 
 def _cancel(futures: list[Future]) -> None:
+    """Cancel reads no pool thread will take up, and notify them as cancelled:
+    `concurrent.futures.wait` and `as_completed` count a cancelled future done only
+    once notified (a pool thread notifies those it takes; these it never will)."""
     for future in futures:
-        future.cancel()
+        if future.cancelled() or not future.cancel():
+            continue  # cancelled before (notified with it), or running or done
+        future.set_running_or_notify_cancel()
 
 
 def _inline(future: Future, fn: Callable[[], Any], ahead: bool) -> Future:
     """A read asked for after the exit hook ran: read-ahead is refused, a needed read
     runs on the caller's thread."""
     if ahead:
-        future.cancel()
+        _cancel([future])
         return future
     try:
         future.set_result(fn())
