@@ -147,8 +147,7 @@ class PackedTokens(Source):
                 self.cache_bytes = min(DEFAULT_CACHE_BYTES, need)
                 self._reader.set_budget(self.cache_bytes)
             self._sizes = sizes  # before the index: a thread that sees it sees them
-            narrowed = narrow_type(kind)
-            self._read_as = [{self.column: narrowed} if n else None for n in narrow]
+            self._narrow, self._narrow_type = narrow, narrow_type(kind)  # a bool a row group
             self._index = index
         return self._index
 
@@ -165,7 +164,7 @@ class PackedTokens(Source):
         uint16 where its footer bounds every id there (`packed_checks.narrow_type`)."""
         if self._index is None:
             _ = self.index  # loading the index sets them
-        return self._read_as[group]
+        return {self.column: self._narrow_type} if self._narrow[group] else None
 
     def shuffle_window_groups(self) -> int:
         """Row groups whose windows the loader's shuffle mixes (a chunk): as many of the
